@@ -1,0 +1,3 @@
+from dorylus_py.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,308 @@
+"""The ``dorylus`` command line.
+
+Every subcommand validates its input before doing work; any user-caused problem is printed as one
+line (``error: ...``) with exit code 2 and leaves no partial output behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from dorylus_py import __version__
+from dorylus_py.errors import DorylusError
+
+DESCRIPTION = """\
+dorylus-py: train graph neural networks on CPU graph servers, with dense tensor work shipped to
+serverless workers (after Dorylus, OSDI 2021).
+
+Typical flow:
+  dorylus synth --out graph.npz               generate a graph (or bring your own)
+  dorylus check graph.npz                     validate it and print its counts
+  dorylus prepare graph.npz --partitions 4 --out parts/
+  dorylus train --data parts/ --out runs/demo train, leaving a run record in runs/demo
+"""
+
+DATA_FORMATS = """\
+Dataset formats (PATH):
+  FILE.npz        arrays src, dst, features, labels [, train_mask, val_mask, test_mask]
+  FILE (other)    text edge list 'src dst' per line, '#' comments; needs --features and --labels
+  DIR/ or graph.bsnap
+                  Dorylus binary files graph.bsnap, features.bsnap, labels.bsnap
+  FILE.pt         a saved PyG Data object (needs torch_geometric; a pickle: trusted files only)
+  DIR/            a folder made by `dorylus prepare` (the partitions are put back together)
+Without split masks, a seeded random split of the labelled vertices is drawn (--train-frac, --val-frac).
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="warning: %(message)s", stream=sys.stderr)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except DorylusError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dorylus", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--version", action="version", version=f"dorylus-py {__version__}")
+    sub = p.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    data = _data_parent()
+    _add_synth(sub)
+    _add_check(sub, data)
+    _add_prepare(sub, data)
+    _add_train(sub, data)
+    return p
+
+
+def _command(sub, name: str, help: str, parents=(), epilog: str | None = None) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name,
+        help=help,
+        description=help,
+        parents=list(parents),
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _data_parent() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("dataset side files and split")
+    g.add_argument("--features", metavar="FILE.npy", help="features (N x F) for an edge list")
+    g.add_argument("--labels", metavar="FILE.npy", help="labels (N,) for an edge list; -1 = unlabelled")
+    g.add_argument("--masks", metavar="FILE.npz", help="train_mask/val_mask/test_mask arrays (overrides the file's split)")
+    g.add_argument("--train-frac", type=float, default=0.1, help="random split: train fraction of labelled vertices (default 0.1)")
+    g.add_argument("--val-frac", type=float, default=0.1, help="random split: validation fraction; the rest is test (default 0.1)")
+    g.add_argument("--split-seed", type=int, default=0, help="random split seed (default 0)")
+    return p
+
+
+def _sources(args):
+    from dorylus_py.data import Sources
+
+    return Sources(args.features, args.labels, args.masks, args.train_frac, args.val_frac, args.split_seed)
+
+
+# --- synth -----------------------------------------------------------------------------------------
+
+
+def _add_synth(sub) -> None:
+    from dorylus_py.data.synth import SynthConfig
+
+    d = SynthConfig()
+    p = _command(
+        sub,
+        "synth",
+        "generate a graph: degree-corrected stochastic block model, power-law degrees, label-correlated features",
+    )
+    p.add_argument("--out", required=True, metavar="FILE.npz", help="where to write the graph (npz layout)")
+    p.add_argument("--nodes", type=int, default=d.nodes, help=f"vertices (default {d.nodes:,})")
+    p.add_argument("--edges", type=int, default=d.edges, help=f"directed edges, both directions counted (default {d.edges:,})")
+    p.add_argument("--features", type=int, default=d.features, help=f"feature dimension (default {d.features})")
+    p.add_argument("--classes", type=int, default=d.classes, help=f"classes = blocks (default {d.classes})")
+    p.add_argument("--homophily", type=float, default=d.homophily, help=f"chance an edge stays in its block (default {d.homophily})")
+    p.add_argument("--degree-exponent", type=float, default=d.degree_exponent, help=f"power-law exponent of degrees (default {d.degree_exponent})")
+    p.add_argument("--feature-signal", type=float, default=d.feature_signal, help=f"class centroid scale vs unit noise (default {d.feature_signal})")
+    p.add_argument("--train-frac", type=float, default=d.train_frac, help=f"train fraction (default {d.train_frac})")
+    p.add_argument("--val-frac", type=float, default=d.val_frac, help=f"validation fraction; rest is test (default {d.val_frac})")
+    p.add_argument("--seed", type=int, default=d.seed, help="random seed (default 0)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(run=_run_synth)
+
+
+def _synth_config(args):
+    from dorylus_py.data.synth import SynthConfig
+
+    return SynthConfig(
+        nodes=args.nodes,
+        edges=args.edges,
+        features=args.features,
+        classes=args.classes,
+        homophily=args.homophily,
+        degree_exponent=args.degree_exponent,
+        feature_signal=args.feature_signal,
+        train_frac=args.train_frac,
+        val_frac=args.val_frac,
+        seed=args.seed,
+    )
+
+
+def _run_synth(args) -> int:
+    from dorylus_py.data import generate, write_npz
+    from dorylus_py.progress import status
+
+    out = Path(args.out)
+    _check_output_file(out, args.overwrite)
+    cfg = _synth_config(args)
+    cfg.check()
+    t0 = time.perf_counter()
+    graph = generate(cfg, progress=status)
+    status(f"writing {out}")
+    write_npz(graph, out)
+    s = graph.summary()
+    print(
+        f"wrote {out}: {s['nodes']:,} vertices, {s['edges']:,} edges, {s['features']} features, "
+        f"{s['classes']} classes, split {s['train']:,}/{s['val']:,}/{s['test']:,} "
+        f"({time.perf_counter() - t0:.1f} s)"
+    )
+    return 0
+
+
+# --- check -----------------------------------------------------------------------------------------
+
+
+def _add_check(sub, data) -> None:
+    p = _command(sub, "check", "validate a dataset and print its counts (JSON with --json)", [data], DATA_FORMATS)
+    p.add_argument("path", metavar="PATH", help="dataset (see formats below)")
+    p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
+    p.set_defaults(run=_run_check)
+
+
+def _run_check(args) -> int:
+    from dorylus_py.data import load_graph
+
+    graph = load_graph(args.path, _sources(args))
+    s = graph.summary()
+    if args.json:
+        print(json.dumps(s))
+    else:
+        print(f"{args.path}: ok")
+        for k, v in s.items():
+            print(f"  {k:<15} {v:,.2f}" if isinstance(v, float) else f"  {k:<15} {v:,}")
+    return 0
+
+
+# --- prepare ---------------------------------------------------------------------------------------
+
+
+def _add_prepare(sub, data) -> None:
+    from dorylus_py.partition import PARTITIONERS
+
+    p = _command(
+        sub,
+        "prepare",
+        "partition a dataset for K graph servers: per-partition Gather CSR over [local | ghost] "
+        "columns, ghost maps, send lists, features, labels, masks and a checksummed manifest",
+        [data],
+        DATA_FORMATS,
+    )
+    p.add_argument("input", metavar="INPUT", help="dataset (see formats below)")
+    p.add_argument("--partitions", "-k", type=int, required=True, help="number of partitions (graph servers)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (must not exist unless --overwrite)")
+    p.add_argument("--partitioner", choices=PARTITIONERS, default="metis", help="metis: minimum edge cut (default); hash: by vertex id")
+    p.add_argument("--seed", type=int, default=0, help="METIS seed (default 0)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(run=_run_prepare)
+
+
+def _run_prepare(args) -> int:
+    from dorylus_py.data import load_graph
+    from dorylus_py.partition import prepare
+    from dorylus_py.progress import status
+
+    if Path(args.out).exists() and not args.overwrite:
+        raise DorylusError(f"{args.out}: already exists (pass --overwrite to replace it)")
+    t0 = time.perf_counter()
+    status(f"loading {args.input}")
+    graph = load_graph(args.input, _sources(args))
+    m = prepare(graph, args.out, args.partitions, args.partitioner, args.seed, args.overwrite, progress=status)
+    print(
+        f"wrote {args.out}: {m['partitions']} partitions of {m['nodes']:,} vertices ({m['partitioner']}); "
+        f"edge cut {m['edge_cut']:,} of {m['edges']:,} edges ({100 * m['edge_cut_fraction']:.1f} %); "
+        f"balance {m['balance']:.3f} (largest / mean); {time.perf_counter() - t0:.1f} s"
+    )
+    return 0
+
+
+# --- train -----------------------------------------------------------------------------------------
+
+
+def _add_train(sub, data) -> None:
+    from dorylus_py.config import BACKENDS, FEATURE_NORMS, TrainConfig
+
+    d = TrainConfig()
+    p = _command(
+        sub,
+        "train",
+        "train a GCN and write a run record (config.json, metrics.jsonl, summary.json, weights)",
+        [data],
+        DATA_FORMATS + "\nWithout --data, a graph is generated with `dorylus synth`'s defaults.\n",
+    )
+    p.add_argument("--data", metavar="PATH", help="dataset or prepared folder (default: a generated graph)")
+    p.add_argument("--backend", choices=BACKENDS, default=d.backend, help="reference: single-process full-batch oracle")
+    p.add_argument("--out", metavar="RUN_DIR", help="run record folder (default runs/DATE-TIME-BACKEND)")
+    p.add_argument("--overwrite", action="store_true", help="reuse a non-empty RUN_DIR")
+    m = p.add_argument_group("model and optimiser")
+    m.add_argument("--layers", type=int, default=d.layers, help=f"GCN layers (default {d.layers})")
+    m.add_argument("--hidden", type=int, default=d.hidden, help=f"hidden width (default {d.hidden})")
+    m.add_argument("--dropout", type=float, default=d.dropout, help=f"dropout on each layer's input (default {d.dropout})")
+    m.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"L2 on the first layer (default {d.weight_decay})")
+    m.add_argument("--lr", type=float, default=d.lr, help=f"Adam learning rate (default {d.lr})")
+    m.add_argument("--epochs", type=int, default=d.epochs, help=f"epochs (default {d.epochs})")
+    m.add_argument("--seed", type=int, default=d.seed, help="weights and dropout seed (default 0)")
+    m.add_argument("--feature-norm", choices=FEATURE_NORMS, default=d.feature_norm, help="row: rows sum to 1; auto (default): row when all features are >= 0")
+    m.add_argument("--threads", type=int, default=d.threads, help="torch threads (default: torch's choice)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_train)
+
+
+def _run_train(args) -> int:
+    from dorylus_py.config import TrainConfig
+    from dorylus_py.data import SynthConfig, generate, load_graph
+    from dorylus_py.progress import status
+    from dorylus_py.training import RunRecord, train_reference
+    from dorylus_py.training.reference import resolve_feature_norm
+
+    cfg = TrainConfig(
+        data=args.data,
+        backend=args.backend,
+        layers=args.layers,
+        hidden=args.hidden,
+        dropout=args.dropout,
+        weight_decay=args.weight_decay,
+        lr=args.lr,
+        epochs=args.epochs,
+        seed=args.seed,
+        feature_norm=args.feature_norm,
+        threads=args.threads,
+    )
+    cfg.check()
+    if cfg.data is None:
+        synth = SynthConfig()
+        status(f"no --data: generating a graph ({synth.nodes:,} vertices, {synth.edges:,} edges, seed {synth.seed})")
+        graph = generate(synth)
+    else:
+        status(f"loading {cfg.data}")
+        graph = load_graph(cfg.data, _sources(args))
+    norm = resolve_feature_norm(cfg, graph)
+    run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.backend}")
+    config = cfg.to_dict() | {"feature_norm": norm, "graph": graph.summary(), "graph_source": graph.source}
+    record = RunRecord(run_dir, config, overwrite=args.overwrite)
+    s = train_reference(graph, cfg, record, show_progress=not args.quiet).summary
+    print(
+        f"best validation accuracy {s['best_val_acc']:.4f} at epoch {s['best_epoch']}, "
+        f"test accuracy there {s['test_acc_at_best_val']:.4f}; final loss {s['final_loss']:.4f}; "
+        f"{s['epochs']} epochs in {s['wall_s']:.1f} s (median {1000 * s['median_epoch_s']:.1f} ms/epoch); "
+        f"run record in {run_dir}"
+    )
+    return 0
+
+
+def _check_output_file(path: Path, overwrite: bool) -> None:
+    if path.exists() and not overwrite:
+        raise DorylusError(f"{path}: already exists (pass --overwrite to replace it)")
+    if not path.parent.exists():
+        raise DorylusError(f"{path.parent}: output folder does not exist")

@@ -1,0 +1,266 @@
+"""Read and write graphs in the formats users bring.
+
+- ``.npz``: arrays ``src``, ``dst``, ``features``, ``labels`` and optionally ``train_mask``,
+  ``val_mask``, ``test_mask`` (the layout of the reference datasets; ``dorylus synth`` writes it).
+- text edge list (any other file): ``src dst`` per line, ``#`` comments, with features and labels
+  from ``.npy`` files named by :class:`Sources`.
+- Dorylus binary files in a folder (or the path of its ``graph.bsnap``): ``graph.bsnap``
+  (header ``{int32 4, uint32 num_vertices, uint64 num_edges}`` then uint32 ``(src, dst)`` pairs),
+  ``features.bsnap`` (uint32 dimension, then float32 rows), ``labels.bsnap`` (uint32 class count,
+  then one uint32 per vertex).
+- ``.pt``: a saved PyG ``Data`` object (needs torch_geometric; a pickle, so load only trusted files).
+- a folder made by ``dorylus prepare``: the partitions, put back together.
+
+Where a file carries no split, a seeded random split of the labelled vertices is drawn.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dorylus_py.atomic import atomic_file
+from dorylus_py.data.graph import SPLITS, Graph, random_split
+from dorylus_py.errors import DataError
+
+BSNAP_HEADER = np.dtype([("id_bytes", "<i4"), ("num_vertices", "<u4"), ("num_edges", "<u8")])
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Side files and split settings for formats that do not carry everything themselves."""
+
+    features: str | None = None  # .npy (N, F), for edge lists
+    labels: str | None = None  # .npy (N,), for edge lists
+    masks: str | None = None  # .npz with train_mask/val_mask/test_mask, overrides the random split
+    train_frac: float = 0.1  # random split: fraction of labelled vertices for training
+    val_frac: float = 0.1  # ... for validation; the rest is the test split
+    split_seed: int = 0
+
+
+def load_graph(path: str | os.PathLike, sources: Sources = Sources()) -> Graph:
+    """Load and validate a graph from any supported format; raise :class:`DataError` on any problem."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"{p}: no such file or folder")
+    if p.is_dir():
+        if (p / "manifest.json").exists():
+            from dorylus_py.partition.store import PartitionStore
+
+            return PartitionStore.open(p).assemble()
+        if (p / "graph.bsnap").exists():
+            return read_bsnap(p, sources)
+        raise DataError(f"{p}: folder holds neither a manifest.json (from `dorylus prepare`) nor graph.bsnap")
+    if p.name.endswith(".bsnap"):
+        return read_bsnap(p.parent, sources)
+    if p.suffix == ".npz":
+        return read_npz(p, sources)
+    if p.suffix == ".pt":
+        return read_pyg_file(p, sources)
+    return read_edge_list(p, sources)
+
+
+# --- npz -------------------------------------------------------------------------------------------
+
+
+def read_npz(path: Path, sources: Sources = Sources()) -> Graph:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
+        raise DataError(f"{path}: not a readable .npz file ({_reason(e)})") from None
+    missing = [k for k in ("src", "dst", "features", "labels") if k not in arrays]
+    if missing:
+        raise DataError(f"{path}: missing array(s) {', '.join(missing)} (expected src, dst, features, labels)")
+    masks = _masks_from(arrays, path, arrays["labels"], sources)
+    return Graph.from_edges(
+        arrays["src"],
+        arrays["dst"],
+        arrays["features"],
+        arrays["labels"],
+        *masks,
+        num_classes=int(arrays["num_classes"]) if "num_classes" in arrays else None,
+        source=str(path),
+    )
+
+
+def write_npz(graph: Graph, path: str | os.PathLike) -> None:
+    """Write ``graph`` in the npz layout, atomically."""
+    src, dst = graph.edges()
+    idx = np.int32 if graph.num_nodes < 2**31 else np.int64
+    with atomic_file(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(
+                f,
+                src=src.astype(idx),
+                dst=dst.astype(idx),
+                features=graph.features,
+                labels=graph.labels,
+                train_mask=graph.train_mask,
+                val_mask=graph.val_mask,
+                test_mask=graph.test_mask,
+                num_classes=np.int64(graph.num_classes),
+            )
+
+
+# --- text edge list --------------------------------------------------------------------------------
+
+
+def read_edge_list(path: Path, sources: Sources = Sources()) -> Graph:
+    if sources.features is None or sources.labels is None:
+        raise DataError(f"{path}: an edge list needs --features FILE.npy and --labels FILE.npy")
+    try:
+        edges = np.loadtxt(path, dtype=np.int64, comments="#", ndmin=2)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: not an edge list of 'src dst' integer pairs ({_reason(e)})") from None
+    if edges.size == 0:
+        edges = edges.reshape(0, 2)
+    if edges.shape[1] != 2:
+        raise DataError(f"{path}: expected 2 columns (src dst) per line, found {edges.shape[1]}")
+    features = _load_npy(sources.features, "features")
+    labels = _load_npy(sources.labels, "labels")
+    masks = _masks_from({}, path, labels, sources)
+    return Graph.from_edges(edges[:, 0], edges[:, 1], features, labels, *masks, source=str(path))
+
+
+# --- Dorylus binary files --------------------------------------------------------------------------
+
+
+def read_bsnap(folder: Path, sources: Sources = Sources()) -> Graph:
+    gpath, fpath, lpath = folder / "graph.bsnap", folder / "features.bsnap", folder / "labels.bsnap"
+    for p in (gpath, fpath, lpath):
+        if not p.exists():
+            raise DataError(f"{p}: missing (a Dorylus dataset needs graph.bsnap, features.bsnap, labels.bsnap)")
+    size = gpath.stat().st_size
+    if size < BSNAP_HEADER.itemsize:
+        raise DataError(f"{gpath}: truncated: {size} bytes, shorter than the 16-byte header")
+    header = np.fromfile(gpath, dtype=BSNAP_HEADER, count=1)[0]
+    if header["id_bytes"] != 4:
+        raise DataError(f"{gpath}: header says {header['id_bytes']}-byte vertex ids; only 4 is supported")
+    n, m = int(header["num_vertices"]), int(header["num_edges"])
+    expected = BSNAP_HEADER.itemsize + 8 * m
+    if size != expected:
+        raise DataError(f"{gpath}: {size} bytes, but a header of {m} edges implies {expected} (truncated or corrupt)")
+    pairs = np.fromfile(gpath, dtype="<u4", offset=BSNAP_HEADER.itemsize).reshape(m, 2)
+
+    dim = _bsnap_u32_header(fpath)
+    fsize = fpath.stat().st_size
+    if dim == 0 or fsize != 4 + 4 * dim * n:
+        raise DataError(
+            f"{fpath}: {fsize} bytes, but {n} vertices x {dim} float32 features need {4 + 4 * dim * n}"
+        )
+    features = np.fromfile(fpath, dtype="<f4", offset=4).reshape(n, dim)
+
+    num_classes = _bsnap_u32_header(lpath)
+    lsize = lpath.stat().st_size
+    if lsize != 4 + 4 * n:
+        raise DataError(f"{lpath}: {lsize} bytes, but {n} vertices need {4 + 4 * n} (one uint32 label each)")
+    labels = np.fromfile(lpath, dtype="<u4", offset=4).astype(np.int64)
+    if n and labels.max() >= num_classes:
+        v = int(np.argmax(labels >= num_classes))
+        raise DataError(f"{lpath}: label {labels[v]} of vertex {v} is out of range [0, {num_classes}) set by its header")
+    masks = _masks_from({}, gpath, labels, sources)
+    return Graph.from_edges(
+        pairs[:, 0], pairs[:, 1], features, labels, *masks, num_nodes=n, num_classes=num_classes, source=str(gpath)
+    )
+
+
+def write_bsnap(graph: Graph, folder: str | os.PathLike) -> None:
+    """Write ``graph`` as Dorylus binary files (unlabelled vertices are not representable)."""
+    folder = Path(folder)
+    if (graph.labels < 0).any():
+        raise DataError(f"{graph.source}: labels.bsnap has no 'unlabelled' value; every vertex needs a label")
+    folder.mkdir(parents=True, exist_ok=True)
+    src, dst = graph.edges()
+    header = np.array([(4, graph.num_nodes, graph.num_edges)], dtype=BSNAP_HEADER)
+    with atomic_file(folder / "graph.bsnap") as tmp, open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.stack([src, dst], axis=1).astype("<u4").tobytes())
+    with atomic_file(folder / "features.bsnap") as tmp, open(tmp, "wb") as f:
+        f.write(np.uint32(graph.num_features).tobytes())
+        f.write(graph.features.astype("<f4").tobytes())
+    with atomic_file(folder / "labels.bsnap") as tmp, open(tmp, "wb") as f:
+        f.write(np.uint32(graph.num_classes).tobytes())
+        f.write(graph.labels.astype("<u4").tobytes())
+
+
+def _bsnap_u32_header(path: Path) -> int:
+    if path.stat().st_size < 4:
+        raise DataError(f"{path}: truncated: shorter than its 4-byte header")
+    return int(np.fromfile(path, dtype="<u4", count=1)[0])
+
+
+# --- PyG -------------------------------------------------------------------------------------------
+
+
+def from_pyg(data, sources: Sources = Sources(), source: str = "<pyg Data>") -> Graph:
+    """Convert a PyG ``Data`` (``x``, ``y``, ``edge_index`` with messages flowing row 0 -> row 1)."""
+    for attr in ("x", "y", "edge_index"):
+        if getattr(data, attr, None) is None:
+            raise DataError(f"{source}: the PyG Data object has no '{attr}'")
+    ei = data.edge_index.detach().cpu().numpy()
+    if ei.ndim != 2 or ei.shape[0] != 2:
+        raise DataError(f"{source}: edge_index must have shape (2, E), got {tuple(ei.shape)}")
+    labels = data.y.detach().cpu().numpy().reshape(-1)
+    arrays = {
+        f"{s}_mask": getattr(data, f"{s}_mask").detach().cpu().numpy()
+        for s in SPLITS
+        if getattr(data, f"{s}_mask", None) is not None
+    }
+    masks = _masks_from(arrays, source, labels, sources)
+    return Graph.from_edges(ei[0], ei[1], data.x.detach().cpu().numpy(), labels, *masks, source=source)
+
+
+def read_pyg_file(path: Path, sources: Sources = Sources()) -> Graph:
+    try:
+        import torch
+        import torch_geometric  # noqa: F401  (needed to unpickle Data)
+    except ImportError:
+        raise DataError(f"{path}: reading a PyG .pt file needs torch_geometric (pip install 'dorylus-py[bench]')") from None
+    try:
+        data = torch.load(path, weights_only=False)  # a pickle: trusted files only (documented)
+    except Exception as e:  # noqa: BLE001  (any unpickling failure is a bad file)
+        raise DataError(f"{path}: not a readable torch file ({_reason(e)})") from None
+    return from_pyg(data, sources, source=str(path))
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def _masks_from(arrays: dict, path, labels, sources: Sources):
+    if sources.masks is not None:
+        try:
+            with np.load(sources.masks, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
+            raise DataError(f"{sources.masks}: not a readable .npz of masks ({_reason(e)})") from None
+        path = sources.masks
+    present = [f"{s}_mask" in arrays for s in SPLITS]
+    if all(present):
+        return tuple(arrays[f"{s}_mask"] for s in SPLITS)
+    if any(present) or sources.masks is not None:
+        missing = [f"{s}_mask" for s, p in zip(SPLITS, present) if not p]
+        raise DataError(f"{path}: has some split masks but not {', '.join(missing)}")
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.number):
+        return (np.zeros(0, bool),) * 3  # let Graph validation name the label problem
+    return random_split(labels.astype(np.int64), sources.train_frac, sources.val_frac, sources.split_seed)
+
+
+def _load_npy(path: str, what: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise DataError(f"{path}: {what} file not found") from None
+    except (ValueError, OSError, EOFError) as e:
+        raise DataError(f"{path}: not a readable .npy {what} file ({_reason(e)})") from None
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+

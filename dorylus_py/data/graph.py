@@ -1,0 +1,261 @@
+"""The :class:`Graph`: a validated, in-memory GNN dataset.
+
+Edges are stored as an **in-edge CSR**: row ``v`` lists the sources ``u`` of the edges ``u -> v``,
+because GCN's Gather sums over in-neighbours. Self loops and duplicate edges are removed on
+construction (GCN normalisation adds its own self loop to every vertex), and the removal is logged.
+Every constructor validates, so a ``Graph`` that exists is safe to train on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from dorylus_py.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    indptr: np.ndarray  # (N + 1,) int64: in-edge CSR row pointers, row = destination
+    indices: np.ndarray  # (E,) int64: source vertex of each in-edge, sorted within a row
+    features: np.ndarray  # (N, F) float32
+    labels: np.ndarray  # (N,) int64, -1 = unlabelled
+    train_mask: np.ndarray  # (N,) bool
+    val_mask: np.ndarray  # (N,) bool
+    test_mask: np.ndarray  # (N,) bool
+    num_classes: int
+    source: str = "<memory>"  # where it came from, used in error messages
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.indptr) - 1
+
+    @property
+    def num_edges(self) -> int:
+        return len(self.indices)
+
+    @property
+    def num_features(self) -> int:
+        return self.features.shape[1]
+
+    def mask(self, split: str) -> np.ndarray:
+        return {"train": self.train_mask, "val": self.val_mask, "test": self.test_mask}[split]
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(src, dst)`` int64 arrays, sorted by destination then source."""
+        dst = np.repeat(np.arange(self.num_nodes, dtype=np.int64), np.diff(self.indptr))
+        return self.indices.copy(), dst
+
+    def in_degrees(self) -> np.ndarray:
+        return np.diff(self.indptr)
+
+    @classmethod
+    def from_edges(
+        cls,
+        src,
+        dst,
+        features,
+        labels,
+        train_mask,
+        val_mask,
+        test_mask,
+        *,
+        num_nodes: int | None = None,
+        num_classes: int | None = None,
+        source: str = "<memory>",
+    ) -> "Graph":
+        """Build and validate a graph from directed edges ``src[i] -> dst[i]``.
+
+        ``num_nodes`` defaults to the number of feature rows. Raises :class:`DataError` naming
+        ``source`` and the problem on any inconsistency.
+        """
+        features = _as_features(features, source)
+        n = features.shape[0] if num_nodes is None else int(num_nodes)
+        if n < 1:
+            raise DataError(f"{source}: the graph has no vertices")
+        labels = _as_labels(labels, source)
+        if len(labels) != n:
+            raise DataError(f"{source}: {len(labels)} labels but the graph has {n} vertices (feature rows)")
+        src = _as_ids(src, "source vertex ids", source)
+        dst = _as_ids(dst, "destination vertex ids", source)
+        if src.shape != dst.shape:
+            raise DataError(f"{source}: {len(src)} source ids but {len(dst)} destination ids")
+        for name, ids in (("source", src), ("destination", dst)):
+            if len(ids) and (ids.min() < 0 or ids.max() >= n):
+                bad = ids[(ids < 0) | (ids >= n)][0]
+                raise DataError(f"{source}: {name} vertex id {bad} is out of range [0, {n})")
+        indptr, indices = _coalesce_to_csr(src, dst, n, source)
+        graph = cls(
+            indptr=indptr,
+            indices=indices,
+            features=features,
+            labels=labels,
+            train_mask=_as_mask(train_mask, "train_mask", source),
+            val_mask=_as_mask(val_mask, "val_mask", source),
+            test_mask=_as_mask(test_mask, "test_mask", source),
+            num_classes=-1 if num_classes is None else int(num_classes),
+            source=source,
+        )
+        if num_classes is None:
+            inferred = int(graph.labels.max()) + 1 if len(graph.labels) else 0
+            object.__setattr__(graph, "num_classes", inferred)
+        graph.validate()
+        return graph
+
+    def validate(self) -> None:
+        """Check every invariant; raise :class:`DataError` naming the first violation."""
+        s, n = self.source, self.num_nodes
+        if self.indptr[0] != 0 or self.indptr[-1] != len(self.indices) or np.any(np.diff(self.indptr) < 0):
+            raise DataError(f"{s}: CSR row pointers are inconsistent")
+        if len(self.indices) and (self.indices.min() < 0 or self.indices.max() >= n):
+            raise DataError(f"{s}: CSR column index out of range [0, {n})")
+        if self.features.ndim != 2 or self.features.shape[0] != n:
+            raise DataError(f"{s}: features have {self.features.shape[0]} rows but the graph has {n} vertices")
+        if self.features.shape[1] < 1:
+            raise DataError(f"{s}: features have no columns")
+        if not _all_finite(self.features):
+            row = int(np.nonzero(~np.isfinite(self.features).all(axis=1))[0][0])
+            raise DataError(f"{s}: features contain NaN or infinity (first at vertex {row})")
+        if len(self.labels) != n:
+            raise DataError(f"{s}: {len(self.labels)} labels but the graph has {n} vertices")
+        if self.num_classes < 2:
+            raise DataError(f"{s}: need at least 2 classes, found {self.num_classes}")
+        bad = (self.labels < -1) | (self.labels >= self.num_classes)
+        if bad.any():
+            v = int(np.nonzero(bad)[0][0])
+            raise DataError(
+                f"{s}: label {self.labels[v]} of vertex {v} is out of range "
+                f"[0, {self.num_classes}) (-1 marks unlabelled)"
+            )
+        for split in SPLITS:
+            m = self.mask(split)
+            if m.shape != (n,):
+                raise DataError(f"{s}: {split}_mask has {len(m)} entries but the graph has {n} vertices")
+            unlabelled = m & (self.labels < 0)
+            if unlabelled.any():
+                v = int(np.nonzero(unlabelled)[0][0])
+                raise DataError(f"{s}: vertex {v} is in the {split} split but has no label (-1)")
+        for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+            both = self.mask(a) & self.mask(b)
+            if both.any():
+                raise DataError(
+                    f"{s}: {a} and {b} masks overlap ({int(both.sum())} vertices, first {int(np.argmax(both))})"
+                )
+        if not self.train_mask.any():
+            raise DataError(f"{s}: the train split is empty")
+
+    def summary(self) -> dict:
+        deg = self.in_degrees()
+        return {
+            "nodes": self.num_nodes,
+            "edges": self.num_edges,
+            "features": self.num_features,
+            "classes": self.num_classes,
+            "train": int(self.train_mask.sum()),
+            "val": int(self.val_mask.sum()),
+            "test": int(self.test_mask.sum()),
+            "unlabelled": int((self.labels < 0).sum()),
+            "max_in_degree": int(deg.max()) if len(deg) else 0,
+            "mean_in_degree": float(deg.mean()) if len(deg) else 0.0,
+            "isolated": int((deg == 0).sum()),
+        }
+
+
+def random_split(
+    labels: np.ndarray, train_frac: float, val_frac: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seeded random split of the labelled vertices; the rest of them are the test split."""
+    if not (0 < train_frac < 1 and 0 <= val_frac < 1 and train_frac + val_frac <= 1):
+        raise ConfigError(
+            f"split fractions must satisfy 0 < train ({train_frac}) and train + val ({val_frac}) <= 1"
+        )
+    labelled = np.nonzero(labels >= 0)[0]
+    order = np.random.default_rng(seed).permutation(labelled)
+    n_train = max(1, int(round(train_frac * len(order))))
+    n_val = int(round(val_frac * len(order)))
+    masks = [np.zeros(len(labels), dtype=bool) for _ in SPLITS]
+    masks[0][order[:n_train]] = True
+    masks[1][order[n_train : n_train + n_val]] = True
+    masks[2][order[n_train + n_val :]] = True
+    return masks[0], masks[1], masks[2]
+
+
+def row_normalized(x: np.ndarray) -> np.ndarray:
+    """Scale each row to sum 1 (rows that sum to 0 stay 0): GCN practice for bag-of-words features."""
+    sums = x.sum(axis=1, keepdims=True, dtype=np.float64)
+    sums[sums == 0] = 1.0
+    return (x / sums).astype(np.float32)
+
+
+def _all_finite(x: np.ndarray, block: int = 1 << 16) -> bool:
+    # Blockwise, so a 1 M x 128 matrix never needs a full-size boolean temporary.
+    return all(np.isfinite(x[i : i + block]).all() for i in range(0, x.shape[0], block))
+
+
+def _as_features(x, source: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise DataError(f"{source}: features must be a 2-D array (vertices x features), got shape {x.shape}")
+    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer) or x.dtype == bool):
+        raise DataError(f"{source}: features must be numeric, got dtype {x.dtype}")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _as_ids(x, what: str, source: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 1:
+        raise DataError(f"{source}: {what} must be a 1-D array, got shape {x.shape}")
+    if len(x) and not np.issubdtype(x.dtype, np.integer):
+        raise DataError(f"{source}: {what} must be integers, got dtype {x.dtype}")
+    return x.astype(np.int64, copy=False)
+
+
+def _as_labels(x, source: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 1:
+        raise DataError(f"{source}: labels must be a 1-D array, got shape {x.shape}")
+    if not np.issubdtype(x.dtype, np.integer):
+        if np.issubdtype(x.dtype, np.floating) and np.all(np.isfinite(x)) and np.all(x == np.round(x)):
+            return x.astype(np.int64)
+        raise DataError(f"{source}: labels must be integers, got dtype {x.dtype}")
+    return x.astype(np.int64, copy=False)
+
+
+def _as_mask(x, name: str, source: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 1:
+        raise DataError(f"{source}: {name} must be a 1-D array, got shape {x.shape}")
+    if x.dtype != bool:
+        if not np.isin(x, (0, 1)).all():
+            raise DataError(f"{source}: {name} must be boolean (0/1), got other values")
+        x = x.astype(bool)
+    return x
+
+
+def _coalesce_to_csr(src: np.ndarray, dst: np.ndarray, n: int, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """Sort edges by (dst, src), drop self loops and duplicates, return in-edge CSR."""
+    loops = src == dst
+    n_loops = int(loops.sum())
+    if n_loops:
+        src, dst = src[~loops], dst[~loops]
+    key = dst * n + src  # n <= 2**31 keeps this inside int64
+    key = np.unique(key)  # sorts, and removes duplicates
+    n_dups = len(src) - len(key)
+    if n_loops or n_dups:
+        log.warning(
+            "%s: dropped %d self loops and %d duplicate edges (GCN normalisation adds one self loop per vertex)",
+            source,
+            n_loops,
+            n_dups,
+        )
+    dst_sorted = key // n
+    indices = key - dst_sorted * n
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst_sorted, minlength=n), out=indptr[1:])
+    return indptr, indices

@@ -1,0 +1,135 @@
+"""The reference trainer: single-process, full-batch GCN in torch.
+
+It is the correctness oracle of every distributed backend (sync mode must reproduce its per-epoch
+loss), so it stays small and obviously right: one forward with dropout, softmax cross-entropy over
+the train split, Adam with L2 weight decay on the first layer only, then one forward without dropout
+to measure accuracy on each split.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dorylus_py.config import TrainConfig
+from dorylus_py.data.graph import Graph, row_normalized
+from dorylus_py.errors import ConfigError
+from dorylus_py.kernels.sparse import NormalizedAdjacency
+from dorylus_py.models.gcn import GCN
+from dorylus_py.progress import progress_bar
+from dorylus_py.training.record import BestTracker, RunRecord
+
+
+def model_dims(cfg: TrainConfig, graph: Graph) -> list[int]:
+    return [graph.num_features] + [cfg.hidden] * (cfg.layers - 1) + [graph.num_classes]
+
+
+def resolve_feature_norm(cfg: TrainConfig, graph: Graph) -> str:
+    """``auto`` becomes ``row`` for non-negative (bag-of-words-like) features, else ``none``."""
+    non_negative = bool((graph.features >= 0).all())
+    if cfg.feature_norm == "row" and not non_negative:
+        raise ConfigError(f"{graph.source}: --feature-norm row needs non-negative features; use none")
+    if cfg.feature_norm == "auto":
+        return "row" if non_negative else "none"
+    return cfg.feature_norm
+
+
+def input_features(cfg: TrainConfig, graph: Graph) -> np.ndarray:
+    """The features the first layer sees, after the configured normalisation."""
+    return row_normalized(graph.features) if resolve_feature_norm(cfg, graph) == "row" else graph.features
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> float:
+    if not bool(mask.any()):
+        return float("nan")
+    return float((logits[mask].argmax(dim=1) == labels[mask]).float().mean())
+
+
+@dataclass
+class TrainResult:
+    summary: dict  # what summary.json holds
+    history: list[dict]  # the metrics.jsonl rows
+
+
+def train_reference(
+    graph: Graph, cfg: TrainConfig, record: RunRecord | None = None, show_progress: bool = True
+) -> TrainResult:
+    """Train on ``graph``; log each epoch to ``record`` (if given); return the summary and history."""
+    cfg.check()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    adj = NormalizedAdjacency.for_graph(graph)
+    x = torch.from_numpy(np.ascontiguousarray(input_features(cfg, graph)))
+    y = torch.from_numpy(graph.labels)
+    masks = {s: torch.from_numpy(graph.mask(s)) for s in ("train", "val", "test")}
+    train_idx = masks["train"].nonzero().squeeze(1)
+    model = GCN(model_dims(cfg, graph), cfg.dropout, seed=cfg.seed)
+    first, rest = list(model.weights)[:1], list(model.weights)[1:]
+    groups = [{"params": first, "weight_decay": cfg.weight_decay}]
+    if rest:
+        groups.append({"params": rest, "weight_decay": 0.0})
+    opt = torch.optim.Adam(groups, lr=cfg.lr)
+
+    best = BestTracker()
+    best_weights = None
+    start = time.perf_counter()
+    bar = progress_bar(range(1, cfg.epochs + 1), desc="train", unit="epoch", enabled=show_progress)
+    history: list[dict] = []
+    for epoch in bar:
+        t0 = time.perf_counter()
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        logits = model(adj, x, epoch)
+        loss = F.cross_entropy(logits[train_idx], y[train_idx])
+        loss.backward()
+        opt.step()
+        model.eval()
+        with torch.no_grad():
+            logits = model(adj, x)
+        acc = {s: accuracy(logits, y, m) for s, m in masks.items()}
+        now = time.perf_counter()
+        row = {
+            "epoch": epoch,
+            "loss": loss.item(),
+            "train_acc": acc["train"],
+            "val_acc": acc["val"],
+            "test_acc": acc["test"],
+            "epoch_s": now - t0,
+            "wall_s": now - start,
+        }
+        history.append(row)
+        if best.update(epoch, acc["val"], acc["test"]):
+            best_weights = _weights(model)
+        if record is not None:
+            record.log_epoch(row)
+        bar.set_postfix(loss=f"{row['loss']:.4f}", val=f"{acc['val']:.3f}", refresh=False)
+    bar.close()
+
+    row = history[-1]
+    summary = {
+        "status": "completed",
+        "backend": cfg.backend,
+        "epochs": cfg.epochs,
+        "final_loss": row["loss"],
+        "final_train_acc": row["train_acc"],
+        "final_val_acc": row["val_acc"],
+        "final_test_acc": row["test_acc"],
+        "best_val_acc": best.best_val_acc,
+        "best_epoch": best.best_epoch,
+        "test_acc_at_best_val": best.test_acc_at_best_val,
+        "wall_s": time.perf_counter() - start,
+        "median_epoch_s": float(np.median([r["epoch_s"] for r in history])),
+    }
+    if record is not None:
+        record.save_weights("weights.npz", _weights(model))
+        record.save_weights("best_weights.npz", best_weights)
+        record.finish(summary)
+    return TrainResult(summary, history)
+
+
+def _weights(model: GCN) -> dict[str, np.ndarray]:
+    return {f"W{i}": w.detach().cpu().numpy().copy() for i, w in enumerate(model.weights)}
