@@ -231,7 +231,7 @@ def _run_prepare(args) -> int:
 
 
 def _add_train(sub, data) -> None:
-    from dorylus_py.config import BACKENDS, FEATURE_NORMS, TrainConfig
+    from dorylus_py.config import BACKENDS, FEATURE_NORMS, MODES, TrainConfig
 
     d = TrainConfig()
     p = _command(
@@ -242,7 +242,10 @@ def _add_train(sub, data) -> None:
         DATA_FORMATS + "\nWithout --data, a graph is generated with `dorylus synth`'s defaults.\n",
     )
     p.add_argument("--data", metavar="PATH", help="dataset or prepared folder (default: a generated graph)")
-    p.add_argument("--backend", choices=BACKENDS, default=d.backend, help="reference: single-process full-batch oracle")
+    p.add_argument("--backend", choices=BACKENDS, default=d.backend,
+                   help="reference: single-process full-batch oracle; local: graph/weight server processes with "
+                        "tensor work in emulated Lambdas; cpu/gpu: the same pipeline with tensor work inside the "
+                        "graph servers, on the CPU or a CUDA device (default reference)")
     p.add_argument("--out", metavar="RUN_DIR", help="run record folder (default runs/DATE-TIME-BACKEND)")
     p.add_argument("--overwrite", action="store_true", help="reuse a non-empty RUN_DIR")
     m = p.add_argument_group("model and optimiser")
@@ -255,6 +258,24 @@ def _add_train(sub, data) -> None:
     m.add_argument("--seed", type=int, default=d.seed, help="weights and dropout seed (default 0)")
     m.add_argument("--feature-norm", choices=FEATURE_NORMS, default=d.feature_norm, help="row: rows sum to 1; auto (default): row when all features are >= 0")
     m.add_argument("--threads", type=int, default=d.threads, help="torch threads (default: torch's choice)")
+    m.add_argument("--target-acc", type=float, default=d.target_acc, help="stop once validation accuracy reaches this")
+    c = p.add_argument_group("distributed backends (local, cpu, gpu)")
+    c.add_argument("--graph-servers", "-k", type=int, default=d.graph_servers, help=f"graph servers = partitions (default {d.graph_servers})")
+    c.add_argument("--weight-servers", type=int, default=d.weight_servers, help=f"weight servers; layer l on server l %% M (default {d.weight_servers})")
+    c.add_argument("--chunks", type=int, default=d.chunks, help=f"vertex intervals per graph server (default {d.chunks})")
+    c.add_argument("--mode", choices=MODES, default=d.mode, help="sync: barriers per layer, equals full-batch training (default)")
+    c.add_argument("--staleness", type=int, default=d.staleness, help=f"async: max epochs a chunk runs ahead (default {d.staleness})")
+    c.add_argument("--partitioner", choices=("metis", "hash"), default="metis", help="when --data is not a prepared folder (default metis)")
+    c.add_argument("--lambdas", type=int, default=d.lambdas, help=f"local: concurrent emulated Lambdas in all (default {d.lambdas})")
+    c.add_argument("--lambda-latency-ms", type=float, default=d.lambda_latency_ms, help="local: injected latency per invocation (default 0)")
+    c.add_argument("--lambda-fail-rate", type=float, default=d.lambda_fail_rate, help="local: chance an invocation fails (default 0)")
+    c.add_argument("--lambda-memory-mb", type=int, default=d.lambda_memory_mb, help=f"billed Lambda memory (default {d.lambda_memory_mb})")
+    c.add_argument("--lambda-timeout-s", type=float, default=d.lambda_timeout_s, help=f"a Lambda's time limit (default {d.lambda_timeout_s:.0f})")
+    c.add_argument("--tensor-threads", type=int, default=d.tensor_threads, help=f"cpu/gpu: tensor threads per graph server (default {d.tensor_threads})")
+    c.add_argument("--device", default=d.device, help="cpu/gpu: torch device (default cpu for cpu, cuda for gpu)")
+    c.add_argument("--relaunch-min-s", type=float, default=d.relaunch_min_s, help=f"relaunch a task after max(this, factor x average) (default {d.relaunch_min_s})")
+    c.add_argument("--relaunch-factor", type=float, default=d.relaunch_factor, help=f"(default {d.relaunch_factor})")
+    c.add_argument("--wait-timeout-s", type=float, default=d.wait_timeout_s, help=f"give up on any single wait after this (default {d.wait_timeout_s:.0f})")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_run_train)
 
@@ -278,6 +299,22 @@ def _run_train(args) -> int:
         seed=args.seed,
         feature_norm=args.feature_norm,
         threads=args.threads,
+        target_acc=args.target_acc,
+        graph_servers=args.graph_servers,
+        weight_servers=args.weight_servers,
+        chunks=args.chunks,
+        mode=args.mode,
+        staleness=args.staleness,
+        lambdas=args.lambdas,
+        lambda_latency_ms=args.lambda_latency_ms,
+        lambda_fail_rate=args.lambda_fail_rate,
+        lambda_memory_mb=args.lambda_memory_mb,
+        lambda_timeout_s=args.lambda_timeout_s,
+        tensor_threads=args.tensor_threads,
+        device=args.device,
+        relaunch_min_s=args.relaunch_min_s,
+        relaunch_factor=args.relaunch_factor,
+        wait_timeout_s=args.wait_timeout_s,
     )
     cfg.check()
     if cfg.data is None:
@@ -291,7 +328,13 @@ def _run_train(args) -> int:
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.backend}")
     config = cfg.to_dict() | {"feature_norm": norm, "graph": graph.summary(), "graph_source": graph.source}
     record = RunRecord(run_dir, config, overwrite=args.overwrite)
-    s = train_reference(graph, cfg, record, show_progress=not args.quiet).summary
+    if cfg.backend == "reference":
+        s = train_reference(graph, cfg, record, show_progress=not args.quiet).summary
+    else:
+        from dorylus_py.cluster.launcher import train_distributed
+
+        parts = _partitions_for(cfg, graph, run_dir, args.partitioner)
+        s = train_distributed(cfg, parts, record, norm, show_progress=not args.quiet).summary
     print(
         f"best validation accuracy {s['best_val_acc']:.4f} at epoch {s['best_epoch']}, "
         f"test accuracy there {s['test_acc_at_best_val']:.4f}; final loss {s['final_loss']:.4f}; "
@@ -299,6 +342,20 @@ def _run_train(args) -> int:
         f"run record in {run_dir}"
     )
     return 0
+
+
+def _partitions_for(cfg, graph, run_dir: Path, partitioner: str) -> Path:
+    """A prepared folder with K partitions: --data itself when it is one, else made in RUN_DIR."""
+    from dorylus_py.partition import PartitionStore, prepare
+    from dorylus_py.progress import status
+
+    data = Path(cfg.data) if cfg.data else None
+    if data is not None and (data / "manifest.json").exists():
+        if PartitionStore.open(data).num_parts == cfg.graph_servers:
+            return data
+    status(f"partitioning into {cfg.graph_servers} parts ({partitioner})")
+    prepare(graph, run_dir / "partitions", cfg.graph_servers, partitioner, overwrite=True)
+    return run_dir / "partitions"
 
 
 def _check_output_file(path: Path, overwrite: bool) -> None:

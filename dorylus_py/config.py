@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass
 
 from dorylus_py.errors import ConfigError
 
-BACKENDS = ("reference",)
+BACKENDS = ("reference", "local", "cpu", "gpu")
+MODES = ("sync", "async")
 FEATURE_NORMS = ("auto", "row", "none")
 
 
@@ -23,6 +24,23 @@ class TrainConfig:
     seed: int = 0  # weights init and dropout
     feature_norm: str = "auto"  # `row`: rows scaled to sum 1 (bag-of-words practice); `auto`: row if all >= 0
     threads: int = 0  # torch intra-op threads; 0 = torch's default
+    target_acc: float = 0.0  # stop once validation accuracy reaches this (0 = run all epochs)
+    # --- distributed backends (local, cpu, gpu) ---
+    graph_servers: int = 2  # K: partitions, one graph-server process each
+    weight_servers: int = 1  # M: layer l lives on weight server l % M
+    chunks: int = 4  # per graph server: vertex intervals that move through the pipeline independently
+    mode: str = "sync"  # sync: barriers per layer, equals full-batch training; async: bounded staleness
+    staleness: int = 1  # async: a chunk may run at most this many epochs ahead of the slowest
+    lambdas: int = 4  # local: emulated Lambdas running at once, shared out among graph servers
+    lambda_latency_ms: float = 0.0  # local: injected invoke latency per task
+    lambda_fail_rate: float = 0.0  # local: chance that an invocation fails (before or part-way)
+    lambda_memory_mb: int = 3008  # billed memory per Lambda (AWS bills GB-seconds)
+    lambda_timeout_s: float = 60.0  # a Lambda's own time limit
+    tensor_threads: int = 2  # cpu/gpu: threads running tensor tasks inside each graph server
+    device: str = ""  # cpu/gpu: torch device; default cpu for `cpu`, cuda for `gpu`
+    relaunch_min_s: float = 5.0  # relaunch a task after max(this, factor x its kind's average)
+    relaunch_factor: float = 3.0
+    wait_timeout_s: float = 300.0  # any single wait (a peer, a task, the driver) gives up after this
 
     def check(self) -> None:
         if self.backend not in BACKENDS:
@@ -39,8 +57,33 @@ class TrainConfig:
             raise ConfigError(f"--epochs must be >= 1, got {self.epochs}")
         if self.feature_norm not in FEATURE_NORMS:
             raise ConfigError(f"--feature-norm must be one of {', '.join(FEATURE_NORMS)}")
+        if not 0.0 <= self.target_acc <= 1.0:
+            raise ConfigError(f"--target-acc must be in [0, 1], got {self.target_acc}")
+        if self.backend != "reference":
+            self.check_distributed()
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
+
+    def check_distributed(self) -> None:
+        if self.graph_servers < 1 or self.weight_servers < 1 or self.chunks < 1:
+            raise ConfigError("--graph-servers, --weight-servers and --chunks must be >= 1")
+        if self.weight_servers > self.layers:
+            raise ConfigError(f"--weight-servers {self.weight_servers} > --layers {self.layers}: a shard would hold nothing")
+        if self.mode not in MODES:
+            raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
+        if self.staleness < 0:
+            raise ConfigError(f"--staleness must be >= 0, got {self.staleness}")
+        if self.lambdas < 1 or self.tensor_threads < 1:
+            raise ConfigError("--lambdas and --tensor-threads must be >= 1")
+        if not 0.0 <= self.lambda_fail_rate < 1.0:
+            raise ConfigError(f"--lambda-fail-rate must be in [0, 1), got {self.lambda_fail_rate}")
+        if self.lambda_latency_ms < 0 or self.lambda_memory_mb < 128 or self.lambda_timeout_s <= 0:
+            raise ConfigError("--lambda-latency-ms must be >= 0, --lambda-memory-mb >= 128, --lambda-timeout-s > 0")
+        if self.relaunch_min_s <= 0 or self.relaunch_factor < 1 or self.wait_timeout_s <= 0:
+            raise ConfigError("--relaunch-min-s and --wait-timeout-s must be > 0, --relaunch-factor >= 1")
+
+    def resolved_device(self) -> str:
+        return self.device or ("cuda" if self.backend == "gpu" else "cpu")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -45,9 +45,9 @@ class NormalizedAdjacency:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
             matrix = torch.sparse_csr_tensor(
-                torch.as_tensor(np.asarray(indptr), dtype=torch.int64),
-                torch.as_tensor(np.asarray(indices), dtype=torch.int64),
-                torch.as_tensor(np.asarray(weights), dtype=torch.float32),
+                torch.as_tensor(np.array(indptr), dtype=torch.int64),
+                torch.as_tensor(np.array(indices), dtype=torch.int64),
+                torch.as_tensor(np.array(weights), dtype=torch.float32),
                 size=shape,
                 check_invariants=False,  # built here from validated arrays
             )

@@ -1,0 +1,161 @@
+"""What every server process shares: a ROUTER that serves requests, a link to the driver, and a loop
+that rejects bad messages and keeps running.
+
+A server binds its ROUTER (port 0 = any free port), says ``hello`` to the driver with its address,
+and waits for ``start`` (the job spec and every peer's address). After that the driver may send it
+``stop`` at any time. Every wait has a timeout; a server whose driver is gone (its parent process
+changed, or no word for ``driver_timeout_s``) exits rather than linger as an orphan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+import zmq
+
+from dorylus_py.errors import DorylusError
+from dorylus_py.protocol import Message, ProtocolError, decode, encode
+
+log = logging.getLogger(__name__)
+
+
+class Stopped(Exception):
+    """The driver asked this server to stop."""
+
+
+class Node:
+    def __init__(self, role: str, rank: int, driver: str, token: str, host: str = "127.0.0.1", port: int = 0):
+        self.role, self.rank, self.token = role, rank, token
+        self.ctx = zmq.Context.instance()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if port:
+            self.router.bind(f"tcp://{host}:{port}")
+        else:
+            port = self.router.bind_to_random_port(f"tcp://{host}")
+        self.address = f"tcp://{host}:{port}"
+        self.driver = self.ctx.socket(zmq.DEALER)
+        self.driver.setsockopt(zmq.LINGER, 1000)
+        self.driver.connect(driver)
+        self.parent = os.getppid()
+        self.poller = zmq.Poller()
+        self.poller.register(self.router, zmq.POLLIN)
+        self.poller.register(self.driver, zmq.POLLIN)
+        self.rejected = 0
+
+    # --- driver link ---------------------------------------------------------------------------
+
+    def handshake(self, timeout_s: float = 120.0) -> Message:
+        """Say hello with our address; return the driver's ``start`` message."""
+        self.to_driver(Message("hello", {"role": self.role, "rank": self.rank, "address": self.address, "pid": os.getpid()}))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.driver.poll(500):
+                msg = decode(self.driver.recv_multipart(copy=False), self.token)
+                if msg.op == "start":
+                    return msg
+                if msg.op == "stop":
+                    raise Stopped()
+            self.check_parent()
+        raise DorylusError(f"{self.role} {self.rank}: no start from the driver within {timeout_s:.0f} s")
+
+    def to_driver(self, msg: Message) -> None:
+        self.driver.send_multipart(encode(msg, self.token), copy=False)
+
+    def check_parent(self) -> None:
+        if os.getppid() != self.parent:
+            raise DorylusError(f"{self.role} {self.rank}: the driver process is gone")
+
+    # --- serving ---------------------------------------------------------------------------------
+
+    def reply(self, identity: bytes, msg: Message) -> None:
+        try:
+            self.router.send_multipart([identity, *encode(msg, self.token)], copy=False)
+        except zmq.ZMQError as e:  # the requester went away (EHOSTUNREACH): nothing to answer
+            log.debug("reply to a gone peer dropped: %s", e)
+
+    def serve_once(self, handle, timeout_ms: int = 100) -> bool:
+        """Poll once; dispatch requests to ``handle(identity, msg)``. Returns True if anything came.
+
+        A malformed message, or one ``handle`` rejects with a DorylusError, gets an ``error`` reply
+        and is counted; the server keeps running.
+        """
+        events = dict(self.poller.poll(timeout_ms))
+        if self.driver in events:
+            msg = decode(self.driver.recv_multipart(copy=False), self.token)
+            if msg.op == "stop":
+                raise Stopped()
+            self.on_driver(msg)
+        if self.router not in events:
+            self.check_parent()
+            return bool(events)
+        for _ in range(256):  # drain what is queued, bounded so the driver link stays responsive
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            identity, body = frames[0].bytes, frames[1:]
+            try:
+                handle(identity, decode(body, self.token))
+            except (DorylusError, KeyError, TypeError, ValueError) as e:  # ProtocolError included
+                # A malformed field surfaces as KeyError/TypeError/ValueError inside a handler.
+                self.rejected += 1
+                log.warning("%s %d rejected a message: %s", self.role, self.rank, e)
+                self.reply(identity, Message("error", {"reason": str(e)}))
+        return True
+
+    def on_driver(self, msg: Message) -> None:
+        """Messages from the driver other than stop; servers override."""
+
+    def close(self) -> None:
+        self.router.close(0)
+        self.driver.close(1000)
+
+
+def serve_process(role: str, build, argv=None) -> int:
+    """Entry point of a server process: connect to the driver, get the job spec, build the server
+    with ``build(node, spec)`` and run it until the driver says stop."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=f"dorylus {role} (started by the driver, or by `dorylus {role}`)")
+    ap.add_argument("--driver", required=True, help="driver address, tcp://HOST:PORT")
+    ap.add_argument("--rank", type=int, required=True, help="this server's index")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind and advertise (default 127.0.0.1)")
+    ap.add_argument("--port", type=int, default=0, help="port to bind (default: any free port)")
+    ap.add_argument("--token-env", default="DORYLUS_TOKEN", help="environment variable holding the job token")
+    args = ap.parse_args(argv)
+
+    def main():
+        token = os.environ.get(args.token_env)
+        if not token:
+            raise DorylusError(f"the job token is not set (environment variable {args.token_env})")
+        node = Node(role, args.rank, args.driver, token, args.host, args.port)
+        server = None
+        try:
+            server = build(node, node.handshake().fields)
+            server.run()
+        finally:
+            if server is not None and hasattr(server, "close"):
+                server.close()
+            node.close()
+
+    return run_main(main)
+
+
+def run_main(main) -> int:
+    """Entry-point wrapper for server processes: one-line errors, exit 2; clean exit on stop."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        main()
+    except Stopped:
+        return 0
+    except (DorylusError, ProtocolError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,58 @@
+"""The tensor tasks of a GCN layer, forward and backward as explicit functions on one chunk of rows.
+
+Layer ``l`` of the distributed GCN is ``Z_l = dropout(P_l) W_l`` (tensor task), then Scatter and
+Gather ``G_l = Â Z_l`` (graph work), where ``P_0 = X`` and ``P_l = relu(G_{l-1})``; the logits are
+``G_{L-1}``. Each function here works on a chunk's rows only and needs nothing of the graph, so it
+can run in a Lambda, a graph server's thread, or a GPU. ``keep`` is the dropout keep-mask of the
+chunk's rows (``kernels/dropout.py``), or ``None`` without dropout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def layer_input(p_raw: torch.Tensor, layer: int) -> torch.Tensor:
+    """``P_l`` from what the graph server holds: features for layer 0, else ``relu(G_{l-1})``."""
+    return p_raw if layer == 0 else torch.relu(p_raw)
+
+
+def apply_dropout(p: torch.Tensor, keep: torch.Tensor | None, rate: float) -> torch.Tensor:
+    return p if keep is None else p * keep * (1.0 / (1.0 - rate))
+
+
+def apply_vertex_forward(p_raw, w, layer: int, keep=None, rate: float = 0.0) -> torch.Tensor:
+    """``Z = dropout(P) @ W``: (R, F_in) x (F_in, F_out) -> (R, F_out)."""
+    return apply_dropout(layer_input(p_raw, layer), keep, rate) @ w
+
+
+def apply_vertex_backward(p_raw, w, dz, layer: int, keep=None, rate: float = 0.0):
+    """Given ``dL/dZ`` (R, F_out): return ``dL/dW`` (F_in, F_out) and ``dL/dG_{l-1}`` (R, F_in) or None."""
+    pd = apply_dropout(layer_input(p_raw, layer), keep, rate)
+    dw = pd.t() @ dz
+    if layer == 0:
+        return dw, None
+    dp = apply_dropout(dz @ w.t(), keep, rate)  # through the same mask and scale
+    return dw, dp * (p_raw > 0)  # through the ReLU
+
+
+def softmax_cross_entropy(logits, labels, train, num_train: int):
+    """Loss part of the last layer on a chunk: summed loss over its train rows, and ``dL/dlogits``.
+
+    ``L`` is the mean over all ``num_train`` train vertices of the graph, so chunks' gradients add up
+    to the full-batch gradient.
+    """
+    logp = torch.log_softmax(logits, dim=1)
+    t = train.nonzero().squeeze(1)
+    y = labels[t]
+    loss_sum = -logp[t, y].sum()
+    grad = torch.zeros_like(logits)
+    grad[t] = logp[t].exp()
+    grad[t, y] -= 1.0
+    return loss_sum, grad / num_train
+
+
+def correct_counts(logits, labels, masks: list[torch.Tensor]) -> list[int]:
+    """Correct predictions per mask (train, val, test) on a chunk."""
+    hit = logits.argmax(dim=1) == labels
+    return [int((hit & m).sum()) for m in masks]

@@ -1,0 +1,64 @@
+"""How a tensor task is run. The pipeline only calls :meth:`Platform.invoke` with the event a Lambda
+would get, and reads :meth:`Platform.completions`; where the handler runs is the platform's business.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Completion:
+    """One finished invocation, successful or not (what ``tasks.jsonl`` records)."""
+
+    task: dict
+    where: str  # e.g. "local-lambda", "inproc-cpu", "aws-lambda"
+    start: float  # unix seconds
+    end: float
+    billed_ms: int  # Lambda billing: duration rounded up to 1 ms; 0 for in-process work
+    memory_mb: int
+    ok: bool
+    error: str = ""
+
+
+class Platform:
+    name = "abstract"
+
+    def __init__(self):
+        self._done: queue.Queue[Completion] = queue.Queue()
+
+    def invoke(self, event: dict) -> None:
+        raise NotImplementedError
+
+    def completions(self) -> list[Completion]:
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        pass
+
+
+class LambdaContext:
+    """The part of AWS's context object the handler uses, with an optional injected early timeout."""
+
+    def __init__(self, timeout_ms: int, expire_at_check: int | None = None):
+        self.deadline = time.monotonic() + timeout_ms / 1000
+        self.expire_at_check = expire_at_check  # after this many time checks, report no time left
+        self.checks = 0
+
+    def get_remaining_time_in_millis(self) -> int:
+        self.checks += 1
+        if self.expire_at_check is not None and self.checks > self.expire_at_check:
+            return 0
+        return max(0, int((self.deadline - time.monotonic()) * 1000))
+
+
+def billed_ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))

@@ -1,0 +1,3 @@
+from dorylus_py.weights.server import main
+
+raise SystemExit(main())

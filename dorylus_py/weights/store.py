@@ -1,0 +1,127 @@
+"""The weight server's state, without sockets: versioned weights, gradient accumulation, Adam.
+
+Version ``v`` of a layer is its weights after ``v`` updates. **Sync** mode sums the gradients of
+all ``expected`` chunks of an epoch, then takes one Adam step (full-batch training). **Async** mode
+takes one step per chunk gradient as it arrives. **Stashing**: a forward pull may *hold* the version
+it got under a task key; the chunk's backward pulls that same version, and its gradient push releases
+the hold; versions older than the newest are freed once no chunk holds them. Every gradient carries a
+key ``(epoch, server, chunk)``; a key seen before is a duplicate (a relaunched task) and is ignored,
+so no gradient is ever applied twice.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dorylus_py.errors import DorylusError
+
+
+class WeightError(DorylusError):
+    """A request the weight store cannot serve (unknown layer, freed version, shape mismatch)."""
+
+
+@dataclass
+class _Layer:
+    param: torch.nn.Parameter
+    versions: dict[int, np.ndarray]  # version -> weights, what is still held or newest
+    holds: dict[int, set] = field(default_factory=lambda: defaultdict(set))  # version -> task keys
+    grad_sum: torch.Tensor | None = None
+    received: int = 0  # gradients summed into grad_sum (sync)
+    seen: set = field(default_factory=set)  # gradient keys ever applied or accumulated
+    version: int = 0
+
+
+class WeightStore:
+    def __init__(
+        self,
+        weights: dict[int, np.ndarray],
+        lr: float,
+        weight_decay: dict[int, float],
+        mode: str = "sync",
+        expected: int = 1,
+    ):
+        """``weights``: layer -> initial matrix (this server's shard). ``expected``: gradients per
+        sync update (all chunks of all graph servers)."""
+        self.mode = mode
+        self.expected = expected
+        self.layers: dict[int, _Layer] = {}
+        params = []
+        for layer, w in sorted(weights.items()):
+            p = torch.nn.Parameter(torch.tensor(w, dtype=torch.float32))
+            self.layers[layer] = _Layer(p, {0: p.detach().numpy().copy()})
+            params.append({"params": [p], "weight_decay": weight_decay.get(layer, 0.0)})
+        self.optimizer = torch.optim.Adam(params, lr=lr)
+        self.updates = 0
+
+    def latest(self, layer: int) -> int:
+        return self._layer(layer).version
+
+    def pull(self, layer: int, version: int | None = None, hold: tuple | None = None) -> tuple[int, np.ndarray] | None:
+        """Weights of ``version`` (newest if None); None while that version does not exist yet."""
+        st = self._layer(layer)
+        v = st.version if version is None else version
+        if v > st.version:
+            return None
+        if v not in st.versions:
+            raise WeightError(f"layer {layer} version {v} was freed (newest is {st.version})")
+        if hold is not None:
+            st.holds[v].add(tuple(hold))
+        return v, st.versions[v]
+
+    def push(self, layer: int, version: int, key: tuple, grad: np.ndarray) -> bool:
+        """Add a chunk's gradient; False when ``key`` was seen before (a duplicate, ignored)."""
+        st = self._layer(layer)
+        key = tuple(key)
+        if grad.shape != tuple(st.param.shape):
+            raise WeightError(f"layer {layer}: gradient shape {list(grad.shape)} != weights {list(st.param.shape)}")
+        if key in st.seen:
+            return False
+        st.seen.add(key)
+        self._release(st, version, key)
+        g = torch.from_numpy(np.array(grad, dtype=np.float32))
+        if self.mode == "async":
+            self._step(layer, g)
+        else:
+            st.grad_sum = g if st.grad_sum is None else st.grad_sum + g
+            st.received += 1
+            if st.received == self.expected:
+                self._step(layer, st.grad_sum)
+                st.grad_sum, st.received = None, 0
+        return True
+
+    def held_versions(self, layer: int) -> list[int]:
+        return sorted(self._layer(layer).versions)
+
+    def _step(self, layer: int, grad: torch.Tensor) -> None:
+        st = self.layers[layer]
+        for other in self.layers.values():
+            other.param.grad = None
+        st.param.grad = grad
+        self.optimizer.step()  # only this layer has a gradient; Adam skips the others
+        st.param.grad = None
+        st.version += 1
+        st.versions[st.version] = st.param.detach().numpy().copy()
+        self.updates += 1
+        self._free(st)
+
+    def _release(self, st: _Layer, version: int, key: tuple) -> None:
+        holders = st.holds.get(version)
+        if holders is not None:
+            holders.discard(key)
+        self._free(st)
+
+    @staticmethod
+    def _free(st: _Layer) -> None:
+        for v in [v for v in st.versions if v < st.version and not st.holds.get(v)]:
+            del st.versions[v]
+            st.holds.pop(v, None)
+
+    def _layer(self, layer: int) -> _Layer:
+        try:
+            return self.layers[layer]
+        except KeyError:
+            raise WeightError(f"layer {layer} is not held by this weight server") from None

@@ -1,0 +1,1 @@
+"""The graph-server process (see ``server.py``)."""
