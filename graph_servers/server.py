@@ -29,7 +29,7 @@ from dorylus_py.kernels.sparse import NormalizedAdjacency, spmm
 from dorylus_py.partition.store import PartitionStore
 from dorylus_py.pipeline.tasks import TaskTracker
 from dorylus_py.platforms import InprocPlatform, LocalLambdaPlatform
-from dorylus_py.protocol import Message, ProtocolError, encode, require
+from dorylus_py.protocol import Message, ProtocolError, decode, encode, require
 
 log = logging.getLogger(__name__)
 KINDS = ("fwd", "bwd", "loss", "eval")
@@ -53,14 +53,8 @@ class GraphServer:
         self.bounds = np.linspace(0, self.n, chunks + 1).astype(np.int64)
         self.id_start = spec["id_offsets"][self.k]
         self.send_ids = [torch.from_numpy(np.array(part.sends_to(p))) for p in range(part.num_parts)]
-        self.peers = {}
-        for p, addr in enumerate(spec["graph_servers"]):
-            if p != self.k:
-                s = node.ctx.socket(zmq.DEALER)
-                s.setsockopt(zmq.LINGER, 0)
-                s.connect(addr)
-                node.poller.register(s, zmq.POLLIN)
-                self.peers[p] = s
+        self.peers = {p: self._dealer(a) for p, a in enumerate(spec["graph_servers"]) if p != self.k}
+        self.weight_servers = [self._dealer(a) for a in spec["weight_servers"]]
         # per-layer buffers, (n, d_{l+1}) each
         self.Z = [np.zeros((self.n, d), np.float32) for d in self.dims[1:]]
         self.G = [None] * self.layers
@@ -73,6 +67,12 @@ class GraphServer:
         self.platform = self._platform()
         self.task_rows: list[dict] = []
         self.duplicate_results = 0
+
+    def _dealer(self, address: str) -> zmq.Socket:
+        sock = self.node.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        return sock
 
     def _platform(self):
         s = self.spec
@@ -184,9 +184,9 @@ class GraphServer:
                 raise DorylusError(f"graph server {self.k}: timed out after {self.spec['wait_timeout_s']:.0f} s "
                                    f"waiting for {what}")
             self.node.serve_once(self.handle, 5)
-            for sock in self.peers.values():  # acks of our ghost messages
+            for sock in [*self.peers.values(), *self.weight_servers]:  # acks of what we sent
                 while sock.poll(0):
-                    sock.recv_multipart()
+                    self._check_ack(sock.recv_multipart())
             for c in self.platform.completions():
                 self._record(c)
                 if not c.ok:
@@ -256,8 +256,10 @@ class GraphServer:
         a, b = self._chunk(chunk)
         if kind == "fwd":
             require(msg, shapes={"Z": (b - a, self.dims[layer + 1])})
-        elif kind == "bwd" and layer > 0:
-            require(msg, shapes={"dG": (b - a, self.dims[layer])})
+        elif kind == "bwd":
+            require(msg, "version", shapes={"dW": (self.dims[layer], self.dims[layer + 1])})
+            if layer > 0:
+                require(msg, shapes={"dG": (b - a, self.dims[layer])})
         elif kind == "loss":
             require(msg, "loss_sum", shapes={"dG": (b - a, self.dims[-1])})
         elif kind == "eval":
@@ -271,13 +273,28 @@ class GraphServer:
         a, b = self._chunk(chunk)
         if kind == "fwd":
             self.Z[layer][a:b] = msg.tensors["Z"]
-        elif kind == "bwd" and layer > 0:
-            self.dG[layer - 1][a:b] = msg.tensors["dG"]
+        elif kind == "bwd":
+            if layer > 0:
+                self.dG[layer - 1][a:b] = msg.tensors["dG"]
+            self.forward_gradient(key, int(msg["version"]), msg.tensors["dW"])
         elif kind == "loss":
             self.dG[self.layers - 1][a:b] = msg.tensors["dG"]
             self.loss_sum += float(msg["loss_sum"])
         elif kind == "eval":
             self.correct += np.array(msg["correct"], dtype=np.int64)
+
+    def forward_gradient(self, key: tuple, version: int, grad: np.ndarray) -> None:
+        """Pass an accepted backward task's weight gradient to the weight server of its layer."""
+        _, _, epoch, layer, chunk = key
+        msg = Message("push_grad", {"layer": layer, "version": version, "key": [epoch, self.k, chunk]}, {"grad": grad})
+        self.weight_servers[layer % len(self.weight_servers)].send_multipart(encode(msg, self.node.token), copy=False)
+
+    def _check_ack(self, frames) -> None:
+        reply = decode(frames, self.node.token)
+        if reply.op == "error":
+            raise DorylusError(f"graph server {self.k}: a peer or weight server refused our message: {reply.get('reason')}")
+        if reply.op == "duplicate":
+            log.warning("graph server %d: the weight server already had a gradient we forwarded", self.k)
 
     def _accept_ghosts(self, msg: Message) -> None:
         src, layer = int(msg["src"]), int(msg["layer"])
@@ -302,5 +319,5 @@ class GraphServer:
 
     def close(self) -> None:
         self.platform.close()
-        for s in self.peers.values():
+        for s in [*self.peers.values(), *self.weight_servers]:
             s.close(0)

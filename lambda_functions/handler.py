@@ -2,9 +2,10 @@
 emulator and in a graph server's own threads (``cpu``/``gpu`` backends).
 
 It connects *out* (Lambdas accept no inbound connections) with DEALER sockets to its graph server and
-the weight server of its layer, pulls the chunk's rows and the weights, computes, pushes the weight
-gradient, then the result. The push order makes a crash between the two harmless: the relaunched task
-pushes the same gradient again, and the weight server drops it as a duplicate. Dropout masks are a
+the weight server of its layer, pulls the chunk's rows and the weights, computes, and pushes the
+result to the graph server in one message, the weight gradient included. The graph server accepts
+the first result of a task and only then forwards its gradient to the weight server, so result and
+gradient take effect together, exactly once, however often the task was launched. Dropout masks are a
 function of ``(seed, epoch, layer, vertex id)``, so a relaunch computes exactly the same result.
 
 Event: ``{"token", "graph_server", "weight_servers", "dropout", "seed", "num_train", "device",
@@ -66,10 +67,7 @@ def handler(event: dict, context=None) -> dict:
             out["Z"] = apply_vertex_forward(t["P"], w, layer, keep, rate)
         else:
             dw, dg = apply_vertex_backward(t["P"], w, t["dZ"], layer, keep, rate)
-            _check_time(context)
-            key = [task["epoch"], task["server"], task["chunk"]]
-            reply = _request(ws, Message("push_grad", {"layer": layer, "version": got["version"], "key": key}, {"grad": _np(dw)}), token)
-            fields["grad"] = reply.op  # ok | duplicate
+            out["dW"] = dw
             if dg is not None:
                 out["dG"] = dg
     elif kind == "loss":

@@ -177,7 +177,8 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
                 if cfg.target_acc and acc[1] >= cfg.target_acc:
                     break
         bar.close()
-        record.save_weights("weights.npz", _final_weights(job, ws_addrs, len(dims) - 1, n_ws))
+        record.save_weights("weights.npz", _final_weights(job, ws_addrs, len(dims) - 1))
+        stats |= _weight_stats(job, ws_addrs)
     except KeyboardInterrupt:
         job.stop()
         raise DorylusError(f"interrupted; every process stopped (run record so far in {record.dir})") from None
@@ -200,15 +201,27 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
     return TrainResult(summary, history)
 
 
-def _final_weights(job: Job, ws_addrs: list[str], layers: int, n_ws: int) -> dict[str, np.ndarray]:
-    out = {}
-    for layer in range(layers):
-        sock = job.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(ws_addrs[layer % n_ws])
-        sock.send_multipart(encode(Message("pull_weights", {"layer": layer, "version": None}), job.token))
+def _ask(job: Job, address: str, msg: Message, what: str) -> Message:
+    sock = job.ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        sock.send_multipart(encode(msg, job.token))
         if not sock.poll(30_000):
-            raise DorylusError(f"weight server {layer % n_ws} did not return layer {layer}'s weights")
-        out[f"W{layer}"] = np.array(decode(sock.recv_multipart(), job.token).tensors["W"])
+            raise DorylusError(f"no reply from {address} for {what}")
+        return decode(sock.recv_multipart(), job.token)
+    finally:
         sock.close(0)
-    return out
+
+
+def _final_weights(job: Job, ws_addrs: list[str], layers: int) -> dict[str, np.ndarray]:
+    return {
+        f"W{layer}": np.array(_ask(job, ws_addrs[layer % len(ws_addrs)], Message("pull_weights", {"layer": layer, "version": None}),
+                                   f"layer {layer}'s weights").tensors["W"])
+        for layer in range(layers)
+    }
+
+
+def _weight_stats(job: Job, ws_addrs: list[str]) -> dict:
+    replies = [_ask(job, a, Message("ping"), "statistics") for a in ws_addrs]
+    return {"weight_updates": sum(r["updates"] for r in replies), "duplicate_gradients": sum(r["duplicates"] for r in replies)}
