@@ -31,6 +31,7 @@ class TrainConfig:
     chunks: int = 4  # per graph server: vertex intervals that move through the pipeline independently
     mode: str = "sync"  # sync: barriers per layer, equals full-batch training; async: bounded staleness
     staleness: int = 1  # async: a chunk may run at most this many epochs ahead of the slowest
+    async_update: str = "epoch"  # async: one Adam step per epoch's worth of chunk gradients, or per `chunk`
     lambdas: int = 4  # local: emulated Lambdas running at once, shared out among graph servers
     lambda_latency_ms: float = 0.0  # local: injected invoke latency per task
     lambda_fail_rate: float = 0.0  # local: chance that an invocation fails (before or part-way)
@@ -71,6 +72,8 @@ class TrainConfig:
             raise ConfigError(f"--weight-servers {self.weight_servers} > --layers {self.layers}: a shard would hold nothing")
         if self.mode not in MODES:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
+        if self.async_update not in ("epoch", "chunk"):
+            raise ConfigError(f"--async-update must be epoch or chunk, got {self.async_update!r}")
         if self.staleness < 0:
             raise ConfigError(f"--staleness must be >= 0, got {self.staleness}")
         if self.lambdas < 1 or self.tensor_threads < 1:

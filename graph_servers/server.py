@@ -1,15 +1,20 @@
 """The graph server: holds one partition, does Gather/Scatter, and feeds tensor workers.
 
-Layer ``l`` per epoch: tensor tasks compute ``Z_l = dropout(P_l) W_l`` chunk by chunk; Scatter sends
-each peer the rows of ``Z_l`` it holds as ghosts (in its ghost order, via the send lists); Gather
-computes ``G_l = Â_k [Z_l | ghosts]`` with the partition's CSR. The loss task turns the logits
-``G_{L-1}`` into ``dG_{L-1}``; backward runs the same path in reverse: Gather backward
-``Â_kᵀ dG_l`` gives local and ghost rows, the ghost rows go back to their owners and are added in,
-and backward tensor tasks produce ``dG_{l-1}`` and push ``dW_l`` to the weight server.
+Layer ``l``: tensor tasks compute ``Z_l = dropout(P_l) W_l`` chunk by chunk; Scatter sends each peer
+the rows of ``Z_l`` it holds as ghosts (in its ghost order, via the send lists); Gather computes
+``G_l = Â_k [Z_l | ghosts]`` with the partition's CSR. ``Z_l`` and its ghosts share one buffer of
+``n_local + n_ghost`` rows, so Gather reads it in place. The loss task turns the logits ``G_{L-1}``
+into ``dG_{L-1}``; backward runs the path in reverse: Gather backward ``Â_kᵀ dG_l`` gives local rows
+plus contributions to the owners of our ghosts, which are sent back and added in there; backward
+tasks produce ``dG_{l-1}`` and ``dW_l``, which the server forwards to the weight server once it has
+accepted the task's result (so both take effect together, exactly once).
 
-``sync`` mode: a barrier after each layer, one weight update per epoch (full-batch training), then an
-evaluation forward without dropout on the new weights. All waiting happens in :meth:`wait_until`, which
-keeps answering requests, collects platform completions and relaunches overdue tasks.
+``sync``: a barrier after each layer, one weight update per epoch (full-batch training), then an
+evaluation forward without dropout on the new weights. ``async``: chunks move independently through
+the stages of ``pipeline/chunks.py`` within the staleness bound, Gather reads the freshest rows
+present, and weights are updated per chunk with stashing (a chunk's backward uses the version its
+forward used). All waiting happens in :meth:`step` loops that keep answering requests, collect
+platform completions and relaunch overdue tasks.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dorylus_py.data.graph import row_normalized
 from dorylus_py.errors import DorylusError
 from dorylus_py.kernels.sparse import NormalizedAdjacency, spmm
 from dorylus_py.partition.store import PartitionStore
+from dorylus_py.pipeline.chunks import TENSOR_STAGES, ChunkPipeline
 from dorylus_py.pipeline.tasks import TaskTracker
 from dorylus_py.platforms import InprocPlatform, LocalLambdaPlatform
 from dorylus_py.protocol import Message, ProtocolError, decode, encode, require
@@ -35,38 +41,45 @@ log = logging.getLogger(__name__)
 KINDS = ("fwd", "bwd", "loss", "eval")
 
 
+def _csr(indptr, indices, weights, shape) -> torch.Tensor:
+    return NormalizedAdjacency.from_csr(indptr, indices, weights, shape).matrix
+
+
 class GraphServer:
     def __init__(self, node: Node, spec: dict):
         self.node, self.spec = node, spec
         self.k = node.rank
-        part = PartitionStore.open(spec["data_dir"]).load(self.k)
-        self.part = part
-        self.n = part.num_local
+        self.part = part = PartitionStore.open(spec["data_dir"]).load(self.k)
+        self.n, self.g = part.num_local, part.num_ghosts
         self.dims = spec["dims"]
         self.layers = len(self.dims) - 1
+        self.mode = spec.get("mode", "sync")
         x = np.asarray(part.features)
         self.x = np.ascontiguousarray(row_normalized(x) if spec["feature_norm"] == "row" else x, dtype=np.float32)
         self.labels = np.asarray(part.labels)
         self.masks = np.stack([np.asarray(part.train_mask), np.asarray(part.val_mask), np.asarray(part.test_mask)])
-        self.adj = NormalizedAdjacency.from_csr(part.indptr, part.indices, part.weights, (self.n, self.n + part.num_ghosts))
+        self.adj = NormalizedAdjacency.from_csr(part.indptr, part.indices, part.weights, (self.n, self.n + self.g))
         chunks = max(1, min(spec["chunks"], self.n))
         self.bounds = np.linspace(0, self.n, chunks + 1).astype(np.int64)
         self.id_start = spec["id_offsets"][self.k]
         self.send_ids = [torch.from_numpy(np.array(part.sends_to(p))) for p in range(part.num_parts)]
         self.peers = {p: self._dealer(a) for p, a in enumerate(spec["graph_servers"]) if p != self.k}
         self.weight_servers = [self._dealer(a) for a in spec["weight_servers"]]
-        # per-layer buffers, (n, d_{l+1}) each
-        self.Z = [np.zeros((self.n, d), np.float32) for d in self.dims[1:]]
-        self.G = [None] * self.layers
+        # ZG[train][l]: rows 0..n-1 are Z_l, rows n.. its ghosts; G[train][l]: gathered, (n, d_{l+1})
+        self.ZG = {t: [np.zeros((self.n + self.g, d), np.float32) for d in self.dims[1:]] for t in (True, False)}
+        self.G = {t: [np.zeros((self.n, d), np.float32) for d in self.dims[1:]] for t in (True, False)}
         self.dG = [np.zeros((self.n, d), np.float32) for d in self.dims[1:]]
-        self.dZ = [None] * self.layers
-        self.ghosts: dict[tuple, dict[int, np.ndarray]] = {}
-        self.loss_sum = 0.0
-        self.correct = np.zeros(3, dtype=np.int64)
+        self.dZ = [np.zeros((self.n, d), np.float32) for d in self.dims[1:]]
+        self.ghosts: dict[tuple, dict[int, np.ndarray]] = {}  # sync: rows from each peer, by tag
+        self.loss_sum: dict[int, float] = {}
+        self.correct: dict[int, np.ndarray] = {}
+        self.epoch_start: dict[int, float] = {}
         self.tracker = TaskTracker(spec["relaunch_min_s"], spec["relaunch_factor"])
         self.platform = self._platform()
         self.task_rows: list[dict] = []
         self.duplicate_results = 0
+        if self.mode == "async":
+            self._init_async()
 
     def _dealer(self, address: str) -> zmq.Socket:
         sock = self.node.ctx.socket(zmq.DEALER)
@@ -82,12 +95,17 @@ class GraphServer:
                                        s["lambda_timeout_s"], seed=s["seed"] * 1000 + self.k)
         return InprocPlatform(s["tensor_threads"], s["device"])
 
-    # --- the epoch -------------------------------------------------------------------------------
-
     def run(self) -> None:
+        (self.run_async if self.mode == "async" else self.run_sync)()
+        self.node.to_driver(Message("epoch_stats", {"rank": self.k, "finished": True}))
+        while True:  # serve late duplicates until the driver says stop
+            self.node.serve_once(self.handle, 200)
+
+    # --- sync mode -------------------------------------------------------------------------------
+
+    def run_sync(self) -> None:
         for epoch in range(1, self.spec["epochs"] + 1):
-            t0 = time.perf_counter()
-            self.loss_sum, self.correct[:] = 0.0, 0
+            self.epoch_start[epoch] = time.perf_counter()
             self.forward(epoch, train=True, version=epoch - 1)
             self.run_chunks("loss", epoch, self.layers - 1, train=True, version=None)
             for layer in reversed(range(self.layers)):
@@ -96,10 +114,7 @@ class GraphServer:
             self.forward(epoch, train=False, version=epoch)
             self.run_chunks("eval", epoch, self.layers - 1, train=False, version=None)
             self.tracker.forget_before(epoch)
-            self.report(epoch, time.perf_counter() - t0)
-        self.node.to_driver(Message("epoch_stats", {"rank": self.k, "finished": True}))
-        while True:  # serve late duplicates until the driver says stop
-            self.node.serve_once(self.handle, 200)
+            self.report(epoch)
 
     def forward(self, epoch: int, train: bool, version: int) -> None:
         for layer in range(self.layers):
@@ -108,39 +123,21 @@ class GraphServer:
 
     def run_chunks(self, kind: str, epoch: int, layer: int, train: bool, version) -> None:
         keys = [(kind, train, epoch, layer, c) for c in range(len(self.bounds) - 1)]
-        now = time.time()
         for key in keys:
-            self.tracker.launch(key, now)
-            self.platform.invoke(self.event(key, version))
-        self.wait_until(lambda: not any(self.tracker.is_running(k) for k in keys), f"{kind} tasks of layer {layer}",
-                        version=version)
-
-    def event(self, key: tuple, version) -> dict:
-        kind, train, epoch, layer, chunk = key
-        s = self.spec
-        return {
-            "token": self.node.token,
-            "graph_server": self.node.address,
-            "weight_servers": s["weight_servers"],
-            "dropout": s["dropout"],
-            "seed": s["seed"],
-            "num_train": s["num_train"],
-            "task": {"kind": kind, "train": train, "epoch": epoch, "layer": layer, "chunk": chunk, "server": self.k,
-                     "version": version, "attempt": self.tracker.attempts(key)},
-        }
+            self.launch(key, version)
+        self.wait_until(lambda: not any(self.tracker.is_running(k) for k in keys), f"{kind} tasks of layer {layer}")
 
     def scatter_gather(self, epoch: int, layer: int, train: bool) -> None:
         t0 = time.time()
         tag = ("fwd", train, epoch, layer)
-        z = torch.from_numpy(self.Z[layer])
+        zg = self.ZG[train][layer]
         for p, sock in self.peers.items():
-            self.send_ghosts(sock, tag, z[self.send_ids[p]].numpy())
+            self.send_ghosts(sock, tag, zg[self.send_ids[p].numpy()])
         self.wait_until(lambda: len(self.ghosts.get(tag, {})) == len(self.peers), f"ghost rows of layer {layer}")
-        width = self.dims[layer + 1]
-        ghosts = np.zeros((self.part.num_ghosts, width), np.float32)
         for p, rows in self.ghosts.pop(tag, {}).items():
-            ghosts[self.part.ghosts_from(p)] = rows
-        self.G[layer] = spmm(self.adj, torch.cat([z, torch.from_numpy(ghosts)])).numpy()
+            sl = self.part.ghosts_from(p)
+            zg[self.n + sl.start : self.n + sl.stop] = rows
+        self.G[train][layer][:] = torch.sparse.mm(self.adj.matrix, torch.from_numpy(zg)).numpy()
         self.task_rows.append(self._graph_row("gather", epoch, layer, t0))
 
     def gather_backward(self, epoch: int, layer: int) -> None:
@@ -154,8 +151,162 @@ class GraphServer:
         dz = full[: self.n].clone()
         for p, rows in self.ghosts.pop(tag, {}).items():
             dz.index_add_(0, self.send_ids[p], torch.from_numpy(np.array(rows)))
-        self.dZ[layer] = dz.numpy()
+        self.dZ[layer][:] = dz.numpy()
         self.task_rows.append(self._graph_row("gather_bwd", epoch, layer, t0))
+
+    def wait_until(self, condition, what: str) -> None:
+        deadline = time.monotonic() + self.spec["wait_timeout_s"]
+        while not condition():
+            if time.monotonic() > deadline:
+                raise DorylusError(f"graph server {self.k}: timed out after {self.spec['wait_timeout_s']:.0f} s "
+                                   f"waiting for {what}")
+            self.step()
+
+    # --- async mode ------------------------------------------------------------------------------
+
+    def _init_async(self) -> None:
+        s = self.spec
+        self.pipe = ChunkPipeline(len(self.bounds) - 1, self.layers, s["epochs"], s["staleness"])
+        self.peer_min = {p: 1 for p in self.peers}
+        self.fwd_version: dict[tuple, int] = {}  # (layer, chunk) -> version its training forward used
+        ip, ix, w = np.asarray(self.part.indptr), np.asarray(self.part.indices), np.asarray(self.part.weights)
+        self.rows_of, self.ghost_t, self.local_t = [], [], []
+        local = ix < self.n
+        rows = np.repeat(np.arange(self.n), np.diff(ip))
+        lt = _csr(np.concatenate([[0], np.cumsum(np.bincount(rows[local], minlength=self.n))]), ix[local], w[local],
+                  (self.n, self.n)).t().to_sparse_csr()  # Âᵀ restricted to local rows and columns
+        lt_ptr, lt_ix, lt_w = lt.crow_indices().numpy(), lt.col_indices().numpy(), lt.values().numpy()
+        for c in range(len(self.bounds) - 1):
+            a, b = self._chunk(c)
+            lo, hi = ip[a], ip[b]
+            self.rows_of.append(_csr(ip[a : b + 1] - lo, ix[lo:hi], w[lo:hi], (b - a, self.n + self.g)))
+            ghost = ix[lo:hi] >= self.n
+            r = np.repeat(np.arange(b - a), np.diff(ip[a : b + 1]))[ghost]
+            gm = _csr(np.concatenate([[0], np.cumsum(np.bincount(r, minlength=b - a))]), ix[lo:hi][ghost] - self.n,
+                      w[lo:hi][ghost], (b - a, self.g))
+            self.ghost_t.append(gm.t().to_sparse_csr())  # (g, b - a): contributions to our ghosts' owners
+            self.local_t.append(_csr(lt_ptr[a : b + 1] - lt_ptr[a], lt_ix[lt_ptr[a] : lt_ptr[b]],
+                                     lt_w[lt_ptr[a] : lt_ptr[b]], (b - a, self.n)))
+        self.send_in_chunk = []  # [chunk][peer] -> (positions in the peer's ghost slice, local rows)
+        for c in range(len(self.bounds) - 1):
+            a, b = self._chunk(c)
+            per_peer = {}
+            for p in self.peers:
+                ids = self.send_ids[p].numpy()
+                pos = np.nonzero((ids >= a) & (ids < b))[0]
+                per_peer[p] = (pos, ids[pos])
+            self.send_in_chunk.append(per_peer)
+        self.remote_dz = [np.zeros((self.n, d), np.float32) for d in self.dims[1:]]
+        self.remote_parts: dict[tuple, np.ndarray] = {}  # (layer, peer, peer chunk) -> last contribution
+
+    def run_async(self) -> None:
+        reported, told = 0, 0
+        last_progress, last_state = time.monotonic(), None
+        while reported < self.spec["epochs"]:
+            for c, e, stage, layer in self.pipe.ready(self.slowest()):
+                self.epoch_start.setdefault(e, time.perf_counter())
+                if stage in TENSOR_STAGES:
+                    kind, train = ("fwd", False) if stage == "efwd" else (stage, stage not in ("eval",))
+                    version = self.fwd_version.get((layer, c)) if kind == "bwd" else None
+                    self.pipe.started(c)
+                    self.launch((kind, train, e, layer, c), version)
+                else:
+                    self.graph_stage(stage, c, e, layer)
+                    self.pipe.done(c)
+            if self.pipe.min_epoch() != told:
+                told = self.pipe.min_epoch()
+                for sock in self.peers.values():
+                    sock.send_multipart(encode(Message("progress", {"src": self.k, "min_epoch": told}), self.node.token))
+            while reported < self.spec["epochs"] and self.pipe.epoch_complete(reported + 1):
+                reported += 1
+                self.tracker.forget_before(self.slowest() - 1)
+                self.report(reported)
+            state = (tuple(self.pipe.epoch), tuple(self.pipe.stage), tuple(self.pipe.busy))
+            if state != last_state:
+                last_progress, last_state = time.monotonic(), state
+            elif time.monotonic() - last_progress > self.spec["wait_timeout_s"]:
+                raise DorylusError(f"graph server {self.k}: no progress for {self.spec['wait_timeout_s']:.0f} s "
+                                   f"(chunk epochs {self.pipe.epoch}, peers at {self.peer_min})")
+            self.step()
+
+    def slowest(self) -> int:
+        return min([self.pipe.min_epoch(), *self.peer_min.values()])
+
+    def graph_stage(self, stage: str, c: int, epoch: int, layer: int) -> None:
+        t0 = time.time()
+        a, b = self._chunk(c)
+        if stage in ("gather", "egather"):
+            train = stage == "gather"
+            zg = torch.from_numpy(self.ZG[train][layer])
+            self.G[train][layer][a:b] = torch.sparse.mm(self.rows_of[c], zg).numpy()
+        else:  # gather_bwd: local part from our chunks' dG, remote part as last sent by the peers
+            dz = torch.sparse.mm(self.local_t[c], torch.from_numpy(self.dG[layer])).numpy()
+            self.dZ[layer][a:b] = dz + self.remote_dz[layer][a:b]
+        self.task_rows.append(self._graph_row(stage, epoch, layer, t0, chunk=c))
+
+    def scatter_chunk(self, train: bool, epoch: int, layer: int, c: int) -> None:
+        """Send each peer the rows of this chunk's fresh ``Z_l`` that it holds as ghosts."""
+        z = self.ZG[train][layer]
+        phase = "fwd" if train else "efwd"
+        for p, sock in self.peers.items():
+            pos, rows = self.send_in_chunk[c][p]
+            msg = Message("ghosts", {"phase": phase, "epoch": epoch, "layer": layer, "src": self.k, "train": train,
+                                     "min_epoch": self.pipe.min_epoch()}, {"positions": pos, "rows": z[rows]})
+            sock.send_multipart(encode(msg, self.node.token), copy=False)
+
+    def send_contributions(self, epoch: int, layer: int, c: int) -> None:
+        """After chunk ``c`` got ``dG_l``: send each peer ``Â[c, ghosts of p]ᵀ dG_l[c]``."""
+        if not self.peers:
+            return
+        a, b = self._chunk(c)
+        contrib = torch.sparse.mm(self.ghost_t[c], torch.from_numpy(self.dG[layer][a:b])).numpy()
+        for p, sock in self.peers.items():
+            sl = self.part.ghosts_from(p)
+            msg = Message("ghosts", {"phase": "bwd", "epoch": epoch, "layer": layer, "src": self.k, "train": True,
+                                     "chunk": c, "min_epoch": self.pipe.min_epoch()}, {"rows": contrib[sl]})
+            sock.send_multipart(encode(msg, self.node.token), copy=False)
+
+    # --- shared machinery ------------------------------------------------------------------------
+
+    def launch(self, key: tuple, version) -> None:
+        self.tracker.launch(key, time.time())
+        self.platform.invoke(self.event(key, version))
+
+    def event(self, key: tuple, version) -> dict:
+        kind, train, epoch, layer, chunk = key
+        s = self.spec
+        hold = [epoch, self.k, chunk] if self.mode == "async" and kind == "fwd" and train else None
+        return {
+            "token": self.node.token,
+            "graph_server": self.node.address,
+            "weight_servers": s["weight_servers"],
+            "dropout": s["dropout"],
+            "seed": s["seed"],
+            "num_train": s["num_train"],
+            "task": {"kind": kind, "train": train, "epoch": epoch, "layer": layer, "chunk": chunk, "server": self.k,
+                     "version": version, "hold": hold, "attempt": self.tracker.attempts(key)},
+        }
+
+    def step(self) -> None:
+        """One turn of waiting: serve requests, read acks and completions, relaunch what is due."""
+        self.node.serve_once(self.handle, 5)
+        for sock in [*self.peers.values(), *self.weight_servers]:
+            while sock.poll(0):
+                self._check_ack(sock.recv_multipart())
+        for c in self.platform.completions():
+            self._record(c)
+            if not c.ok:
+                self.tracker.failed(self._key(c.task))
+        for key in self.tracker.due(time.time()):
+            self.platform.invoke(self.event(key, self._version_for(key)))
+
+    def _version_for(self, key: tuple):
+        kind, train, epoch, layer, chunk = key
+        if self.mode == "async":
+            return self.fwd_version.get((layer, chunk)) if kind == "bwd" else None
+        if kind in ("loss", "eval"):
+            return None
+        return epoch - 1 if train else epoch
 
     def send_ghosts(self, sock, tag: tuple, rows: np.ndarray) -> None:
         phase, train, epoch, layer = tag
@@ -163,36 +314,18 @@ class GraphServer:
                       {"rows": np.ascontiguousarray(rows, dtype=np.float32)})
         sock.send_multipart(encode(msg, self.node.token), copy=False)
 
-    def report(self, epoch: int, seconds: float) -> None:
+    def report(self, epoch: int) -> None:
         counts = self.masks.sum(axis=1).tolist()
-        self.node.to_driver(Message("epoch_stats", {"rank": self.k, "epoch": epoch, "loss_sum": self.loss_sum,
-                                                    "correct": self.correct.tolist(), "counts": counts, "epoch_s": seconds,
-                                                    "relaunches": self.tracker.relaunches,
-                                                    "duplicates": self.duplicate_results}))
+        self.node.to_driver(Message("epoch_stats", {
+            "rank": self.k, "epoch": epoch, "loss_sum": self.loss_sum.pop(epoch, 0.0),
+            "correct": self.correct.pop(epoch, np.zeros(3, np.int64)).tolist(), "counts": counts,
+            "epoch_s": time.perf_counter() - self.epoch_start.pop(epoch, time.perf_counter()),
+            "relaunches": self.tracker.relaunches, "duplicates": self.duplicate_results}))
         for c in self.platform.completions():
             self._record(c)
         rows = "".join(json.dumps(r) + "\n" for r in self.task_rows).encode()
         self.task_rows = []
         self.node.to_driver(Message("tasks", {"rank": self.k}, {"jsonl": np.frombuffer(rows, np.uint8)}))
-
-    # --- waiting and serving ---------------------------------------------------------------------
-
-    def wait_until(self, condition, what: str, version=None) -> None:
-        deadline = time.monotonic() + self.spec["wait_timeout_s"]
-        while not condition():
-            if time.monotonic() > deadline:
-                raise DorylusError(f"graph server {self.k}: timed out after {self.spec['wait_timeout_s']:.0f} s "
-                                   f"waiting for {what}")
-            self.node.serve_once(self.handle, 5)
-            for sock in [*self.peers.values(), *self.weight_servers]:  # acks of what we sent
-                while sock.poll(0):
-                    self._check_ack(sock.recv_multipart())
-            for c in self.platform.completions():
-                self._record(c)
-                if not c.ok:
-                    self.tracker.failed(self._key(c.task))
-            for key in self.tracker.due(time.time()):
-                self.platform.invoke(self.event(key, version))
 
     def handle(self, identity: bytes, msg: Message) -> None:
         if msg.op == "pull_rows":
@@ -215,6 +348,12 @@ class GraphServer:
             require(msg, "phase", "train", "epoch", "layer", "src", "rows")
             self._accept_ghosts(msg)
             self.node.reply(identity, Message("ok", {}))
+        elif msg.op == "progress":
+            require(msg, "src", "min_epoch")
+            if int(msg["src"]) not in self.peers or self.mode != "async":
+                raise ProtocolError(f"progress from unexpected source {msg['src']}")
+            self.peer_min[int(msg["src"])] = max(self.peer_min[int(msg["src"])], int(msg["min_epoch"]))
+            self.node.reply(identity, Message("ok", {}))
         else:
             raise ProtocolError(f"op {msg.op} is not served by a graph server")
 
@@ -236,17 +375,15 @@ class GraphServer:
         a, b = self._chunk(key[4])
         return {"start": a, "stop": b, "id_start": self.id_start + a}
 
-    def _layer_input(self, layer: int, a: int, b: int) -> np.ndarray:
-        return self.x[a:b] if layer == 0 else self.G[layer - 1][a:b]
-
     def _rows(self, key) -> dict[str, np.ndarray]:
-        kind, _, _, layer, chunk = key
+        kind, train, _, layer, chunk = key
         a, b = self._chunk(chunk)
+        p = (lambda: self.x[a:b] if layer == 0 else self.G[train][layer - 1][a:b])
         if kind == "fwd":
-            return {"P": self._layer_input(layer, a, b)}
+            return {"P": p()}
         if kind == "bwd":
-            return {"P": self._layer_input(layer, a, b), "dZ": self.dZ[layer][a:b]}
-        logits = self.G[self.layers - 1][a:b]
+            return {"P": p(), "dZ": self.dZ[layer][a:b]}
+        logits = self.G[train][self.layers - 1][a:b]
         if kind == "loss":
             return {"logits": logits, "labels": self.labels[a:b], "train": self.masks[0, a:b]}
         return {"logits": logits, "labels": self.labels[a:b], "masks": self.masks[:, a:b]}
@@ -255,7 +392,7 @@ class GraphServer:
         kind, _, _, layer, chunk = key
         a, b = self._chunk(chunk)
         if kind == "fwd":
-            require(msg, shapes={"Z": (b - a, self.dims[layer + 1])})
+            require(msg, "version", shapes={"Z": (b - a, self.dims[layer + 1])})
         elif kind == "bwd":
             require(msg, "version", shapes={"dW": (self.dims[layer], self.dims[layer + 1])})
             if layer > 0:
@@ -269,19 +406,31 @@ class GraphServer:
                 raise ProtocolError("eval result: 'correct' must be three counts")
 
     def _apply_result(self, key, msg: Message) -> None:
-        kind, _, _, layer, chunk = key
+        kind, train, epoch, layer, chunk = key
         a, b = self._chunk(chunk)
         if kind == "fwd":
-            self.Z[layer][a:b] = msg.tensors["Z"]
+            self.ZG[train][layer][a:b] = msg.tensors["Z"]
+            if train:
+                self.fwd_version_set(layer, chunk, int(msg["version"]))
         elif kind == "bwd":
             if layer > 0:
                 self.dG[layer - 1][a:b] = msg.tensors["dG"]
             self.forward_gradient(key, int(msg["version"]), msg.tensors["dW"])
         elif kind == "loss":
             self.dG[self.layers - 1][a:b] = msg.tensors["dG"]
-            self.loss_sum += float(msg["loss_sum"])
+            self.loss_sum[epoch] = self.loss_sum.get(epoch, 0.0) + float(msg["loss_sum"])
         elif kind == "eval":
-            self.correct += np.array(msg["correct"], dtype=np.int64)
+            self.correct[epoch] = self.correct.get(epoch, np.zeros(3, np.int64)) + np.array(msg["correct"], np.int64)
+        if self.mode == "async":
+            if kind == "fwd":
+                self.scatter_chunk(train, epoch, layer, chunk)
+            elif kind == "loss" or (kind == "bwd" and layer > 0):
+                self.send_contributions(epoch, self.layers - 1 if kind == "loss" else layer - 1, chunk)
+            self.pipe.done(chunk)
+
+    def fwd_version_set(self, layer: int, chunk: int, version: int) -> None:
+        if self.mode == "async":
+            self.fwd_version[(layer, chunk)] = version
 
     def forward_gradient(self, key: tuple, version: int, grad: np.ndarray) -> None:
         """Pass an accepted backward task's weight gradient to the weight server of its layer."""
@@ -297,13 +446,34 @@ class GraphServer:
             log.warning("graph server %d: the weight server already had a gradient we forwarded", self.k)
 
     def _accept_ghosts(self, msg: Message) -> None:
-        src, layer = int(msg["src"]), int(msg["layer"])
-        if src not in self.peers or not 0 <= layer < self.layers or msg["phase"] not in ("fwd", "bwd"):
-            raise ProtocolError(f"ghost rows from {src} for layer {layer} phase {msg['phase']!r} are not expected")
+        src, layer, phase = int(msg["src"]), int(msg["layer"]), msg["phase"]
+        if src not in self.peers or not 0 <= layer < self.layers or phase not in ("fwd", "efwd", "bwd"):
+            raise ProtocolError(f"ghost rows from {src} for layer {layer} phase {phase!r} are not expected")
         width = self.dims[layer + 1]
-        n_rows = len(self.send_ids[src]) if msg["phase"] == "bwd" else self.part.ghosts_from(src).stop - self.part.ghosts_from(src).start
-        require(msg, shapes={"rows": (n_rows, width)})
-        self.ghosts.setdefault((msg["phase"], bool(msg["train"]), int(msg["epoch"]), layer), {})[src] = msg.tensors["rows"]
+        sl = self.part.ghosts_from(src)
+        if self.mode == "sync":
+            n_rows = len(self.send_ids[src]) if phase == "bwd" else sl.stop - sl.start
+            require(msg, shapes={"rows": (n_rows, width)})
+            self.ghosts.setdefault((phase, bool(msg["train"]), int(msg["epoch"]), layer), {})[src] = msg.tensors["rows"]
+            return
+        self.peer_min[src] = max(self.peer_min[src], int(msg.get("min_epoch", 1)))
+        if phase == "bwd":
+            require(msg, "chunk", shapes={"rows": (len(self.send_ids[src]), width)})
+            key = (layer, src, int(msg["chunk"]))
+            new = msg.tensors["rows"]
+            old = self.remote_parts.get(key)
+            delta = torch.from_numpy(np.array(new if old is None else new - old))
+            self.remote_parts[key] = np.array(new)
+            rdz = torch.from_numpy(self.remote_dz[layer])
+            rdz.index_add_(0, self.send_ids[src], delta)
+            return
+        require(msg, "positions", shapes={"rows": (None, width)})
+        pos = msg.tensors["positions"]
+        if pos.dtype != np.int64 or pos.shape != (len(msg.tensors["rows"]),):
+            raise ProtocolError("ghost positions must be int64, one per row")
+        if len(pos) and (pos.min() < 0 or pos.max() >= sl.stop - sl.start):
+            raise ProtocolError(f"ghost positions out of range [0, {sl.stop - sl.start})")
+        self.ZG[phase == "fwd"][layer][self.n + sl.start + pos] = msg.tensors["rows"]
 
     def _record(self, c) -> None:
         t = c.task
@@ -312,8 +482,8 @@ class GraphServer:
                                "where": c.where, "start": c.start, "end": c.end, "billed_ms": c.billed_ms,
                                "memory_mb": c.memory_mb, "ok": c.ok, "error": c.error})
 
-    def _graph_row(self, kind: str, epoch: int, layer: int, t0: float) -> dict:
-        return {"kind": kind, "train": True, "server": self.k, "chunk": None, "epoch": epoch, "layer": layer,
+    def _graph_row(self, kind: str, epoch: int, layer: int, t0: float, chunk=None) -> dict:
+        return {"kind": kind, "train": True, "server": self.k, "chunk": chunk, "epoch": epoch, "layer": layer,
                 "attempt": 1, "where": "graph-server", "start": t0, "end": time.time(), "billed_ms": 0,
                 "memory_mb": 0, "ok": True, "error": ""}
 

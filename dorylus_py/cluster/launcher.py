@@ -131,7 +131,8 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
         common = {"dims": dims, "seed": cfg.seed, "mode": cfg.mode, "weight_servers": ws_addrs}
         for w in range(n_ws):
             job.send(f"weight-server-{w}", Message("start", common | {
-                "lr": cfg.lr, "weight_decay": cfg.weight_decay, "expected_grads": total_chunks}))
+                "lr": cfg.lr, "weight_decay": cfg.weight_decay, "expected_grads": total_chunks,
+                "async_update": cfg.async_update}))
         for k in range(k_parts):
             job.send(f"graph-server-{k}", Message("start", common | {
                 "data_dir": str(Path(parts_dir).resolve()), "feature_norm": feature_norm, "chunks": cfg.chunks,

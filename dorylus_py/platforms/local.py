@@ -53,7 +53,7 @@ class LocalLambdaPlatform(Platform):
         self.timeout_ms = int(timeout_s * 1000)
         self.rng = random.Random(seed)
         ctx = multiprocessing.get_context("spawn")  # no forked zmq contexts or torch thread pools
-        self.pool = ProcessPoolExecutor(max_workers=max(1, concurrency), mp_context=ctx, initializer=_set_threads)
+        self.pool = ProcessPoolExecutor(max_workers=max(1, concurrency), mp_context=ctx, initializer=_worker_init)
         for f in [self.pool.submit(_warm) for _ in range(max(1, concurrency))]:
             f.result(timeout=120)
 
@@ -74,7 +74,19 @@ class LocalLambdaPlatform(Platform):
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _set_threads() -> None:
+def _worker_init() -> None:
+    import os
+    import threading
+
     import torch
 
     torch.set_num_threads(1)  # one vCPU-ish per emulated Lambda; many run at once
+    parent = os.getppid()
+
+    def watch() -> None:  # a killed graph server must not leave its Lambdas behind
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()

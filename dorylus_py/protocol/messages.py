@@ -30,7 +30,7 @@ OPS = frozenset(
         # tensor worker -> weight server
         "pull_weights", "push_grad",
         # graph server <-> graph server
-        "ghosts",
+        "ghosts", "progress",
         # driver <-> servers
         "hello", "start", "epoch_stats", "tasks", "stop", "ping",
         # replies

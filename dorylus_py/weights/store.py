@@ -1,8 +1,10 @@
 """The weight server's state, without sockets: versioned weights, gradient accumulation, Adam.
 
-Version ``v`` of a layer is its weights after ``v`` updates. **Sync** mode sums the gradients of
-all ``expected`` chunks of an epoch, then takes one Adam step (full-batch training). **Async** mode
-takes one step per chunk gradient as it arrives. **Stashing**: a forward pull may *hold* the version
+Version ``v`` of a layer is its weights after ``v`` updates. With ``update="epoch"`` the store sums
+``expected`` chunk gradients (an epoch's worth: every chunk of every graph server), then takes one
+Adam step: in sync mode that is exactly full-batch training; in async mode the gradients may come
+from different epochs, and the step is taken as soon as the last one arrives, with no barrier. With
+``update="chunk"`` it takes one step per chunk gradient as it arrives. **Stashing**: a forward pull may *hold* the version
 it got under a task key; the chunk's backward pulls that same version, and its gradient push releases
 the hold; versions older than the newest are freed once no chunk holds them. Every gradient carries a
 key ``(epoch, server, chunk)``; a key seen before is a duplicate (a relaunched task) and is ignored,
@@ -30,7 +32,7 @@ class _Layer:
     versions: dict[int, np.ndarray]  # version -> weights, what is still held or newest
     holds: dict[int, set] = field(default_factory=lambda: defaultdict(set))  # version -> task keys
     grad_sum: torch.Tensor | None = None
-    received: int = 0  # gradients summed into grad_sum (sync)
+    received: int = 0  # gradients summed into grad_sum (epoch updates)
     seen: set = field(default_factory=set)  # gradient keys ever applied or accumulated
     version: int = 0
 
@@ -41,12 +43,14 @@ class WeightStore:
         weights: dict[int, np.ndarray],
         lr: float,
         weight_decay: dict[int, float],
-        mode: str = "sync",
+        update: str = "epoch",
         expected: int = 1,
     ):
         """``weights``: layer -> initial matrix (this server's shard). ``expected``: gradients per
-        sync update (all chunks of all graph servers)."""
-        self.mode = mode
+        ``epoch`` update (all chunks of all graph servers)."""
+        if update not in ("epoch", "chunk"):
+            raise ValueError(f"update must be 'epoch' or 'chunk', not {update!r}")
+        self.update = update
         self.expected = expected
         self.layers: dict[int, _Layer] = {}
         params = []
@@ -83,7 +87,7 @@ class WeightStore:
         st.seen.add(key)
         self._release(st, version, key)
         g = torch.from_numpy(np.array(grad, dtype=np.float32))
-        if self.mode == "async":
+        if self.update == "chunk":
             self._step(layer, g)
         else:
             st.grad_sum = g if st.grad_sum is None else st.grad_sum + g
@@ -109,8 +113,8 @@ class WeightStore:
         self._free(st)
 
     def _release(self, st: _Layer, version: int, key: tuple) -> None:
-        holders = st.holds.get(version)
-        if holders is not None:
+        # every version the key holds: a relaunched forward may have pulled (and held) a newer one
+        for holders in st.holds.values():
             holders.discard(key)
         self._free(st)
 

@@ -56,7 +56,7 @@ def bad_frames(task):
 def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_path, driver):
     prepare(small_graph, tmp_path / "p", 1)
     node = Node("graph-server", 0, driver, TOKEN)
-    spec = {"data_dir": str(tmp_path / "p"), "dims": [16, 8, 4], "feature_norm": "none", "chunks": 2,
+    spec = {"mode": "sync", "data_dir": str(tmp_path / "p"), "dims": [16, 8, 4], "feature_norm": "none", "chunks": 2,
             "id_offsets": [0, small_graph.num_nodes], "graph_servers": [node.address], "weight_servers": [],
             "relaunch_min_s": 5.0, "relaunch_factor": 3.0, "backend": "cpu", "tensor_threads": 1, "device": "cpu"}
     gs = GraphServer(node, spec)
@@ -68,7 +68,7 @@ def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_pa
         for name, frames in bad_frames(task).items():
             reply = ask(node, gs.handle, client, frames)
             assert reply.op == "error", name
-        wrong_shape = Message("push_result", {"task": task}, {"Z": np.zeros((rows, 5), np.float32)})
+        wrong_shape = Message("push_result", {"task": task, "version": 0}, {"Z": np.zeros((rows, 5), np.float32)})
         assert "expected" in ask(node, gs.handle, client, encode(wrong_shape, TOKEN))["reason"]
         for bad_task in ["x", {"kind": "fwd"}, dict(task, chunk=99), dict(task, kind="rm")]:
             assert ask(node, gs.handle, client, encode(Message("pull_rows", {"task": bad_task}), TOKEN)).op == "error"
@@ -79,9 +79,10 @@ def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_pa
         got = ask(node, gs.handle, client, encode(Message("pull_rows", {"task": task}), TOKEN))
         assert got.op == "rows" and got.tensors["P"].shape == (rows, 16)
         z = np.ones((rows, 8), np.float32)
-        assert ask(node, gs.handle, client, encode(Message("push_result", {"task": task}, {"Z": z}), TOKEN)).op == "ok"
-        assert ask(node, gs.handle, client, encode(Message("push_result", {"task": task}, {"Z": z}), TOKEN)).op == "duplicate"
-        np.testing.assert_array_equal(gs.Z[0][:rows], z)
+        result = Message("push_result", {"task": task, "version": 0}, {"Z": z})
+        assert ask(node, gs.handle, client, encode(result, TOKEN)).op == "ok"
+        assert ask(node, gs.handle, client, encode(result, TOKEN)).op == "duplicate"
+        np.testing.assert_array_equal(gs.ZG[True][0][:rows], z)
     finally:
         client.close(0)
         gs.close()

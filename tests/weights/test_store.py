@@ -12,7 +12,7 @@ def init():
 
 def test_sync_sums_all_chunks_then_one_adam_step_equal_to_torch():
     w = init()
-    store = WeightStore(w, lr=0.01, weight_decay={0: 5e-4}, mode="sync", expected=3)
+    store = WeightStore(w, lr=0.01, weight_decay={0: 5e-4}, update="epoch", expected=3)
     grads = [np.random.default_rng(i).standard_normal((4, 3)).astype(np.float32) for i in range(3)]
     p = torch.nn.Parameter(torch.tensor(w[0]))
     opt = torch.optim.Adam([{"params": [p], "weight_decay": 5e-4}], lr=0.01)
@@ -30,7 +30,7 @@ def test_sync_sums_all_chunks_then_one_adam_step_equal_to_torch():
 
 
 def test_duplicate_gradient_is_never_applied_twice():
-    store = WeightStore(init(), lr=0.1, weight_decay={}, mode="sync", expected=2)
+    store = WeightStore(init(), lr=0.1, weight_decay={}, update="epoch", expected=2)
     g = np.ones((4, 3), np.float32)
     assert store.push(0, 0, (1, 0, 0), g)
     assert not store.push(0, 0, (1, 0, 0), g)  # a relaunched task's copy
@@ -40,7 +40,7 @@ def test_duplicate_gradient_is_never_applied_twice():
 
 
 def test_async_steps_per_chunk_and_stashes_held_versions():
-    store = WeightStore(init(), lr=0.1, weight_decay={}, mode="async")
+    store = WeightStore(init(), lr=0.1, weight_decay={}, update="chunk")
     v0, w0 = store.pull(0, None, hold=(1, 0, 0))  # chunk 0's forward holds version 0
     g = np.ones((4, 3), np.float32)
     assert store.push(0, 0, (1, 0, 1), g)  # chunk 1's gradient: one step

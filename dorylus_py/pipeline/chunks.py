@@ -1,0 +1,91 @@
+"""The asynchronous pipeline of one graph server as a state machine: chunks, stages, staleness.
+
+Each chunk (an interval of the server's vertices) walks the same stage list every epoch::
+
+    fwd 0, gather 0, ..., fwd L-1, gather L-1, loss,            (training forward)
+    gather_bwd L-1, bwd L-1, ..., gather_bwd 0, bwd 0,           (backward)
+    efwd 0, egather 0, ..., efwd L-1, egather L-1, eval          (evaluation forward, no dropout)
+
+*Tensor* stages (fwd, loss, bwd, efwd, eval) are tasks for a tensor worker; *graph* stages are done by
+the server itself. No chunk waits for another within an epoch: graph stages read the freshest values
+present. The only gate is **bounded staleness**: a chunk may start epoch ``e`` only while
+``e - slowest <= S``, where ``slowest`` is the lowest epoch any chunk of any server is still in. The
+slowest chunk itself always passes the gate, so the pipeline cannot deadlock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TENSOR_STAGES = frozenset({"fwd", "loss", "bwd", "efwd", "eval"})
+
+
+def stage_list(layers: int) -> list[tuple[str, int]]:
+    fwd = [s for l in range(layers) for s in (("fwd", l), ("gather", l))]
+    bwd = [s for l in reversed(range(layers)) for s in (("gather_bwd", l), ("bwd", l))]
+    ev = [s for l in range(layers) for s in (("efwd", l), ("egather", l))]
+    return fwd + [("loss", layers - 1)] + bwd + ev + [("eval", layers - 1)]
+
+
+@dataclass
+class ChunkPipeline:
+    chunks: int
+    layers: int
+    epochs: int
+    staleness: int
+    epoch: list[int] = field(default_factory=list)  # per chunk: the epoch it is in (epochs + 1 = finished)
+    stage: list[int] = field(default_factory=list)  # per chunk: index into the stage list
+    busy: list[bool] = field(default_factory=list)  # per chunk: a tensor task is out
+
+    def __post_init__(self):
+        self.stages = stage_list(self.layers)
+        self.epoch = [1] * self.chunks
+        self.stage = [0] * self.chunks
+        self.busy = [False] * self.chunks
+
+    def min_epoch(self) -> int:
+        return min(self.epoch)
+
+    def finished(self) -> bool:
+        return self.min_epoch() > self.epochs
+
+    def current(self, chunk: int) -> tuple[str, int]:
+        return self.stages[self.stage[chunk]]
+
+    def ready(self, slowest: int) -> list[tuple[int, int, str, int]]:
+        """``(chunk, epoch, stage, layer)`` that may run now; ``slowest`` is the lowest epoch in the job."""
+        out = []
+        for c in range(self.chunks):
+            e = self.epoch[c]
+            if self.busy[c] or e > self.epochs:
+                continue
+            if self.stage[c] == 0 and e - slowest > self.staleness:
+                continue  # too far ahead: wait for the slowest chunk
+            kind, layer = self.current(c)
+            out.append((c, e, kind, layer))
+        return out
+
+    def started(self, chunk: int) -> None:
+        """A tensor task for the chunk's current stage is out."""
+        self.busy[chunk] = True
+
+    def done(self, chunk: int) -> bool:
+        """The chunk's current stage finished; returns True when that completed its epoch."""
+        self.busy[chunk] = False
+        self.stage[chunk] += 1
+        if self.stage[chunk] == len(self.stages):
+            self.stage[chunk] = 0
+            self.epoch[chunk] += 1
+            return True
+        return False
+
+    def epoch_complete(self, epoch: int) -> bool:
+        """Every chunk has finished ``epoch``."""
+        return self.min_epoch() > epoch
+
+    def validate(self) -> None:
+        for c in range(self.chunks):
+            assert 1 <= self.epoch[c] <= self.epochs + 1
+            assert 0 <= self.stage[c] < len(self.stages)
+            assert not (self.busy[c] and self.current(c)[0] not in TENSOR_STAGES)
+        assert max(self.epoch) - self.min_epoch() <= self.staleness + 1

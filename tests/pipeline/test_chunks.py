@@ -1,0 +1,55 @@
+from dorylus_py.pipeline.chunks import TENSOR_STAGES, ChunkPipeline, stage_list
+
+
+def test_stage_list_two_layers():
+    assert stage_list(2) == [
+        ("fwd", 0), ("gather", 0), ("fwd", 1), ("gather", 1), ("loss", 1),
+        ("gather_bwd", 1), ("bwd", 1), ("gather_bwd", 0), ("bwd", 0),
+        ("efwd", 0), ("egather", 0), ("efwd", 1), ("egather", 1), ("eval", 1),
+    ]  # fmt: skip
+
+
+def finish_epoch(pipe, chunk):
+    while True:
+        kind, _ = pipe.current(chunk)
+        if kind in TENSOR_STAGES:
+            pipe.started(chunk)
+        if pipe.done(chunk):
+            return
+
+
+def test_staleness_gate_and_the_slowest_always_moves():
+    pipe = ChunkPipeline(chunks=2, layers=2, epochs=5, staleness=1)
+    finish_epoch(pipe, 0)
+    assert pipe.epoch == [2, 1]
+    assert {c for c, *_ in pipe.ready(slowest=pipe.min_epoch())} == {0, 1}  # 2 - 1 <= 1
+    finish_epoch(pipe, 0)
+    assert pipe.epoch == [3, 1]
+    assert [c for c, *_ in pipe.ready(slowest=pipe.min_epoch())] == [1]  # chunk 0 is 2 ahead: waits
+    pipe.validate()
+    assert not pipe.epoch_complete(1)
+    finish_epoch(pipe, 1)
+    assert pipe.epoch_complete(1) and not pipe.epoch_complete(2)
+    assert {c for c, *_ in pipe.ready(slowest=pipe.min_epoch())} == {0, 1}
+    # a slower peer server holds everyone back, but never its own slowest chunk
+    assert [c for c, *_ in pipe.ready(slowest=1)] == [1]
+
+
+def test_busy_chunk_is_not_ready_and_run_to_the_end():
+    pipe = ChunkPipeline(chunks=3, layers=1, epochs=2, staleness=0)
+    pipe.started(0)
+    assert [c for c, *_ in pipe.ready(1)] == [1, 2]
+    pipe.done(0)
+    steps = 0
+    while not pipe.finished():
+        ready = pipe.ready(pipe.min_epoch())
+        assert ready, "stuck"
+        for c, *_ in ready:
+            kind, _ = pipe.current(c)
+            if kind in TENSOR_STAGES and not pipe.busy[c]:
+                pipe.started(c)
+            pipe.done(c)
+            pipe.validate()
+            steps += 1
+        assert steps < 1000
+    assert pipe.epoch == [3, 3, 3]
