@@ -24,7 +24,8 @@ from dorylus_py.models import GCN
 from dorylus_py.training.reference import model_dims
 
 
-def pyg_epoch_times(graph, cfg: TrainConfig, epochs: int) -> list[float]:
+def pyg_model(graph, cfg: TrainConfig):
+    """PyG's GCN (GCNConv, cached normalisation, no bias) and its training step on ``graph``."""
     from torch_geometric.nn import GCNConv
 
     class PyGGCN(torch.nn.Module):
@@ -47,17 +48,25 @@ def pyg_epoch_times(graph, cfg: TrainConfig, epochs: int) -> list[float]:
     x = torch.from_numpy(graph.features)
     y = torch.from_numpy(graph.labels)
     train = torch.from_numpy(graph.train_mask).nonzero().squeeze(1)
-    dims = [graph.num_features] + [cfg.hidden] * (cfg.layers - 1) + [graph.num_classes]
-    model = PyGGCN(dims)
+    model = PyGGCN(model_dims(cfg, graph))
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    times = []
-    for _ in range(epochs):
-        t0 = time.perf_counter()
+
+    def step():
         model.train()
         opt.zero_grad()
         loss = F.cross_entropy(model(x, edge_index)[train], y[train])
         loss.backward()
         opt.step()
+
+    return model, step, x, edge_index
+
+
+def pyg_epoch_times(graph, cfg: TrainConfig, epochs: int) -> list[float]:
+    _, step, _, _ = pyg_model(graph, cfg)
+    times = []
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        step()
         times.append(time.perf_counter() - t0)
     return times[1:]  # the first epoch builds PyG's cached normalisation
 

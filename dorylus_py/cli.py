@@ -7,6 +7,7 @@ line (``error: ...``) with exit code 2 and leaves no partial output behind.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -64,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check(sub, data)
     _add_prepare(sub, data)
     _add_train(sub, data)
+    _add_server(sub, "graph-server", "run one graph server of a multi-machine job, from a cluster file")
+    _add_server(sub, "weight-server", "run one weight server of a multi-machine job, from a cluster file")
     return p
 
 
@@ -123,30 +126,19 @@ def _add_synth(sub) -> None:
     p.set_defaults(run=_run_synth)
 
 
-def _synth_config(args):
-    from dorylus_py.data.synth import SynthConfig
-
-    return SynthConfig(
-        nodes=args.nodes,
-        edges=args.edges,
-        features=args.features,
-        classes=args.classes,
-        homophily=args.homophily,
-        degree_exponent=args.degree_exponent,
-        feature_signal=args.feature_signal,
-        train_frac=args.train_frac,
-        val_frac=args.val_frac,
-        seed=args.seed,
-    )
+def _config_from_args(cls, args):
+    """Build a config dataclass from the parsed flags of the same names."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in vars(args).items() if k in names})
 
 
 def _run_synth(args) -> int:
-    from dorylus_py.data import generate, write_npz
+    from dorylus_py.data import SynthConfig, generate, write_npz
     from dorylus_py.progress import status
 
     out = Path(args.out)
     _check_output_file(out, args.overwrite)
-    cfg = _synth_config(args)
+    cfg = _config_from_args(SynthConfig, args)
     cfg.check()
     t0 = time.perf_counter()
     graph = generate(cfg, progress=status)
@@ -265,6 +257,8 @@ def _add_train(sub, data) -> None:
     c.add_argument("--chunks", type=int, default=d.chunks, help=f"vertex intervals per graph server (default {d.chunks})")
     c.add_argument("--mode", choices=MODES, default=d.mode, help="sync: barriers per layer, equals full-batch training (default)")
     c.add_argument("--staleness", type=int, default=d.staleness, help=f"async: max epochs a chunk runs ahead (default {d.staleness})")
+    c.add_argument("--cluster", metavar="FILE", help="multi-machine: the servers in this cluster file are started "
+                   "by hand (`dorylus graph-server`/`weight-server`); --data must be a prepared folder they can read")
     c.add_argument("--async-update", choices=("epoch", "chunk"), default=d.async_update,
                    help="async: one weight update per epoch's worth of chunk gradients, taken without a barrier "
                         "(default; Cora 81 %%), or one per chunk gradient (78 %%)")
@@ -290,37 +284,17 @@ def _run_train(args) -> int:
     from dorylus_py.training import RunRecord, train_reference
     from dorylus_py.training.reference import resolve_feature_norm
 
-    cfg = TrainConfig(
-        data=args.data,
-        backend=args.backend,
-        layers=args.layers,
-        hidden=args.hidden,
-        dropout=args.dropout,
-        weight_decay=args.weight_decay,
-        lr=args.lr,
-        epochs=args.epochs,
-        seed=args.seed,
-        feature_norm=args.feature_norm,
-        threads=args.threads,
-        target_acc=args.target_acc,
-        graph_servers=args.graph_servers,
-        weight_servers=args.weight_servers,
-        chunks=args.chunks,
-        mode=args.mode,
-        staleness=args.staleness,
-        async_update=args.async_update,
-        lambdas=args.lambdas,
-        lambda_latency_ms=args.lambda_latency_ms,
-        lambda_fail_rate=args.lambda_fail_rate,
-        lambda_memory_mb=args.lambda_memory_mb,
-        lambda_timeout_s=args.lambda_timeout_s,
-        tensor_threads=args.tensor_threads,
-        device=args.device,
-        relaunch_min_s=args.relaunch_min_s,
-        relaunch_factor=args.relaunch_factor,
-        wait_timeout_s=args.wait_timeout_s,
-    )
+    cfg = _config_from_args(TrainConfig, args)
     cfg.check()
+    cluster = None
+    if args.cluster:
+        from dorylus_py.cluster.spec import ClusterSpec
+
+        if cfg.backend == "reference":
+            raise DorylusError("--cluster needs a distributed backend (local, cpu or gpu)")
+        cluster = ClusterSpec.load(args.cluster)
+        if not (cfg.data and (Path(cfg.data) / "manifest.json").exists()):
+            raise DorylusError("--cluster needs --data to be a folder made by `dorylus prepare`, readable by the graph servers")
     if cfg.data is None:
         synth = SynthConfig()
         status(f"no --data: generating a graph ({synth.nodes:,} vertices, {synth.edges:,} edges, seed {synth.seed})")
@@ -338,13 +312,39 @@ def _run_train(args) -> int:
         from dorylus_py.cluster.launcher import train_distributed
 
         parts = _partitions_for(cfg, graph, run_dir, args.partitioner)
-        s = train_distributed(cfg, parts, record, norm, show_progress=not args.quiet).summary
+        s = train_distributed(cfg, parts, record, norm, show_progress=not args.quiet, cluster=cluster).summary
     print(
         f"best validation accuracy {s['best_val_acc']:.4f} at epoch {s['best_epoch']}, "
         f"test accuracy there {s['test_acc_at_best_val']:.4f}; final loss {s['final_loss']:.4f}; "
         f"{s['epochs']} epochs in {s['wall_s']:.1f} s (median {1000 * s['median_epoch_s']:.1f} ms/epoch); "
         f"run record in {run_dir}"
     )
+    return 0
+
+
+def _add_server(sub, role: str, help: str) -> None:
+    p = _command(sub, role, help, epilog="The job token is read from the environment variable DORYLUS_TOKEN; "
+                 "the driver (`dorylus train --cluster FILE`) must have the same one.")
+    p.add_argument("--cluster", required=True, metavar="FILE", help="cluster file: driver, graph_servers, weight_servers addresses")
+    p.add_argument("--rank", type=int, required=True, help="which graph/weight server of the file this is")
+    p.add_argument("--bind", default="0.0.0.0", help="interface to listen on (default all; the file's address is advertised)")
+    p.set_defaults(run=_run_server, role=role)
+
+
+def _run_server(args) -> int:
+    from dorylus_py.cluster.node import Stopped, serve
+    from dorylus_py.cluster.spec import ClusterSpec
+
+    cluster = ClusterSpec.load(args.cluster)
+    host, port = ClusterSpec.host_port(cluster.address(args.role, args.rank))
+    if args.role == "graph-server":
+        from graph_servers.server import GraphServer as build
+    else:
+        from dorylus_py.weights.server import WeightServer as build
+    try:
+        serve(args.role, build, cluster.driver, args.rank, host, port, bind_host=args.bind)
+    except Stopped:
+        pass
     return 0
 
 

@@ -30,7 +30,7 @@ import zmq
 from dorylus_py.cluster.node import Node
 from dorylus_py.data.graph import row_normalized
 from dorylus_py.errors import DorylusError
-from dorylus_py.kernels.sparse import NormalizedAdjacency, spmm
+from dorylus_py.kernels.sparse import NormalizedAdjacency
 from dorylus_py.partition.store import PartitionStore
 from dorylus_py.pipeline.chunks import TENSOR_STAGES, ChunkPipeline
 from dorylus_py.pipeline.tasks import TaskTracker
@@ -170,7 +170,7 @@ class GraphServer:
         self.peer_min = {p: 1 for p in self.peers}
         self.fwd_version: dict[tuple, int] = {}  # (layer, chunk) -> version its training forward used
         ip, ix, w = np.asarray(self.part.indptr), np.asarray(self.part.indices), np.asarray(self.part.weights)
-        self.rows_of, self.ghost_t, self.local_t = [], [], []
+        self.rows_of, self.ghost_t, self.local_t, self.touched = [], [], [], []
         local = ix < self.n
         rows = np.repeat(np.arange(self.n), np.diff(ip))
         lt = _csr(np.concatenate([[0], np.cumsum(np.bincount(rows[local], minlength=self.n))]), ix[local], w[local],
@@ -182,9 +182,14 @@ class GraphServer:
             self.rows_of.append(_csr(ip[a : b + 1] - lo, ix[lo:hi], w[lo:hi], (b - a, self.n + self.g)))
             ghost = ix[lo:hi] >= self.n
             r = np.repeat(np.arange(b - a), np.diff(ip[a : b + 1]))[ghost]
-            gm = _csr(np.concatenate([[0], np.cumsum(np.bincount(r, minlength=b - a))]), ix[lo:hi][ghost] - self.n,
-                      w[lo:hi][ghost], (b - a, self.g))
-            self.ghost_t.append(gm.t().to_sparse_csr())  # (g, b - a): contributions to our ghosts' owners
+            gcols = ix[lo:hi][ghost] - self.n
+            touched = np.unique(gcols)  # the ghosts this chunk has edges from, sorted (so grouped by owner)
+            gm = _csr(np.concatenate([[0], np.cumsum(np.bincount(r, minlength=b - a))]), np.searchsorted(touched, gcols),
+                      w[lo:hi][ghost], (b - a, len(touched)))
+            self.ghost_t.append(gm.t().to_sparse_csr())  # (touched, b - a): contributions to our ghosts' owners
+            owner_cut = np.searchsorted(touched, np.asarray(self.part.ghost_offsets))
+            self.touched.append({p: (owner_cut[p], owner_cut[p + 1], touched[owner_cut[p]:owner_cut[p + 1]]
+                                     - self.part.ghost_offsets[p]) for p in self.peers})
             self.local_t.append(_csr(lt_ptr[a : b + 1] - lt_ptr[a], lt_ix[lt_ptr[a] : lt_ptr[b]],
                                      lt_w[lt_ptr[a] : lt_ptr[b]], (b - a, self.n)))
         self.send_in_chunk = []  # [chunk][peer] -> (positions in the peer's ghost slice, local rows)
@@ -261,9 +266,10 @@ class GraphServer:
         a, b = self._chunk(c)
         contrib = torch.sparse.mm(self.ghost_t[c], torch.from_numpy(self.dG[layer][a:b])).numpy()
         for p, sock in self.peers.items():
-            sl = self.part.ghosts_from(p)
+            lo, hi, positions = self.touched[c][p]
             msg = Message("ghosts", {"phase": "bwd", "epoch": epoch, "layer": layer, "src": self.k, "train": True,
-                                     "chunk": c, "min_epoch": self.pipe.min_epoch()}, {"rows": contrib[sl]})
+                                     "chunk": c, "min_epoch": self.pipe.min_epoch()},
+                          {"positions": positions, "rows": contrib[lo:hi]})
             sock.send_multipart(encode(msg, self.node.token), copy=False)
 
     # --- shared machinery ------------------------------------------------------------------------
@@ -457,22 +463,22 @@ class GraphServer:
             self.ghosts.setdefault((phase, bool(msg["train"]), int(msg["epoch"]), layer), {})[src] = msg.tensors["rows"]
             return
         self.peer_min[src] = max(self.peer_min[src], int(msg.get("min_epoch", 1)))
-        if phase == "bwd":
-            require(msg, "chunk", shapes={"rows": (len(self.send_ids[src]), width)})
-            key = (layer, src, int(msg["chunk"]))
-            new = msg.tensors["rows"]
-            old = self.remote_parts.get(key)
-            delta = torch.from_numpy(np.array(new if old is None else new - old))
-            self.remote_parts[key] = np.array(new)
-            rdz = torch.from_numpy(self.remote_dz[layer])
-            rdz.index_add_(0, self.send_ids[src], delta)
-            return
         require(msg, "positions", shapes={"rows": (None, width)})
         pos = msg.tensors["positions"]
+        limit = len(self.send_ids[src]) if phase == "bwd" else sl.stop - sl.start
         if pos.dtype != np.int64 or pos.shape != (len(msg.tensors["rows"]),):
             raise ProtocolError("ghost positions must be int64, one per row")
-        if len(pos) and (pos.min() < 0 or pos.max() >= sl.stop - sl.start):
-            raise ProtocolError(f"ghost positions out of range [0, {sl.stop - sl.start})")
+        if len(pos) and (pos.min() < 0 or pos.max() >= limit):
+            raise ProtocolError(f"ghost positions out of range [0, {limit})")
+        if phase == "bwd":  # replace this (peer, chunk)'s previous contribution by the new one
+            require(msg, "chunk")
+            key = (layer, src, int(msg["chunk"]))
+            new = np.array(msg.tensors["rows"])
+            old = self.remote_parts.get(key)
+            rows = self.send_ids[src].numpy()[pos]  # unique: plain fancy-index add is exact
+            self.remote_dz[layer][rows] += new if old is None or old.shape != new.shape else new - old
+            self.remote_parts[key] = new
+            return
         self.ZG[phase == "fwd"][layer][self.n + sl.start + pos] = msg.tensors["rows"]
 
     def _record(self, c) -> None:

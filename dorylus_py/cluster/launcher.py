@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from dorylus_py.cluster.spec import ClusterSpec
 from dorylus_py.config import TrainConfig
 from dorylus_py.errors import DorylusError
 from dorylus_py.partition.store import PartitionStore
@@ -31,14 +32,26 @@ from dorylus_py.training.reference import TrainResult
 
 
 class Job:
-    def __init__(self, cfg: TrainConfig, parts_dir: Path, run_dir: Path, feature_norm: str):
+    def __init__(self, cfg: TrainConfig, parts_dir: Path, run_dir: Path, feature_norm: str,
+                 cluster: ClusterSpec | None = None):
         self.cfg, self.parts_dir, self.run_dir, self.feature_norm = cfg, parts_dir, run_dir, feature_norm
-        self.token = secrets.token_hex(16)
+        self.cluster = cluster
         self.ctx = zmq.Context.instance()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        port = self.router.bind_to_random_port("tcp://127.0.0.1")
-        self.address = f"tcp://127.0.0.1:{port}"
+        if cluster is None:  # everything on this machine
+            self.token = secrets.token_hex(16)
+            port = self.router.bind_to_random_port("tcp://127.0.0.1")
+            self.address = f"tcp://127.0.0.1:{port}"
+        else:  # servers started elsewhere from the same cluster file and token
+            self.token = os.environ.get("DORYLUS_TOKEN", "")
+            if not self.token:
+                raise DorylusError("a --cluster job needs the shared job token in DORYLUS_TOKEN")
+            self.address = cluster.driver
+            try:
+                self.router.bind(f"tcp://*:{ClusterSpec.host_port(cluster.driver)[1]}")
+            except zmq.ZMQError as e:
+                raise DorylusError(f"cannot listen on {cluster.driver} ({e})") from None
         self.procs: dict[str, tuple[subprocess.Popen, Path]] = {}
         self.identities: dict[str, bytes] = {}
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -96,11 +109,18 @@ class Job:
 
 
 def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feature_norm: str,
-                      show_progress: bool = True) -> TrainResult:
-    """Run ``cfg`` on the prepared partitions in ``parts_dir``; write ``record``; return the result."""
+                      show_progress: bool = True, cluster: ClusterSpec | None = None) -> TrainResult:
+    """Run ``cfg`` on the prepared partitions in ``parts_dir``; write ``record``; return the result.
+
+    Without ``cluster`` every process is started here; with it, the servers named in the cluster
+    file are expected to connect (started with ``dorylus graph-server`` / ``weight-server``)."""
     store = PartitionStore.open(parts_dir)
     m = store.manifest
-    k_parts, n_ws = m["partitions"], cfg.weight_servers
+    k_parts = m["partitions"]
+    n_ws = cfg.weight_servers if cluster is None else len(cluster.weight_servers)
+    if cluster is not None and len(cluster.graph_servers) != k_parts:
+        raise DorylusError(f"the cluster file lists {len(cluster.graph_servers)} graph servers but {parts_dir} "
+                           f"has {k_parts} partitions")
     sizes = [p["nodes"] for p in m["parts"]]
     id_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
     splits = np.zeros(3, dtype=np.int64)
@@ -110,17 +130,18 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
     dims = [m["features"]] + [cfg.hidden] * (cfg.layers - 1) + [m["classes"]]
     total_chunks = sum(max(1, min(cfg.chunks, s)) for s in sizes)
 
-    job = Job(cfg, Path(parts_dir), record.dir, feature_norm)
+    job = Job(cfg, Path(parts_dir), record.dir, feature_norm, cluster)
     start = time.perf_counter()
     history: list[dict] = []
     best = BestTracker()
     try:
-        for w in range(n_ws):
-            job.spawn(f"weight-server-{w}", "dorylus_py.weights", w)
-        for k in range(k_parts):
-            job.spawn(f"graph-server-{k}", "graph_servers", k)
+        if cluster is None:
+            for w in range(n_ws):
+                job.spawn(f"weight-server-{w}", "dorylus_py.weights", w)
+            for k in range(k_parts):
+                job.spawn(f"graph-server-{k}", "graph_servers", k)
         addresses: dict[str, str] = {}
-        while len(addresses) < len(job.procs):
+        while len(addresses) < n_ws + k_parts:
             ident, msg = job.recv(cfg.wait_timeout_s)
             if msg.op == "hello":
                 name = f"{msg['role']}-{msg['rank']}"

@@ -27,16 +27,22 @@ class Stopped(Exception):
 
 
 class Node:
-    def __init__(self, role: str, rank: int, driver: str, token: str, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, role: str, rank: int, driver: str, token: str, host: str = "127.0.0.1", port: int = 0,
+                 bind_host: str | None = None):
+        """Bind ``bind_host`` (default ``host``) on ``port`` (0 = any free one); advertise ``host``."""
         self.role, self.rank, self.token = role, rank, token
         self.ctx = zmq.Context.instance()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        if port:
-            self.router.bind(f"tcp://{host}:{port}")
-        else:
-            port = self.router.bind_to_random_port(f"tcp://{host}")
+        where = "*" if bind_host == "0.0.0.0" else (bind_host or host)
+        try:
+            if port:
+                self.router.bind(f"tcp://{where}:{port}")
+            else:
+                port = self.router.bind_to_random_port(f"tcp://{where}")
+        except zmq.ZMQError as e:
+            raise DorylusError(f"{role} {rank}: cannot listen on {where}:{port} ({e})") from None
         self.address = f"tcp://{host}:{port}"
         self.driver = self.ctx.socket(zmq.DEALER)
         self.driver.setsockopt(zmq.LINGER, 1000)
@@ -116,9 +122,26 @@ class Node:
         self.driver.close(1000)
 
 
+def serve(role: str, build, driver: str, rank: int, host: str = "127.0.0.1", port: int = 0,
+          token_env: str = "DORYLUS_TOKEN", bind_host: str | None = None) -> None:
+    """Run one server: connect to the driver, get the job spec, build the server with
+    ``build(node, spec)`` and run it until the driver says stop."""
+    token = os.environ.get(token_env)
+    if not token:
+        raise DorylusError(f"the job token is not set (environment variable {token_env})")
+    node = Node(role, rank, driver, token, host, port, bind_host)
+    server = None
+    try:
+        server = build(node, node.handshake().fields)
+        server.run()
+    finally:
+        if server is not None and hasattr(server, "close"):
+            server.close()
+        node.close()
+
+
 def serve_process(role: str, build, argv=None) -> int:
-    """Entry point of a server process: connect to the driver, get the job spec, build the server
-    with ``build(node, spec)`` and run it until the driver says stop."""
+    """``python -m`` entry point of a server process started by the driver."""
     import argparse
 
     ap = argparse.ArgumentParser(description=f"dorylus {role} (started by the driver, or by `dorylus {role}`)")
@@ -128,22 +151,7 @@ def serve_process(role: str, build, argv=None) -> int:
     ap.add_argument("--port", type=int, default=0, help="port to bind (default: any free port)")
     ap.add_argument("--token-env", default="DORYLUS_TOKEN", help="environment variable holding the job token")
     args = ap.parse_args(argv)
-
-    def main():
-        token = os.environ.get(args.token_env)
-        if not token:
-            raise DorylusError(f"the job token is not set (environment variable {args.token_env})")
-        node = Node(role, args.rank, args.driver, token, args.host, args.port)
-        server = None
-        try:
-            server = build(node, node.handshake().fields)
-            server.run()
-        finally:
-            if server is not None and hasattr(server, "close"):
-                server.close()
-            node.close()
-
-    return run_main(main)
+    return run_main(lambda: serve(role, build, args.driver, args.rank, args.host, args.port, args.token_env))
 
 
 def run_main(main) -> int:

@@ -1,0 +1,59 @@
+"""The cluster file: where the driver, graph servers and weight servers of a multi-machine job listen.
+
+``{"driver": "tcp://HOST:PORT", "graph_servers": ["tcp://HOST:PORT", ...], "weight_servers": [...]}``.
+Each server is started by hand (or by an instance's boot script) with ``dorylus graph-server
+--cluster FILE --rank K`` / ``dorylus weight-server ...``; the job token travels in the environment
+variable ``DORYLUS_TOKEN``, never in the file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from dorylus_py.errors import ConfigError
+
+_ADDRESS = re.compile(r"^tcp://([A-Za-z0-9.\-]+):(\d{1,5})$")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    driver: str
+    graph_servers: list[str]
+    weight_servers: list[str]
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ClusterSpec":
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: cluster file not found") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: must be a JSON object")
+        driver = raw.get("driver")
+        gs, ws = raw.get("graph_servers"), raw.get("weight_servers")
+        if not isinstance(gs, list) or not gs or not isinstance(ws, list) or not ws:
+            raise ConfigError(f"{path}: needs non-empty lists graph_servers and weight_servers")
+        for addr in [driver, *gs, *ws]:
+            m = _ADDRESS.match(addr) if isinstance(addr, str) else None
+            if m is None or not 0 < int(m.group(2)) < 65536:
+                raise ConfigError(f"{path}: {addr!r} is not an address like tcp://10.0.1.5:7000")
+        if len(set([driver, *gs, *ws])) != 1 + len(gs) + len(ws):
+            raise ConfigError(f"{path}: two processes share an address")
+        return cls(driver, list(gs), list(ws))
+
+    def address(self, role: str, rank: int) -> str:
+        addrs = self.graph_servers if role == "graph-server" else self.weight_servers
+        if not 0 <= rank < len(addrs):
+            raise ConfigError(f"--rank {rank} out of range: the cluster file lists {len(addrs)} {role}s")
+        return addrs[rank]
+
+    @staticmethod
+    def host_port(address: str) -> tuple[str, int]:
+        m = _ADDRESS.match(address)
+        return m.group(1), int(m.group(2))

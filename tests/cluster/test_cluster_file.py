@@ -1,0 +1,64 @@
+"""A multi-machine job on one machine: servers started by hand from a cluster file, the driver with
+--cluster, all through the CLI."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dorylus_py.cli import main
+from dorylus_py.cluster.spec import ClusterSpec
+from dorylus_py.data import write_npz
+from dorylus_py.errors import ConfigError
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_servers_from_a_cluster_file(small_graph, tmp_path, capsys):
+    write_npz(small_graph, tmp_path / "g.npz")
+    assert main(["prepare", str(tmp_path / "g.npz"), "-k", "2", "--out", str(tmp_path / "parts")]) == 0
+    d, g0, g1, w0 = free_ports(4)
+    cluster = {"driver": f"tcp://127.0.0.1:{d}", "graph_servers": [f"tcp://127.0.0.1:{g0}", f"tcp://127.0.0.1:{g1}"],
+               "weight_servers": [f"tcp://127.0.0.1:{w0}"]}
+    (tmp_path / "cluster.json").write_text(json.dumps(cluster))
+    env = dict(os.environ, DORYLUS_TOKEN="shared-secret")
+    servers = [subprocess.Popen([sys.executable, "-m", "dorylus_py", role, "--cluster", str(tmp_path / "cluster.json"),
+                                 "--rank", str(rank), "--bind", "127.0.0.1"], env=env, stderr=subprocess.PIPE, text=True)
+               for role, rank in [("graph-server", 0), ("graph-server", 1), ("weight-server", 0)]]
+    try:
+        os.environ["DORYLUS_TOKEN"] = "shared-secret"
+        code = main(["train", "--data", str(tmp_path / "parts"), "--backend", "cpu", "--cluster", str(tmp_path / "cluster.json"),
+                     "--epochs", "3", "--out", str(tmp_path / "run"), "--quiet", "--dropout", "0"])
+        assert code == 0, capsys.readouterr().err
+        for p in servers:
+            assert p.wait(timeout=30) == 0, p.stderr.read()
+    finally:
+        os.environ.pop("DORYLUS_TOKEN", None)
+        for p in servers:
+            p.kill()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and np.isfinite(rows[-1]["loss"])
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{", "not valid JSON"),
+    ('{"driver": "tcp://a:1", "graph_servers": [], "weight_servers": ["tcp://b:2"]}', "non-empty lists"),
+    ('{"driver": "http://a:1", "graph_servers": ["tcp://c:3"], "weight_servers": ["tcp://b:2"]}', "not an address"),
+    ('{"driver": "tcp://a:1", "graph_servers": ["tcp://a:1"], "weight_servers": ["tcp://b:2"]}', "share an address"),
+])
+def test_bad_cluster_files(tmp_path, content, message):
+    (tmp_path / "c.json").write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        ClusterSpec.load(tmp_path / "c.json")
