@@ -97,6 +97,7 @@ def main() -> None:
     ap.add_argument("--edges", type=int, default=4_000_000)
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--chunks", type=int, default=4, help="chunks per graph server (default 4)")
     ap.add_argument("--worker", choices=("pyg", "reference"), help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -128,13 +129,13 @@ def main() -> None:
         run_dir = tmp / name.replace(" ", "_").replace("=", "").replace("+", "")
         _, peaks = run_measured([py, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(run_dir),
                                  "--epochs", str(args.epochs), "--quiet", "--feature-norm", "none", "-k", "2",
-                                 "--lambdas", "4", "--chunks", "4", *flags])
+                                 "--lambdas", "4", "--chunks", str(args.chunks), *flags])
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         rows.append((name, statistics.median(m["epoch_s"] for m in metrics[1:]), peaks))
 
     pyg = rows[0][1]
     print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; {args.threads} threads; "
-          f"epoch = training step + evaluation forward; median of epochs 2..")
+          f"epoch = training step + evaluation forward; median of epochs 2..; {args.chunks} chunks per graph server")
     print(f"{'trainer':<24}{'epoch s':>9}{'x PyG':>8}  peak RSS MiB per process")
     for name, sec, peaks in rows:
         rss = ", ".join(f"{role} {mib:,.0f}" for role, mib in sorted(peaks.items()))

@@ -259,6 +259,9 @@ def _add_train(sub, data) -> None:
     c.add_argument("--staleness", type=int, default=d.staleness, help=f"async: max epochs a chunk runs ahead (default {d.staleness})")
     c.add_argument("--cluster", metavar="FILE", help="multi-machine: the servers in this cluster file are started "
                    "by hand (`dorylus graph-server`/`weight-server`); --data must be a prepared folder they can read")
+    c.add_argument("--switch-threshold", type=float, default=d.switch_threshold,
+                   help="async: switch to sync mode once validation accuracy is within this of --target-acc, as "
+                        "the original Dorylus does (default 0: never)")
     c.add_argument("--async-update", choices=("epoch", "chunk"), default=d.async_update,
                    help="async: one weight update per epoch's worth of chunk gradients, taken without a barrier "
                         "(default; Cora 81 %%), or one per chunk gradient (78 %%)")

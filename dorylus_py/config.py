@@ -31,6 +31,7 @@ class TrainConfig:
     chunks: int = 4  # per graph server: vertex intervals that move through the pipeline independently
     mode: str = "sync"  # sync: barriers per layer, equals full-batch training; async: bounded staleness
     staleness: int = 1  # async: a chunk may run at most this many epochs ahead of the slowest
+    switch_threshold: float = 0.0  # async: switch to sync once validation accuracy is within this of --target-acc
     async_update: str = "epoch"  # async: one Adam step per epoch's worth of chunk gradients, or per `chunk`
     lambdas: int = 4  # local: emulated Lambdas running at once, shared out among graph servers
     lambda_latency_ms: float = 0.0  # local: injected invoke latency per task
@@ -72,6 +73,11 @@ class TrainConfig:
             raise ConfigError(f"--weight-servers {self.weight_servers} > --layers {self.layers}: a shard would hold nothing")
         if self.mode not in MODES:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
+        if self.switch_threshold:
+            if not (0 < self.switch_threshold < 1) or self.mode != "async" or not self.target_acc:
+                raise ConfigError("--switch-threshold (in (0, 1)) needs --mode async and --target-acc")
+            if self.async_update != "epoch":
+                raise ConfigError("--switch-threshold needs --async-update epoch (weight versions then count epochs)")
         if self.async_update not in ("epoch", "chunk"):
             raise ConfigError(f"--async-update must be epoch or chunk, got {self.async_update!r}")
         if self.staleness < 0:

@@ -78,6 +78,9 @@ class GraphServer:
         self.platform = self._platform()
         self.task_rows: list[dict] = []
         self.duplicate_results = 0
+        self.switch_at: int | None = None  # async: no epoch from this one on starts asynchronously
+        self.switch_final = False  # the driver has fixed switch_at for every server
+        node.on_driver = self.on_driver
         if self.mode == "async":
             self._init_async()
 
@@ -96,15 +99,21 @@ class GraphServer:
         return InprocPlatform(s["tensor_threads"], s["device"])
 
     def run(self) -> None:
-        (self.run_async if self.mode == "async" else self.run_sync)()
+        if self.mode == "async":
+            self.run_async()
+            if self.switch_at is not None and self.switch_at <= self.spec["epochs"]:
+                self.mode = "sync"  # every chunk has finished epoch switch_at - 1: go on with barriers
+                self.run_sync(first=self.switch_at)
+        else:
+            self.run_sync()
         self.node.to_driver(Message("epoch_stats", {"rank": self.k, "finished": True}))
         while True:  # serve late duplicates until the driver says stop
             self.node.serve_once(self.handle, 200)
 
     # --- sync mode -------------------------------------------------------------------------------
 
-    def run_sync(self) -> None:
-        for epoch in range(1, self.spec["epochs"] + 1):
+    def run_sync(self, first: int = 1) -> None:
+        for epoch in range(first, self.spec["epochs"] + 1):
             self.epoch_start[epoch] = time.perf_counter()
             self.forward(epoch, train=True, version=epoch - 1)
             self.run_chunks("loss", epoch, self.layers - 1, train=True, version=None)
@@ -204,11 +213,26 @@ class GraphServer:
         self.remote_dz = [np.zeros((self.n, d), np.float32) for d in self.dims[1:]]
         self.remote_parts: dict[tuple, np.ndarray] = {}  # (layer, peer, peer chunk) -> last contribution
 
+    def on_driver(self, msg: Message) -> None:
+        """The switch back to sync mode, in two steps so that no server has started the switch epoch:
+        first freeze (start no epoch beyond those already started) and tell the driver how far that is;
+        then the driver's ``at_epoch`` (one past every server's frozen epoch) is where sync mode begins."""
+        if msg.op != "switch" or self.mode != "async":
+            return
+        if msg.get("at_epoch") is None:
+            started = max(e if (st or busy) else e - 1 for e, st, busy in zip(self.pipe.epoch, self.pipe.stage, self.pipe.busy))
+            self.switch_at = started + 1
+            self.node.to_driver(Message("switch", {"rank": self.k, "frozen_at": self.switch_at}))
+        else:
+            self.switch_at, self.switch_final = int(msg["at_epoch"]), True
+
     def run_async(self) -> None:
         reported, told = 0, 0
         last_progress, last_state = time.monotonic(), None
         while reported < self.spec["epochs"]:
-            for c, e, stage, layer in self.pipe.ready(self.slowest()):
+            if self.switch_at is not None and reported >= self.switch_at - 1 and self.switch_final:
+                return  # every epoch before the switch is done and reported
+            for c, e, stage, layer in self.pipe.ready(self.slowest(), self.switch_at):
                 self.epoch_start.setdefault(e, time.perf_counter())
                 if stage in TENSOR_STAGES:
                     kind, train = ("fwd", False) if stage == "efwd" else (stage, stage not in ("eval",))
@@ -356,7 +380,7 @@ class GraphServer:
             self.node.reply(identity, Message("ok", {}))
         elif msg.op == "progress":
             require(msg, "src", "min_epoch")
-            if int(msg["src"]) not in self.peers or self.mode != "async":
+            if int(msg["src"]) not in self.peers or not hasattr(self, "peer_min"):
                 raise ProtocolError(f"progress from unexpected source {msg['src']}")
             self.peer_min[int(msg["src"])] = max(self.peer_min[int(msg["src"])], int(msg["min_epoch"]))
             self.node.reply(identity, Message("ok", {}))
@@ -457,12 +481,15 @@ class GraphServer:
             raise ProtocolError(f"ghost rows from {src} for layer {layer} phase {phase!r} are not expected")
         width = self.dims[layer + 1]
         sl = self.part.ghosts_from(src)
-        if self.mode == "sync":
+        if "positions" not in msg.tensors:  # sync: whole slices, kept until the barrier consumes them
             n_rows = len(self.send_ids[src]) if phase == "bwd" else sl.stop - sl.start
             require(msg, shapes={"rows": (n_rows, width)})
             self.ghosts.setdefault((phase, bool(msg["train"]), int(msg["epoch"]), layer), {})[src] = msg.tensors["rows"]
             return
-        self.peer_min[src] = max(self.peer_min[src], int(msg.get("min_epoch", 1)))
+        if src in getattr(self, "peer_min", {}):
+            self.peer_min[src] = max(self.peer_min[src], int(msg.get("min_epoch", 1)))
+        if not hasattr(self, "pipe"):
+            raise ProtocolError("asynchronous ghost rows sent to a server in sync mode")
         require(msg, "positions", shapes={"rows": (None, width)})
         pos = msg.tensors["positions"]
         limit = len(self.send_ids[src]) if phase == "bwd" else sl.stop - sl.start

@@ -169,6 +169,7 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
         finished: set[int] = set()
         bar = progress_bar(total=cfg.epochs, desc=f"train ({cfg.backend})", unit="epoch", enabled=show_progress)
         stats = {"relaunches": 0, "duplicates": 0}
+        switched, frozen = None, {}
         last = time.perf_counter()
         while len(finished) < k_parts:
             _, msg = job.recv(cfg.wait_timeout_s)
@@ -198,9 +199,19 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
                 bar.set_postfix(loss=f"{row['loss']:.4f}", val=f"{acc[1]:.3f}", refresh=False)
                 if cfg.target_acc and acc[1] >= cfg.target_acc:
                     break
+                if cfg.switch_threshold and switched is None and acc[1] >= cfg.target_acc - cfg.switch_threshold:
+                    switched, frozen = 0, {}  # ask every graph server to freeze, then fix the epoch
+                    for k in range(k_parts):
+                        job.send(f"graph-server-{k}", Message("switch", {}))
+            elif msg.op == "switch":
+                frozen[int(msg["rank"])] = int(msg["frozen_at"])
+                if len(frozen) == k_parts:
+                    switched = max(frozen.values())
+                    for k in range(k_parts):
+                        job.send(f"graph-server-{k}", Message("switch", {"at_epoch": switched}))
         bar.close()
         record.save_weights("weights.npz", _final_weights(job, ws_addrs, len(dims) - 1))
-        stats |= _weight_stats(job, ws_addrs)
+        stats |= _weight_stats(job, ws_addrs) | {"switched_to_sync_at": switched}
     except KeyboardInterrupt:
         job.stop()
         raise DorylusError(f"interrupted; every process stopped (run record so far in {record.dir})") from None

@@ -52,12 +52,14 @@ class ChunkPipeline:
     def current(self, chunk: int) -> tuple[str, int]:
         return self.stages[self.stage[chunk]]
 
-    def ready(self, slowest: int) -> list[tuple[int, int, str, int]]:
-        """``(chunk, epoch, stage, layer)`` that may run now; ``slowest`` is the lowest epoch in the job."""
+    def ready(self, slowest: int, stop_before: int | None = None) -> list[tuple[int, int, str, int]]:
+        """``(chunk, epoch, stage, layer)`` that may run now; ``slowest`` is the lowest epoch in the job.
+        No chunk starts epoch ``stop_before`` or later (the switch back to sync mode)."""
         out = []
+        last = self.epochs if stop_before is None else min(self.epochs, stop_before - 1)
         for c in range(self.chunks):
             e = self.epoch[c]
-            if self.busy[c] or e > self.epochs:
+            if self.busy[c] or e > last:
                 continue
             if self.stage[c] == 0 and e - slowest > self.staleness:
                 continue  # too far ahead: wait for the slowest chunk

@@ -32,7 +32,7 @@ OPS = frozenset(
         # graph server <-> graph server
         "ghosts", "progress",
         # driver <-> servers
-        "hello", "start", "epoch_stats", "tasks", "stop", "ping",
+        "hello", "start", "switch", "epoch_stats", "tasks", "stop", "ping",
         # replies
         "ok", "rows", "weights", "duplicate", "error",
     }

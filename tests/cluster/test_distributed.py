@@ -78,3 +78,14 @@ def test_async_bounded_staleness_learns_and_applies_each_gradient_once(small_gra
     assert [r["epoch"] for r in got.history] == list(range(1, 7))
     assert got.history[-1]["loss"] < got.history[0]["loss"]
     assert got.history[-1]["loss"] < ref.history[-1]["loss"] * 1.1  # stale reads cost little
+
+
+def test_async_switches_back_to_sync_near_the_target(small_graph, tmp_path):
+    ref = train_reference(small_graph, TrainConfig(epochs=12, dropout=0.0, feature_norm="none"), show_progress=False)
+    target = sorted(r["val_acc"] for r in ref.history)[len(ref.history) // 2]
+    got = run(small_graph, tmp_path, "run", backend="local", graph_servers=2, epochs=12, mode="async", staleness=1,
+              target_acc=0.99, switch_threshold=0.99 - target)
+    at = got.summary["switched_to_sync_at"]
+    assert at is not None and 2 <= at <= 12
+    assert [r["epoch"] for r in got.history] == list(range(1, 13))
+    assert got.summary["weight_updates"] == 12 * 2  # epoch updates before and after the switch
