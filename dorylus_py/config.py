@@ -88,8 +88,19 @@ class TrainConfig:
             raise ConfigError(f"--lambda-fail-rate must be in [0, 1), got {self.lambda_fail_rate}")
         if self.lambda_latency_ms < 0 or self.lambda_memory_mb < 128 or self.lambda_timeout_s <= 0:
             raise ConfigError("--lambda-latency-ms must be >= 0, --lambda-memory-mb >= 128, --lambda-timeout-s > 0")
+        if self.backend in ("cpu", "gpu"):
+            self.check_device()
         if self.relaunch_min_s <= 0 or self.relaunch_factor < 1 or self.wait_timeout_s <= 0:
             raise ConfigError("--relaunch-min-s and --wait-timeout-s must be > 0, --relaunch-factor >= 1")
+
+    def check_device(self) -> None:
+        """A CUDA device that is not there is a configuration error, not a silent CPU fallback."""
+        import torch
+
+        device = self.resolved_device()
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"--backend {self.backend} wants device {device}, but torch sees no CUDA device "
+                              "(use --device cpu, or --backend cpu)")
 
     def resolved_device(self) -> str:
         return self.device or ("cuda" if self.backend == "gpu" else "cpu")

@@ -89,3 +89,20 @@ def test_async_switches_back_to_sync_near_the_target(small_graph, tmp_path):
     assert at is not None and 2 <= at <= 12
     assert [r["epoch"] for r in got.history] == list(range(1, 13))
     assert got.summary["weight_updates"] == 12 * 2  # epoch updates before and after the switch
+
+
+def test_gpu_backend_on_the_cpu_device(small_graph, tmp_path):
+    ref = train_reference(small_graph, TrainConfig(epochs=2, dropout=0.0, feature_norm="none"), show_progress=False)
+    got = run(small_graph, tmp_path, "run", backend="gpu", device="cpu", graph_servers=2, epochs=2)
+    assert_same_losses(got, ref)
+
+
+def test_gpu_backend_without_cuda_is_a_clear_error():
+    import torch
+
+    from dorylus_py.errors import ConfigError
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        TrainConfig(backend="gpu").check()
