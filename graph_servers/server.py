@@ -81,6 +81,8 @@ class GraphServer:
         self.switch_at: int | None = None  # async: no epoch from this one on starts asynchronously
         self.switch_final = False  # the driver has fixed switch_at for every server
         node.on_driver = self.on_driver
+        self.pipe: ChunkPipeline | None = None  # async only, as are peer_min and the per-chunk layouts
+        self.peer_min: dict[int, int] = {}
         if self.mode == "async":
             self._init_async()
 
@@ -380,7 +382,7 @@ class GraphServer:
             self.node.reply(identity, Message("ok", {}))
         elif msg.op == "progress":
             require(msg, "src", "min_epoch")
-            if int(msg["src"]) not in self.peers or not hasattr(self, "peer_min"):
+            if int(msg["src"]) not in self.peers or self.pipe is None:
                 raise ProtocolError(f"progress from unexpected source {msg['src']}")
             self.peer_min[int(msg["src"])] = max(self.peer_min[int(msg["src"])], int(msg["min_epoch"]))
             self.node.reply(identity, Message("ok", {}))
@@ -486,10 +488,9 @@ class GraphServer:
             require(msg, shapes={"rows": (n_rows, width)})
             self.ghosts.setdefault((phase, bool(msg["train"]), int(msg["epoch"]), layer), {})[src] = msg.tensors["rows"]
             return
-        if src in getattr(self, "peer_min", {}):
-            self.peer_min[src] = max(self.peer_min[src], int(msg.get("min_epoch", 1)))
-        if not hasattr(self, "pipe"):
+        if self.pipe is None:
             raise ProtocolError("asynchronous ghost rows sent to a server in sync mode")
+        self.peer_min[src] = max(self.peer_min[src], int(msg.get("min_epoch", 1)))
         require(msg, "positions", shapes={"rows": (None, width)})
         pos = msg.tensors["positions"]
         limit = len(self.send_ids[src]) if phase == "bwd" else sl.stop - sl.start

@@ -34,10 +34,9 @@ class WeightServer:
         self.node = node
         init = initial_weights(spec["dims"], spec["seed"])
         mine = [l for l in range(len(init)) if shard(l, len(spec["weight_servers"])) == node.rank]
-        lr = spec["lr"]
         self.store = WeightStore(
             {l: init[l] for l in mine},
-            lr=lr,
+            lr=spec["lr"],
             weight_decay={0: spec["weight_decay"]},
             update="chunk" if spec["mode"] == "async" and spec.get("async_update") == "chunk" else "epoch",
             expected=spec["expected_grads"],
