@@ -234,16 +234,20 @@ class GraphServer:
         while reported < self.spec["epochs"]:
             if self.switch_at is not None and reported >= self.switch_at - 1 and self.switch_final:
                 return  # every epoch before the switch is done and reported
-            for c, e, stage, layer in self.pipe.ready(self.slowest(), self.switch_at):
-                self.epoch_start.setdefault(e, time.perf_counter())
-                if stage in TENSOR_STAGES:
-                    kind, train = ("fwd", False) if stage == "efwd" else (stage, stage not in ("eval",))
-                    version = self.fwd_version.get((layer, c)) if kind == "bwd" else None
-                    self.pipe.started(c)
-                    self.launch((kind, train, e, layer, c), version)
-                else:
-                    self.graph_stage(stage, c, e, layer)
-                    self.pipe.done(c)
+            ready = self.pipe.ready(self.slowest(), self.switch_at)
+            while ready:  # run graph stages and launch tasks until every chunk waits on something
+                for c, e, stage, layer in ready:
+                    self.epoch_start.setdefault(e, time.perf_counter())
+                    if stage in TENSOR_STAGES:
+                        kind, train = ("fwd", False) if stage == "efwd" else (stage, stage not in ("eval",))
+                        version = self.fwd_version.get((layer, c)) if kind == "bwd" else None
+                        self.pipe.started(c)
+                        self.launch((kind, train, e, layer, c), version)
+                    else:
+                        self.graph_stage(stage, c, e, layer)
+                        self.pipe.done(c)
+                        self.node.serve_once(self.handle, 0)  # answer waiting workers between graph stages
+                ready = self.pipe.ready(self.slowest(), self.switch_at)
             if self.pipe.min_epoch() != told:
                 told = self.pipe.min_epoch()
                 for sock in self.peers.values():
