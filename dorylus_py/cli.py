@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check(sub, data)
     _add_prepare(sub, data)
     _add_train(sub, data)
+    _add_report(sub)
     _add_server(sub, "graph-server", "run one graph server of a multi-machine job, from a cluster file")
     _add_server(sub, "weight-server", "run one weight server of a multi-machine job, from a cluster file")
     return p
@@ -322,6 +323,34 @@ def _run_train(args) -> int:
         f"{s['epochs']} epochs in {s['wall_s']:.1f} s (median {1000 * s['median_epoch_s']:.1f} ms/epoch); "
         f"run record in {run_dir}"
     )
+    return 0
+
+
+def _add_report(sub) -> None:
+    p = _command(sub, "report", "accuracy, time and cost (as if on AWS) of runs, side by side, from their run records")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run records written by `dorylus train --out`")
+    p.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type each graph/weight server is priced as (default c5.2xlarge)")
+    p.add_argument("--region", default="us-east-1", help="price region (default us-east-1)")
+    p.add_argument("--prices", metavar="FILE", help="price table JSON replacing the built-in one (same layout)")
+    p.add_argument("--arch", choices=("x86", "arm"), default="x86", help="Lambda architecture priced (default x86)")
+    p.add_argument("--target-acc", type=float, help="also report the wall time to reach this validation accuracy")
+    p.add_argument("--markdown", metavar="FILE.md", help="also write the report as Markdown")
+    p.set_defaults(run=_run_report)
+
+
+def _run_report(args) -> int:
+    from dorylus_py.atomic import atomic_file
+    from dorylus_py.cost.model import Prices
+    from dorylus_py.cost.report import markdown, report_rows, text_table
+
+    prices = Prices.load(args.prices, args.region, args.arch)
+    prices.hourly(args.as_instance)  # an unknown instance type is an error before any work
+    rows = report_rows(args.runs, prices, args.as_instance, args.target_acc)
+    print(text_table(rows))
+    if args.markdown:
+        with atomic_file(args.markdown) as tmp:
+            tmp.write_text(markdown(rows, prices, args.as_instance))
+        print(f"wrote {args.markdown}")
     return 0
 
 

@@ -1,0 +1,124 @@
+"""What a run cost, or would cost on AWS, computed from its run record only.
+
+``cost = server-hours x hourly price + Lambda GB-seconds x price + requests x price`` and, as in the
+Dorylus paper, ``value = 1 / (time x cost)``. A run made on this machine is priced *as if* its graph
+and weight servers were ``--as-instance`` EC2 instances for the run's wall time, and its emulated
+Lambdas were billed what ``tasks.jsonl`` records (billed ms at the configured memory).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from dorylus_py.errors import ConfigError, DataError
+
+
+@dataclass(frozen=True)
+class Prices:
+    region: str
+    ec2_hourly: dict[str, float]
+    lambda_gb_second: float
+    lambda_per_request: float
+    source: str
+    date: str
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, region: str = "us-east-1", arch: str = "x86") -> "Prices":
+        if path is None:
+            raw = json.loads(resources.files("dorylus_py.cost").joinpath("prices.json").read_text())
+        else:
+            try:
+                raw = json.loads(Path(path).read_text())
+            except FileNotFoundError:
+                raise ConfigError(f"{path}: price file not found") from None
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}: not valid JSON ({e.msg})") from None
+        try:
+            table = raw["regions"][region]
+            lam = table["lambda"]
+            return cls(region, dict(table["ec2_hourly"]), float(lam[f"{arch}_gb_second"]), float(lam["per_request"]),
+                       raw.get("source", "?"), raw.get("date", "?"))
+        except KeyError as e:
+            raise ConfigError(f"price table has no {e.args[0]!r} (regions: {', '.join(raw.get('regions', {}))})") from None
+
+    def hourly(self, instance: str) -> float:
+        try:
+            return self.ec2_hourly[instance]
+        except KeyError:
+            raise ConfigError(f"no price for instance type {instance!r} in {self.region}; "
+                              f"known: {', '.join(sorted(self.ec2_hourly))}") from None
+
+
+@dataclass(frozen=True)
+class RunCost:
+    servers: int
+    server_hours: float
+    server_usd: float
+    lambda_requests: int
+    lambda_gb_seconds: float
+    lambda_usd: float
+    wall_s: float
+
+    @property
+    def total_usd(self) -> float:
+        return self.server_usd + self.lambda_usd
+
+    @property
+    def value(self) -> float:
+        """1 / (time x cost), in 1 / (hour x USD)."""
+        return 1.0 / ((self.wall_s / 3600.0) * self.total_usd) if self.total_usd > 0 and self.wall_s > 0 else float("nan")
+
+
+def servers_of(config: dict) -> int:
+    """Machines a run needs: one for the reference trainer, else graph plus weight servers."""
+    if config.get("backend", "reference") == "reference":
+        return 1
+    return int(config.get("graph_servers", 1)) + int(config.get("weight_servers", 1))
+
+
+def run_cost(config: dict, wall_s: float, tasks: list[dict], prices: Prices, instance: str) -> RunCost:
+    servers = servers_of(config)
+    hours = servers * wall_s / 3600.0
+    lambdas = [t for t in tasks if str(t.get("where", "")).endswith("lambda")]
+    gb_s = sum(t["billed_ms"] / 1000.0 * t["memory_mb"] / 1024.0 for t in lambdas)
+    return RunCost(servers, hours, hours * prices.hourly(instance), len(lambdas), gb_s,
+                   gb_s * prices.lambda_gb_second + len(lambdas) * prices.lambda_per_request, wall_s)
+
+
+def read_record(run_dir: str | Path) -> tuple[dict, list[dict], list[dict], dict]:
+    """``config``, ``metrics`` rows, ``tasks`` rows, ``summary`` of a run record; clear errors if broken."""
+    run_dir = Path(run_dir)
+
+    def load_json(name: str, required: bool = True):
+        path = run_dir / name
+        if not path.exists():
+            if required:
+                raise DataError(f"{path}: missing; is {run_dir} a run record (dorylus train --out)?")
+            return None
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: not valid JSON ({e.msg})") from None
+
+    def load_lines(name: str, required: bool) -> list[dict]:
+        path = run_dir / name
+        if not path.exists():
+            if required:
+                raise DataError(f"{path}: missing; is {run_dir} a run record (dorylus train --out)?")
+            return []
+        rows = []
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise DataError(f"{path}:{i}: not a JSON line (truncated file?)") from None
+        return rows
+
+    config, summary = load_json("config.json"), load_json("summary.json")
+    metrics = load_lines("metrics.jsonl", True)
+    if not metrics:
+        raise DataError(f"{run_dir / 'metrics.jsonl'}: no epochs recorded")
+    return config, metrics, load_lines("tasks.jsonl", False), summary

@@ -1,0 +1,66 @@
+"""`dorylus report`: accuracy, time and cost of one or more runs, side by side, from their run records."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from dorylus_py.cost.model import Prices, read_record, run_cost
+
+COLUMNS = [
+    ("run", "{}"), ("backend", "{}"), ("epochs", "{}"), ("best val", "{:.4f}"), ("test@best", "{:.4f}"),
+    ("wall s", "{:.1f}"), ("epoch s", "{:.3f}"), ("to target s", "{}"), ("lambda calls", "{:,}"),
+    ("GB-s", "{:.1f}"), ("relaunches", "{}"), ("servers $", "{:.5f}"), ("lambda $", "{:.5f}"),
+    ("total $", "{:.5f}"), ("value", "{:.4g}"),
+]  # fmt: skip
+
+
+def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: float | None) -> list[dict]:
+    rows = []
+    for d in run_dirs:
+        config, metrics, tasks, summary = read_record(d)
+        wall = metrics[-1]["wall_s"]
+        cost = run_cost(config, wall, tasks, prices, instance)
+        reached = [m["wall_s"] for m in metrics if target_acc is not None and m["val_acc"] >= target_acc]
+        backend = config.get("backend", "?") + ("" if config.get("backend") == "reference" else f" {config.get('mode', 'sync')}")
+        rows.append({
+            "run": Path(d).name, "backend": backend, "epochs": len(metrics),
+            "best val": summary["best_val_acc"], "test@best": summary["test_acc_at_best_val"], "wall s": wall,
+            "epoch s": statistics.median(m["epoch_s"] for m in metrics),
+            "to target s": f"{reached[0]:.1f}" if reached else "-", "lambda calls": cost.lambda_requests,
+            "GB-s": cost.lambda_gb_seconds, "relaunches": summary.get("relaunches", 0), "servers $": cost.server_usd,
+            "lambda $": cost.lambda_usd, "total $": cost.total_usd, "value": cost.value,
+            "_kinds": time_by_kind(tasks),
+        })
+    return rows
+
+
+def time_by_kind(tasks: list[dict]) -> dict[str, float]:
+    """Seconds spent per task kind (tensor tasks split by train/eval), summed over tasks."""
+    out: dict[str, float] = defaultdict(float)
+    for t in tasks:
+        kind = t["kind"] if t.get("train", True) or t["kind"] == "eval" else f"{t['kind']} (eval)"
+        out[kind] += t["end"] - t["start"]
+    return dict(out)
+
+
+def text_table(rows: list[dict]) -> str:
+    cells = [[name for name, _ in COLUMNS]] + [[fmt.format(r[name]) for name, fmt in COLUMNS] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
+
+
+def markdown(rows: list[dict], prices: Prices, instance: str) -> str:
+    head = "| " + " | ".join(name for name, _ in COLUMNS) + " |"
+    lines = ["# dorylus report", "",
+             f"Prices: {prices.region}, servers as `{instance}` at ${prices.hourly(instance)}/h, Lambda "
+             f"${prices.lambda_gb_second}/GB-s and ${prices.lambda_per_request}/request ({prices.source}; {prices.date}). "
+             "Value = 1 / (hours x USD).", "", head, "|" + " --- |" * len(COLUMNS)]
+    lines += ["| " + " | ".join(fmt.format(r[name]) for name, fmt in COLUMNS) + " |" for r in rows]
+    kinds = sorted({k for r in rows for k in r["_kinds"]})
+    if kinds:
+        lines += ["", "## Task time by kind (seconds, summed over tasks)", "",
+                  "| run | " + " | ".join(kinds) + " |", "| --- |" + " --- |" * len(kinds)]
+        lines += ["| " + r["run"] + " | " + " | ".join(f"{r['_kinds'].get(k, 0.0):.2f}" for k in kinds) + " |" for r in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,59 @@
+import json
+
+import pytest
+
+from dorylus_py.cli import main
+from dorylus_py.cost import Prices, read_record, run_cost
+from dorylus_py.errors import ConfigError, DataError
+
+
+def make_record(d, backend="local", tasks=True):
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"backend": backend, "mode": "sync", "graph_servers": 2, "weight_servers": 1}))
+    rows = [{"epoch": e, "loss": 1.0 / e, "train_acc": 0.5, "val_acc": 0.2 * e, "test_acc": 0.1 * e, "epoch_s": 1.0,
+             "wall_s": 1800.0 * e} for e in (1, 2)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "summary.json").write_text(json.dumps({"best_val_acc": 0.4, "test_acc_at_best_val": 0.2, "relaunches": 1}))
+    if tasks:
+        t = [{"kind": "fwd", "train": True, "where": "local-lambda", "billed_ms": 2000, "memory_mb": 2048, "start": 0.0, "end": 2.0},
+             {"kind": "bwd", "train": True, "where": "local-lambda", "billed_ms": 1000, "memory_mb": 1024, "start": 2.0, "end": 3.0},
+             {"kind": "gather", "train": True, "where": "graph-server", "billed_ms": 0, "memory_mb": 0, "start": 3.0, "end": 3.5}]
+        (d / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in t))
+    return d
+
+
+def test_hand_computed_cost(tmp_path):
+    prices = Prices.load(region="us-east-1")
+    config, metrics, tasks, _ = read_record(make_record(tmp_path / "r"))
+    c = run_cost(config, metrics[-1]["wall_s"], tasks, prices, "c5.2xlarge")
+    # 3 servers x 1 hour x $0.34; Lambdas: 2 s x 2 GB + 1 s x 1 GB = 5 GB-s, 2 requests
+    assert c.servers == 3 and c.server_hours == pytest.approx(3.0)
+    assert c.server_usd == pytest.approx(1.02)
+    assert c.lambda_gb_seconds == pytest.approx(5.0)
+    assert c.lambda_usd == pytest.approx(5 * 0.0000166667 + 2 * 0.0000002)
+    assert c.value == pytest.approx(1 / (1.0 * (1.02 + 5 * 0.0000166667 + 4e-7)))
+    ref_config = {"backend": "reference"}
+    assert run_cost(ref_config, 3600.0, [], prices, "m5.xlarge").total_usd == pytest.approx(0.192)
+
+
+def test_report_cli_table_and_markdown(tmp_path, capsys):
+    a, b = make_record(tmp_path / "a"), make_record(tmp_path / "b", backend="reference", tasks=False)
+    assert main(["report", str(a), str(b), "--target-acc", "0.3", "--markdown", str(tmp_path / "r.md")]) == 0
+    out = capsys.readouterr().out
+    assert "local sync" in out and "reference" in out and "1.02000" in out
+    md = (tmp_path / "r.md").read_text()
+    assert md.count("\n| ") >= 4 and "Task time by kind" in md and "| a | 1.00 | 2.00 | 0.50 |" in md
+    assert "| 3600.0 |" in md  # time to val 0.3: the second epoch's wall time
+
+
+def test_bad_records_and_prices(tmp_path, capsys):
+    d = make_record(tmp_path / "r")
+    (d / "metrics.jsonl").write_text('{"epoch": 1, "loss"')
+    with pytest.raises(DataError, match=r"metrics.jsonl:1: not a JSON line"):
+        read_record(d)
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert "config.json: missing" in capsys.readouterr().err
+    assert main(["report", str(d), "--as-instance", "z9.huge"]) == 2
+    assert "no price for instance type 'z9.huge'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="no 'mars-1'"):
+        Prices.load(region="mars-1")
