@@ -335,6 +335,9 @@ def _add_report(sub) -> None:
     p.add_argument("--arch", choices=("x86", "arm"), default="x86", help="Lambda architecture priced (default x86)")
     p.add_argument("--target-acc", type=float, help="also report the wall time to reach this validation accuracy")
     p.add_argument("--markdown", metavar="FILE.md", help="also write the report as Markdown")
+    p.add_argument("--plots", metavar="DIR", help="also write PNG plots: accuracy vs time and vs cost, and one "
+                   "pipeline timeline per run (its first epochs)")
+    p.add_argument("--timeline-epochs", type=int, default=2, help="epochs shown in a timeline (default 2)")
     p.set_defaults(run=_run_report)
 
 
@@ -347,6 +350,20 @@ def _run_report(args) -> int:
     prices.hourly(args.as_instance)  # an unknown instance type is an error before any work
     rows = report_rows(args.runs, prices, args.as_instance, args.target_acc)
     print(text_table(rows))
+    if args.plots:
+        from dorylus_py.cost.model import read_record
+        from dorylus_py.cost.plots import accuracy_plots, timeline
+
+        out = Path(args.plots)
+        out.mkdir(parents=True, exist_ok=True)
+        runs, written = [], []
+        for d, row in zip(args.runs, rows):
+            _, metrics, tasks, _ = read_record(d)
+            runs.append((row["run"], metrics, row["total $"] / max(row["wall s"], 1e-9)))
+            shown = [t for t in tasks if t["epoch"] <= args.timeline_epochs]
+            written.append(timeline(row["run"], shown, out / f"timeline_{row['run']}.png"))
+        written += accuracy_plots(runs, out)
+        print("wrote " + ", ".join(str(p) for p in written if p is not None))
     if args.markdown:
         with atomic_file(args.markdown) as tmp:
             tmp.write_text(markdown(rows, prices, args.as_instance))

@@ -57,3 +57,21 @@ def test_bad_records_and_prices(tmp_path, capsys):
     assert "no price for instance type 'z9.huge'" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="no 'mars-1'"):
         Prices.load(region="mars-1")
+
+
+def png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_report_plots_are_real_pngs(tmp_path, capsys):
+    a = make_record(tmp_path / "a")
+    rows = [json.loads(line) for line in (a / "tasks.jsonl").read_text().splitlines()]
+    for r, (server, chunk, epoch, layer) in zip(rows, [(0, 0, 1, 0), (0, 1, 1, 0), (0, None, 1, 0)]):
+        r.update(server=server, chunk=chunk, epoch=epoch, layer=layer)
+    (a / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["report", str(a), "--plots", str(tmp_path / "plots")]) == 0
+    for name in ("accuracy_vs_time.png", "accuracy_vs_cost.png", "timeline_a.png"):
+        path = tmp_path / "plots" / name
+        assert path.stat().st_size > 5000 and png_size(path) == (800, 450)
