@@ -7,7 +7,6 @@ import sys
 import time
 
 import psutil
-import pytest
 
 from dorylus_py.data import write_npz
 
