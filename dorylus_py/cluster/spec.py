@@ -8,12 +8,12 @@ variable ``DORYLUS_TOKEN``, never in the file.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from dorylus_py.errors import ConfigError
+from dorylus_py.jsonfile import read_json
 
 _ADDRESS = re.compile(r"^tcp://([A-Za-z0-9.\-]+):(\d{1,5})$")
 
@@ -27,12 +27,7 @@ class ClusterSpec:
     @classmethod
     def load(cls, path: str | Path) -> "ClusterSpec":
         path = Path(path)
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: cluster file not found") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        raw = read_json(path, ConfigError, "cluster file not found")
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: must be a JSON object")
         driver = raw.get("driver")

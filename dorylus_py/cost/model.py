@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from dorylus_py.errors import ConfigError, DataError
+from dorylus_py.jsonfile import read_json
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,7 @@ class Prices:
         if path is None:
             raw = json.loads(resources.files("dorylus_py.cost").joinpath("prices.json").read_text())
         else:
-            try:
-                raw = json.loads(Path(path).read_text())
-            except FileNotFoundError:
-                raise ConfigError(f"{path}: price file not found") from None
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}: not valid JSON ({e.msg})") from None
+            raw = read_json(path, ConfigError, "price file not found")
         try:
             table = raw["regions"][region]
             lam = table["lambda"]
@@ -92,16 +88,8 @@ def read_record(run_dir: str | Path) -> tuple[dict, list[dict], list[dict], dict
     """``config``, ``metrics`` rows, ``tasks`` rows, ``summary`` of a run record; clear errors if broken."""
     run_dir = Path(run_dir)
 
-    def load_json(name: str, required: bool = True):
-        path = run_dir / name
-        if not path.exists():
-            if required:
-                raise DataError(f"{path}: missing; is {run_dir} a run record (dorylus train --out)?")
-            return None
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: not valid JSON ({e.msg})") from None
+    def load_json(name: str):
+        return read_json(run_dir / name, DataError, f"missing; is {run_dir} a run record (dorylus train --out)?")
 
     def load_lines(name: str, required: bool) -> list[dict]:
         path = run_dir / name

@@ -18,6 +18,7 @@ import numpy as np
 from dorylus_py.atomic import atomic_dir
 from dorylus_py.data.graph import Graph
 from dorylus_py.errors import DataError
+from dorylus_py.jsonfile import read_json
 from dorylus_py.partition.layout import Partition, build_partitions, edge_cut
 from dorylus_py.partition.partitioners import assign
 
@@ -88,12 +89,7 @@ class PartitionStore:
     def open(cls, root: str | os.PathLike) -> "PartitionStore":
         root = Path(root)
         path = root / "manifest.json"
-        try:
-            manifest = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise DataError(f"{path}: missing; is {root} a folder made by `dorylus prepare`?") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"{path}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+        manifest = read_json(path, DataError, f"missing; is {root} a folder made by `dorylus prepare`?")
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise DataError(f"{path}: not a dorylus partition manifest")
         if manifest.get("version") != VERSION:
