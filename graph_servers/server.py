@@ -117,25 +117,25 @@ class GraphServer:
     def run_sync(self, first: int = 1) -> None:
         for epoch in range(first, self.spec["epochs"] + 1):
             self.epoch_start[epoch] = time.perf_counter()
-            self.forward(epoch, train=True, version=epoch - 1)
-            self.run_chunks("loss", epoch, self.layers - 1, train=True, version=None)
+            self.forward(epoch, train=True)
+            self.run_chunks("loss", epoch, self.layers - 1, train=True)
             for layer in reversed(range(self.layers)):
                 self.gather_backward(epoch, layer)
-                self.run_chunks("bwd", epoch, layer, train=True, version=epoch - 1)
-            self.forward(epoch, train=False, version=epoch)
-            self.run_chunks("eval", epoch, self.layers - 1, train=False, version=None)
+                self.run_chunks("bwd", epoch, layer, train=True)
+            self.forward(epoch, train=False)
+            self.run_chunks("eval", epoch, self.layers - 1, train=False)
             self.tracker.forget_before(epoch)
             self.report(epoch)
 
-    def forward(self, epoch: int, train: bool, version: int) -> None:
+    def forward(self, epoch: int, train: bool) -> None:
         for layer in range(self.layers):
-            self.run_chunks("fwd", epoch, layer, train, version)
+            self.run_chunks("fwd", epoch, layer, train)
             self.scatter_gather(epoch, layer, train)
 
-    def run_chunks(self, kind: str, epoch: int, layer: int, train: bool, version) -> None:
+    def run_chunks(self, kind: str, epoch: int, layer: int, train: bool) -> None:
         keys = [(kind, train, epoch, layer, c) for c in range(len(self.bounds) - 1)]
         for key in keys:
-            self.launch(key, version)
+            self.launch(key)
         self.wait_until(lambda: not any(self.tracker.is_running(k) for k in keys), f"{kind} tasks of layer {layer}")
 
     def scatter_gather(self, epoch: int, layer: int, train: bool) -> None:
@@ -240,9 +240,8 @@ class GraphServer:
                     self.epoch_start.setdefault(e, time.perf_counter())
                     if stage in TENSOR_STAGES:
                         kind, train = ("fwd", False) if stage == "efwd" else (stage, stage not in ("eval",))
-                        version = self.fwd_version.get((layer, c)) if kind == "bwd" else None
                         self.pipe.started(c)
-                        self.launch((kind, train, e, layer, c), version)
+                        self.launch((kind, train, e, layer, c))
                     else:
                         self.graph_stage(stage, c, e, layer)
                         self.pipe.done(c)
@@ -304,11 +303,12 @@ class GraphServer:
 
     # --- shared machinery ------------------------------------------------------------------------
 
-    def launch(self, key: tuple, version) -> None:
+    def launch(self, key: tuple) -> None:
         self.tracker.launch(key, time.time())
-        self.platform.invoke(self.event(key, version))
+        self.platform.invoke(self.event(key))
 
-    def event(self, key: tuple, version) -> dict:
+    def event(self, key: tuple) -> dict:
+        """The event a tensor worker gets for ``key`` (the same on every relaunch)."""
         kind, train, epoch, layer, chunk = key
         s = self.spec
         hold = [epoch, self.k, chunk] if self.mode == "async" and kind == "fwd" and train else None
@@ -320,7 +320,7 @@ class GraphServer:
             "seed": s["seed"],
             "num_train": s["num_train"],
             "task": {"kind": kind, "train": train, "epoch": epoch, "layer": layer, "chunk": chunk, "server": self.k,
-                     "version": version, "hold": hold, "attempt": self.tracker.attempts(key)},
+                     "version": self._version_for(key), "hold": hold, "attempt": self.tracker.attempts(key)},
         }
 
     def step(self) -> None:
@@ -334,9 +334,11 @@ class GraphServer:
             if not c.ok:
                 self.tracker.failed(self._key(c.task))
         for key in self.tracker.due(time.time()):
-            self.platform.invoke(self.event(key, self._version_for(key)))
+            self.platform.invoke(self.event(key))
 
     def _version_for(self, key: tuple):
+        """Weights version a task uses: sync trains on ``epoch - 1`` and evaluates on ``epoch``; async
+        forwards take the newest (held), and a backward the one its forward used."""
         kind, train, epoch, layer, chunk = key
         if self.mode == "async":
             return self.fwd_version.get((layer, chunk)) if kind == "bwd" else None
@@ -446,8 +448,8 @@ class GraphServer:
         a, b = self._chunk(chunk)
         if kind == "fwd":
             self.ZG[train][layer][a:b] = msg.tensors["Z"]
-            if train:
-                self.fwd_version_set(layer, chunk, int(msg["version"]))
+            if train and self.mode == "async":
+                self.fwd_version[(layer, chunk)] = int(msg["version"])
         elif kind == "bwd":
             if layer > 0:
                 self.dG[layer - 1][a:b] = msg.tensors["dG"]
@@ -463,10 +465,6 @@ class GraphServer:
             elif kind == "loss" or (kind == "bwd" and layer > 0):
                 self.send_contributions(epoch, self.layers - 1 if kind == "loss" else layer - 1, chunk)
             self.pipe.done(chunk)
-
-    def fwd_version_set(self, layer: int, chunk: int, version: int) -> None:
-        if self.mode == "async":
-            self.fwd_version[(layer, chunk)] = version
 
     def forward_gradient(self, key: tuple, version: int, grad: np.ndarray) -> None:
         """Pass an accepted backward task's weight gradient to the weight server of its layer."""
