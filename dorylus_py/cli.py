@@ -256,7 +256,9 @@ def _add_train(sub, data) -> None:
     c.add_argument("--graph-servers", "-k", type=int, default=d.graph_servers, help=f"graph servers = partitions (default {d.graph_servers})")
     c.add_argument("--weight-servers", type=int, default=d.weight_servers, help=f"weight servers; layer l on server l %% M (default {d.weight_servers})")
     c.add_argument("--chunks", type=int, default=d.chunks, help=f"vertex intervals per graph server (default {d.chunks})")
-    c.add_argument("--mode", choices=MODES, default=d.mode, help="sync: barriers per layer, equals full-batch training (default)")
+    c.add_argument("--mode", choices=MODES, default=d.mode,
+                   help="sync: barriers per layer, equals full-batch training (default); async: bounded staleness; "
+                        "gossip / allreduce: decentralised Cluster-GCN workers (see below)")
     c.add_argument("--staleness", type=int, default=d.staleness, help=f"async: max epochs a chunk runs ahead (default {d.staleness})")
     c.add_argument("--cluster", metavar="FILE", help="multi-machine: the servers in this cluster file are started "
                    "by hand (`dorylus graph-server`/`weight-server`); --data must be a prepared folder they can read")
@@ -273,16 +275,24 @@ def _add_train(sub, data) -> None:
     c.add_argument("--lambda-memory-mb", type=int, default=d.lambda_memory_mb, help=f"billed Lambda memory (default {d.lambda_memory_mb})")
     c.add_argument("--lambda-timeout-s", type=float, default=d.lambda_timeout_s, help=f"a Lambda's time limit (default {d.lambda_timeout_s:.0f})")
     c.add_argument("--tensor-threads", type=int, default=d.tensor_threads, help=f"cpu/gpu: tensor threads per graph server (default {d.tensor_threads})")
-    c.add_argument("--device", default=d.device, help="cpu/gpu: torch device (default cpu for cpu, cuda for gpu)")
+    c.add_argument("--device", default=d.device, help="cpu/gpu backends and gossip/allreduce workers: torch device "
+                   "(default cuda for --backend gpu, else cpu)")
     c.add_argument("--relaunch-min-s", type=float, default=d.relaunch_min_s, help=f"relaunch a task after max(this, factor x average) (default {d.relaunch_min_s})")
     c.add_argument("--relaunch-factor", type=float, default=d.relaunch_factor, help=f"(default {d.relaunch_factor})")
     c.add_argument("--wait-timeout-s", type=float, default=d.wait_timeout_s, help=f"give up on any single wait after this (default {d.wait_timeout_s:.0f})")
+    g = p.add_argument_group("decentralised modes (--mode gossip | allreduce): Cluster-GCN batches on data-parallel workers")
+    g.add_argument("--workers", type=int, default=d.workers, help=f"worker processes (default {d.workers}; under torchrun: its world size)")
+    g.add_argument("--clusters", type=int, default=d.clusters, help=f"METIS clusters of the graph (default {d.clusters})")
+    g.add_argument("--clusters-per-batch", type=int, default=d.clusters_per_batch, help=f"clusters joined into one batch (default {d.clusters_per_batch})")
+    g.add_argument("--diag-lambda", type=float, default=d.diag_lambda, help=f"diagonal enhancement of the batch adjacency (default {d.diag_lambda})")
+    g.add_argument("--gossip-every", type=int, default=d.gossip_every, help=f"gossip: average gradients with a partner every k local steps (default {d.gossip_every})")
+    g.add_argument("--straggler", default=d.straggler, metavar="RANK:FACTOR", help="slow worker RANK down FACTOR times (experiments)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_run_train)
 
 
 def _run_train(args) -> int:
-    from dorylus_py.config import TrainConfig
+    from dorylus_py.config import DECENTRAL_MODES, TrainConfig
     from dorylus_py.data import SynthConfig, generate, load_graph
     from dorylus_py.progress import status
     from dorylus_py.training import RunRecord, train_reference
@@ -307,14 +317,24 @@ def _run_train(args) -> int:
         status(f"loading {cfg.data}")
         graph = load_graph(cfg.data, _sources(args))
     norm = resolve_feature_norm(cfg, graph)
-    run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.backend}")
+    run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode if cfg.mode in DECENTRAL_MODES else cfg.backend}")
     config = cfg.to_dict() | {"feature_norm": norm, "graph": graph.summary(), "graph_source": graph.source}
-    record = RunRecord(run_dir, config, overwrite=args.overwrite)
-    if cfg.backend == "reference":
+    if cfg.mode in DECENTRAL_MODES:
+        from dorylus_py.decentral.launcher import train_decentral
+
+        result = train_decentral(cfg, graph, run_dir, config, args.overwrite, show_progress=not args.quiet)
+        if result is None:  # a torchrun rank other than 0: rank 0 writes the record
+            return 0
+        s = result.summary
+        print(f"{s['batches_trained']} batches trained by {s['workers']} workers, {s['gossip_rounds']} gossip exchanges"
+              + (f", workers lost: {s['worker_deaths']}" if s["worker_deaths"] else ""))
+    elif cfg.backend == "reference":
+        record = RunRecord(run_dir, config, overwrite=args.overwrite)
         s = train_reference(graph, cfg, record, show_progress=not args.quiet).summary
     else:
         from dorylus_py.cluster.launcher import train_distributed
 
+        record = RunRecord(run_dir, config, overwrite=args.overwrite)
         parts = _partitions_for(cfg, graph, run_dir, args.partitioner)
         s = train_distributed(cfg, parts, record, norm, show_progress=not args.quiet, cluster=cluster).summary
     print(

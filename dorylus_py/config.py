@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 from dorylus_py.errors import ConfigError
 
 BACKENDS = ("reference", "local", "cpu", "gpu")
-MODES = ("sync", "async")
+MODES = ("sync", "async", "gossip", "allreduce")
+DECENTRAL_MODES = ("gossip", "allreduce")  # data-parallel Cluster-GCN workers (dorylus_py/decentral)
 FEATURE_NORMS = ("auto", "row", "none")
 
 
@@ -43,6 +44,13 @@ class TrainConfig:
     relaunch_min_s: float = 5.0  # relaunch a task after max(this, factor x its kind's average)
     relaunch_factor: float = 3.0
     wait_timeout_s: float = 300.0  # any single wait (a peer, a task, the driver) gives up after this
+    # --- decentralised modes (gossip, allreduce) ---
+    workers: int = 4  # data-parallel worker processes
+    clusters: int = 40  # Cluster-GCN: METIS parts of the graph
+    clusters_per_batch: int = 4  # Cluster-GCN: clusters joined into one batch
+    diag_lambda: float = 1.0  # Cluster-GCN diagonal enhancement: Ã + λ diag(Ã)
+    gossip_every: int = 1  # gossip: exchange gradients with a partner every k local steps
+    straggler: str = ""  # RANK:FACTOR: that worker's compute takes FACTOR times as long (experiments)
 
     def check(self) -> None:
         if self.backend not in BACKENDS:
@@ -61,7 +69,9 @@ class TrainConfig:
             raise ConfigError(f"--feature-norm must be one of {', '.join(FEATURE_NORMS)}")
         if not 0.0 <= self.target_acc <= 1.0:
             raise ConfigError(f"--target-acc must be in [0, 1], got {self.target_acc}")
-        if self.backend != "reference":
+        if self.mode in DECENTRAL_MODES:
+            self.check_decentral()
+        elif self.backend != "reference":
             self.check_distributed()
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
@@ -93,13 +103,35 @@ class TrainConfig:
         if self.relaunch_min_s <= 0 or self.relaunch_factor < 1 or self.wait_timeout_s <= 0:
             raise ConfigError("--relaunch-min-s and --wait-timeout-s must be > 0, --relaunch-factor >= 1")
 
+    def check_decentral(self) -> None:
+        if self.backend != "reference":
+            raise ConfigError(f"--mode {self.mode} starts its own workers (--workers, --device); drop --backend {self.backend}")
+        if self.workers < 1 or self.gossip_every < 1:
+            raise ConfigError("--workers and --gossip-every must be >= 1")
+        if not 1 <= self.clusters_per_batch <= self.clusters:
+            raise ConfigError(f"need 1 <= --clusters-per-batch ({self.clusters_per_batch}) <= --clusters ({self.clusters})")
+        if self.diag_lambda < 0:
+            raise ConfigError(f"--diag-lambda must be >= 0, got {self.diag_lambda}")
+        if self.straggler:
+            rank, _, factor = self.straggler.partition(":")
+            try:
+                ok = 0 <= int(rank) < self.workers and float(factor) >= 1.0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigError(f"--straggler wants RANK:FACTOR with 0 <= RANK < --workers and FACTOR >= 1, got {self.straggler!r}")
+        if self.wait_timeout_s <= 0:
+            raise ConfigError("--wait-timeout-s must be > 0")
+        self.check_device()
+
     def check_device(self) -> None:
         """A CUDA device that is not there is a configuration error, not a silent CPU fallback."""
         import torch
 
         device = self.resolved_device()
         if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"--backend {self.backend} wants device {device}, but torch sees no CUDA device "
+            who = f"--mode {self.mode}" if self.mode in DECENTRAL_MODES else f"--backend {self.backend}"
+            raise ConfigError(f"{who} wants device {device}, but torch sees no CUDA device "
                               "(use --device cpu, or --backend cpu)")
 
     def resolved_device(self) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from dorylus_py.config import DECENTRAL_MODES
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.jsonfile import read_json
 
@@ -69,7 +70,10 @@ class RunCost:
 
 
 def servers_of(config: dict) -> int:
-    """Machines a run needs: one for the reference trainer, else graph plus weight servers."""
+    """Machines a run needs: one per decentralised worker, one for the reference trainer, else graph
+    plus weight servers."""
+    if config.get("mode") in DECENTRAL_MODES:
+        return int(config.get("workers", 1))
     if config.get("backend", "reference") == "reference":
         return 1
     return int(config.get("graph_servers", 1)) + int(config.get("weight_servers", 1))

@@ -6,6 +6,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from dorylus_py.config import DECENTRAL_MODES
 from dorylus_py.cost.model import Prices, read_record, run_cost
 
 COLUMNS = [
@@ -16,6 +17,14 @@ COLUMNS = [
 ]  # fmt: skip
 
 
+def run_kind(config: dict) -> str:
+    """``reference``, ``local sync``, ``gossip x4`` ...: what the backend column shows."""
+    if config.get("mode") in DECENTRAL_MODES:
+        return f"{config['mode']} x{config.get('workers', '?')}"
+    backend = config.get("backend", "?")
+    return backend if backend == "reference" else f"{backend} {config.get('mode', 'sync')}"
+
+
 def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: float | None) -> list[dict]:
     rows = []
     for d in run_dirs:
@@ -23,7 +32,7 @@ def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: 
         wall = metrics[-1]["wall_s"]
         cost = run_cost(config, wall, tasks, prices, instance)
         reached = [m["wall_s"] for m in metrics if target_acc is not None and m["val_acc"] >= target_acc]
-        backend = config.get("backend", "?") + ("" if config.get("backend") == "reference" else f" {config.get('mode', 'sync')}")
+        backend = run_kind(config)
         rows.append({
             "run": Path(d).name, "backend": backend, "epochs": len(metrics),
             "best val": summary["best_val_acc"], "test@best": summary["test_acc_at_best_val"], "wall s": wall,

@@ -33,8 +33,10 @@ OPS = frozenset(
         "ghosts", "progress",
         # driver <-> servers
         "hello", "start", "switch", "epoch_stats", "tasks", "stop", "ping",
+        # decentralised worker -> coordinator (dorylus_py/decentral)
+        "claim", "pair", "epoch_end",
         # replies
-        "ok", "rows", "weights", "duplicate", "error",
+        "batch", "drained", "partner", "model", "ok", "rows", "weights", "duplicate", "error",
     }
 )  # fmt: skip
 

@@ -1,0 +1,285 @@
+"""The coordinator of decentralised training: work pool, gossip pairing and the end of each epoch.
+
+One ZeroMQ ROUTER served by one thread, so every decision is taken in one place, in one order. Workers
+ask; a request that cannot be answered yet is *held* and re-examined after every event:
+
+- ``hello``: a worker is set up. All are answered together, so every worker starts at once and the
+  clock of the run starts then (``on_start``), not counting process start-up.
+- ``claim``: the next batch of the epoch's pool, carrying the batch just trained (``finished``), which
+  leaves the pool for good. Held while the pool is empty but another worker still holds a batch (it may
+  die and give it back); answered ``drained`` once every batch is finished.
+- ``pair``: a worker reached a gossip point. Two waiting workers are paired at random (seeded); a lone
+  waiter is told "no partner" as soon as no other live worker is running, i.e. could still ask.
+- ``epoch_end``: a worker's parameters and epoch statistics. Once every live worker has sent them, the
+  parameters are averaged (weighted by the batches each trained) and all get the average back at once, to go on with the next epoch, while
+  ``on_epoch`` evaluates and records it on an evaluator thread (workers never wait for evaluation; an
+  early stop it asks for takes effect at the next epoch's end).
+
+Why this cannot deadlock (docs/gossip.md): a held request only waits for a worker that is *running*
+(between two requests), and a running worker always sends its next request after finite work, or dies
+and is removed. Pairs are formed only among workers already waiting, each in at most one pair, and the
+two exchange in rank order, so no cycle of waits can form. A dead worker (``alive(rank)`` false, or
+silent while running for ``wait_timeout_s``) gives its batch back to the pool and leaves the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import zmq
+
+from dorylus_py.errors import DorylusError
+from dorylus_py.protocol import Message, ProtocolError, decode, encode, require
+
+log = logging.getLogger(__name__)
+
+RUNNING, HELLO, CLAIM, PAIR, EPOCH, DEAD = "running", "hello", "claim", "pair", "epoch", "dead"
+
+
+class Coordinator:
+    def __init__(self, world: int, batches_per_epoch: int, token: str, epochs: int, on_epoch, alive=None,
+                 seed: int = 0, wait_timeout_s: float = 300.0, host: str = "127.0.0.1", port: int = 0, on_start=None):
+        """``on_epoch(epoch, params, stats, tasks) -> bool`` records an epoch; False stops the job early.
+
+        ``batches_per_epoch`` = 0: no work pool (all-reduce deals batches out itself).
+        """
+        self.world, self.batches_per_epoch, self.token = world, batches_per_epoch, token
+        self.on_epoch, self.on_start, self.alive, self.wait_timeout_s = on_epoch, on_start, alive, wait_timeout_s
+        self.started = False
+        self.epochs = epochs
+        self.stop_requested = False
+        self._evaluations: queue.Queue = queue.Queue()
+        self._evaluator = threading.Thread(target=self._evaluate, name="evaluator", daemon=True)
+        self.rng = np.random.default_rng(seed)
+        self.router = zmq.Context.instance().socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        try:
+            if port:
+                self.router.bind(f"tcp://{host}:{port}")
+            else:
+                port = self.router.bind_to_random_port(f"tcp://{host}")
+        except zmq.ZMQError as e:
+            raise DorylusError(f"coordinator: cannot listen on {host}:{port} ({e})") from None
+        self.address = f"tcp://{'127.0.0.1' if host in ('*', '0.0.0.0') else host}:{port}"
+        self.state = [RUNNING] * world
+        self.ident: list[bytes | None] = [None] * world
+        self.last_heard = [time.monotonic()] * world
+        self.epoch = 1
+        self.last_epoch = 0  # set once the job's final epoch is known
+        self.pending: deque[int] = deque(range(batches_per_epoch))
+        self.leased: dict[int, int] = {}  # batch -> worker
+        self.finished: set[int] = set()
+        self.reports: dict[int, Message] = {}
+        self.rounds = 0
+        self.deaths: list[int] = []
+        self.rejected = 0
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="coordinator", daemon=True)
+
+    # --- life cycle --------------------------------------------------------------------------------
+
+    def start(self) -> Coordinator:
+        self._thread.start()
+        self._evaluator.start()
+        return self
+
+    def close(self) -> None:
+        self._stop = True
+        self._evaluations.put(None)
+        self._thread.join(timeout=10)
+        self._evaluator.join(timeout=60)
+        self.router.close(0)
+
+    def _evaluate(self) -> None:
+        """Run ``on_epoch`` for each ended epoch in order; set ``done`` after the last."""
+        while (item := self._evaluations.get()) is not None:
+            try:
+                if not self.on_epoch(*item):
+                    self.stop_requested = True
+                if item[0] == self.last_epoch:
+                    self.done.set()
+            except BaseException as e:
+                self.error = e
+                self.done.set()
+
+    def live(self) -> list[int]:
+        return [r for r in range(self.world) if self.state[r] != DEAD]
+
+    def _run(self) -> None:
+        try:
+            while not self._stop and not self.done.is_set() and not self.last_epoch:
+                if self.router.poll(100):
+                    frames = self.router.recv_multipart(copy=False)
+                    self._receive(frames[0].bytes, frames[1:])
+                self._check_liveness()
+                self._resolve()
+        except BaseException as e:  # surfaced to the launcher, which stops the job
+            self.error = e
+            self.done.set()
+
+    def _receive(self, identity: bytes, body) -> None:
+        try:
+            msg = decode(body, self.token)
+            require(msg, "rank")
+            rank = msg["rank"]
+            if not isinstance(rank, int) or not 0 <= rank < self.world:
+                raise ProtocolError(f"op {msg.op}: rank {rank!r} out of range")
+            if self.state[rank] == DEAD:
+                raise ProtocolError(f"worker {rank} was declared dead; its work went back to the pool")
+            if self.state[rank] != RUNNING:
+                raise ProtocolError(f"worker {rank} sent {msg.op} while its {self.state[rank]} request is pending")
+            self.ident[rank], self.last_heard[rank] = identity, time.monotonic()
+            handlers = {"hello": self._on_hello, "claim": self._on_claim, "pair": self._on_pair,
+                        "epoch_end": self._on_epoch_end}
+            if msg.op not in handlers:
+                raise ProtocolError(f"op {msg.op} is not for the coordinator")
+            if (msg.op == "hello") == self.started:
+                raise ProtocolError(f"worker {rank}: {msg.op} " + ("after the start" if self.started else "before the start"))
+            handlers[msg.op](rank, msg)
+        except (DorylusError, KeyError, TypeError, ValueError) as e:
+            self.rejected += 1
+            log.warning("coordinator rejected a message: %s", e)
+            self._send(identity, Message("error", {"reason": str(e)}))
+
+    # --- requests ----------------------------------------------------------------------------------
+
+    def _on_hello(self, rank: int, msg: Message) -> None:
+        self.state[rank] = HELLO
+
+    def _on_claim(self, rank: int, msg: Message) -> None:
+        self._same_epoch(msg)
+        b = msg.get("finished")
+        if b is not None:
+            if self.leased.get(b) != rank:
+                raise ProtocolError(f"worker {rank} finished batch {b!r} it does not hold")
+            del self.leased[b]
+            self.finished.add(b)
+        self.state[rank] = CLAIM
+
+    def _on_pair(self, rank: int, msg: Message) -> None:
+        self.state[rank] = PAIR
+
+    def _on_epoch_end(self, rank: int, msg: Message) -> None:
+        self._same_epoch(msg)
+        require(msg, "loss_sum", "count", "tasks", shapes={"params": (None,)})
+        if any(b == rank for b in self.leased.values()):
+            raise ProtocolError(f"worker {rank} ended the epoch while holding a batch")
+        self.reports[rank] = Message(msg.op, dict(msg.fields), {"params": np.array(msg.tensors["params"])})
+        self.state[rank] = EPOCH
+
+    def _same_epoch(self, msg: Message) -> None:
+        require(msg, "epoch")
+        if msg["epoch"] != self.epoch:
+            raise ProtocolError(f"op {msg.op} for epoch {msg['epoch']!r}, but the job is in epoch {self.epoch}")
+
+    # --- decisions ---------------------------------------------------------------------------------
+
+    def _resolve(self) -> None:
+        live = self.live()
+        if not live:
+            raise DorylusError("every worker died")
+        if not self.started:
+            if all(self.state[r] == HELLO for r in live):
+                self.started = True
+                if self.on_start is not None:
+                    self.on_start()
+                for r in live:
+                    self._reply(r, Message("ok"))
+            return
+        for r in [r for r in live if self.state[r] == CLAIM]:
+            if self.pending:
+                b = self.pending.popleft()
+                self.leased[b] = r
+                self._reply(r, Message("batch", {"batch": b}))
+            elif not self.leased:
+                self._reply(r, Message("drained"))
+        waiting = [r for r in live if self.state[r] == PAIR]
+        self.rng.shuffle(waiting)
+        while len(waiting) >= 2:
+            a, b = waiting.pop(), waiting.pop()
+            self.rounds += 1
+            for me, other in ((a, b), (b, a)):
+                self._reply(me, Message("partner", {"partner": other, "round": self.rounds}))
+        if waiting and not any(self.state[r] == RUNNING for r in live):
+            self._reply(waiting[0], Message("partner", {"partner": -1, "round": 0}))
+        if all(self.state[r] == EPOCH for r in live):
+            self._end_epoch(live)
+
+    def _end_epoch(self, live: list[int]) -> None:
+        # Weighted by the batches each trained this epoch: a straggler's less-trained model counts less.
+        weights = np.array([max(self.reports[r].get("batches", 1), 1) for r in live], dtype=np.float64)
+        stack = np.stack([self.reports[r].tensors["params"] for r in live]).astype(np.float64)
+        params = (weights @ stack / weights.sum()).astype(np.float32)
+        if len(self.finished) != self.batches_per_epoch:  # cannot happen: drained needs every batch finished
+            raise DorylusError(f"epoch {self.epoch} ended with {len(self.finished)} of {self.batches_per_epoch} batches")
+        stats = {"loss_sum": sum(self.reports[r]["loss_sum"] for r in live), "finished": len(self.finished),
+                 "ended_at": time.perf_counter(),
+                 "count": sum(self.reports[r]["count"] for r in live), "workers": len(live)}
+        tasks = [t for r in live for t in self.reports[r]["tasks"]]
+        final = self.stop_requested or self.epoch >= self.epochs
+        if final:
+            self.last_epoch = self.epoch
+        self._evaluations.put((self.epoch, params, stats, tasks))
+        self.epoch += 1
+        self.pending, self.leased, self.finished, self.reports = deque(range(self.batches_per_epoch)), {}, set(), {}
+        for r in live:
+            self._reply(r, Message("model", {"next": 0 if final else self.epoch}, {"params": params}))
+
+    def _check_liveness(self) -> None:
+        now = time.monotonic()
+        for r in self.live():
+            silent = self.state[r] == RUNNING and now - self.last_heard[r] > self.wait_timeout_s
+            if silent or (self.alive is not None and not self.alive(r)):
+                self._declare_dead(r, "silent" if silent else "exited")
+
+    def _declare_dead(self, rank: int, why: str) -> None:
+        self.state[rank] = DEAD
+        self.deaths.append(rank)
+        back = sorted(b for b, r in self.leased.items() if r == rank)
+        for b in back:
+            del self.leased[b]
+            self.pending.appendleft(b)
+        self.reports.pop(rank, None)
+        log.warning("worker %d %s; %s back to the pool", rank, why, f"batch {back[0]}" if back else "no batch")
+
+    # --- replies -----------------------------------------------------------------------------------
+
+    def _reply(self, rank: int, msg: Message) -> None:
+        self.state[rank] = RUNNING
+        self.last_heard[rank] = time.monotonic()
+        self._send(self.ident[rank], msg)
+
+    def _send(self, identity: bytes, msg: Message) -> None:
+        try:
+            self.router.send_multipart([identity, *encode(msg, self.token)], copy=False)
+        except zmq.ZMQError as e:
+            log.debug("reply to a gone worker dropped: %s", e)
+
+
+class CoordinatorClient:
+    """A worker's side: one DEALER, one request at a time, every wait bounded."""
+
+    def __init__(self, address: str, token: str, rank: int, wait_timeout_s: float = 300.0):
+        self.token, self.rank, self.wait_timeout_s = token, rank, wait_timeout_s
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+
+    def ask(self, op: str, fields: dict | None = None, tensors: dict | None = None) -> Message:
+        self.sock.send_multipart(encode(Message(op, {"rank": self.rank, **(fields or {})}, tensors or {}), self.token), copy=False)
+        if not self.sock.poll(int(self.wait_timeout_s * 1000)):
+            raise DorylusError(f"worker {self.rank}: no answer from the coordinator to {op} within {self.wait_timeout_s:.0f} s")
+        reply = decode(self.sock.recv_multipart(copy=False), self.token)
+        if reply.op == "error":
+            raise DorylusError(f"worker {self.rank}: coordinator refused {op}: {reply.get('reason')}")
+        return reply
+
+    def close(self) -> None:
+        self.sock.close(0)

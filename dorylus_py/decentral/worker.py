@@ -1,0 +1,156 @@
+"""One worker of decentralised training: Cluster-GCN batches, with gossip or all-reduce between workers.
+
+``gossip``: take a batch from the coordinator's pool, compute its gradient, and every ``gossip_every``
+local steps average it with a partner's (the pair the coordinator formed), then step. A fast worker
+simply trains more batches. ``allreduce`` (the baseline): each epoch's batches are dealt out round-robin
+and every step averages all workers' gradients, so each step waits for the slowest worker.
+At an epoch's end every worker sends its parameters to the coordinator and continues from their average.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from dorylus_py.config import TrainConfig
+from dorylus_py.decentral.batches import ClusterBatches
+from dorylus_py.decentral.coordinator import CoordinatorClient
+from dorylus_py.models.gcn import GCN
+
+
+def parse_straggler(spec: str) -> tuple[int, float]:
+    """``RANK:FACTOR`` -> (rank, factor); ``""`` -> (-1, 1.0). Checked by ``TrainConfig.check``."""
+    if not spec:
+        return -1, 1.0
+    rank, factor = spec.split(":")
+    return int(rank), float(factor)
+
+
+def exchange(flat: torch.Tensor, me: int, partner: int, tag: int) -> torch.Tensor:
+    """Swap ``flat`` with ``partner``: the lower rank sends first, the higher receives first.
+
+    One blocking send and one blocking recv per pair at a time: never several outstanding
+    isend/irecv on one gloo pair, which is where gloo mismatches and hangs.
+    """
+    other = torch.empty_like(flat)
+    if me < partner:
+        dist.send(flat, partner, tag=tag)
+        dist.recv(other, partner, tag=tag)
+    else:
+        dist.recv(other, partner, tag=tag)
+        dist.send(flat, partner, tag=tag)
+    return other
+
+
+@dataclass
+class EpochLog:
+    loss_sum: float = 0.0
+    count: int = 0
+    tasks: list = field(default_factory=list)
+
+    def task(self, kind: str, epoch: int, rank: int, start: float, **extra) -> None:
+        self.tasks.append({"kind": kind, "train": True, "server": rank, "chunk": None, "epoch": epoch,
+                           "start": start, "end": time.time(), "where": "worker", **extra})
+
+
+class Worker:
+    def __init__(self, cfg: TrainConfig, batches: ClusterBatches, dims: list[int], rank: int, world: int,
+                 client: CoordinatorClient, device: str):
+        self.cfg, self.batches, self.rank, self.world, self.client, self.device = cfg, batches, rank, world, client, device
+        self.model = GCN(dims, cfg.dropout, seed=cfg.seed).to(device)  # same initial weights everywhere
+        self.model.seed = cfg.seed * 1_000_003 + rank  # but each worker its own dropout masks
+        for w in self.model.weights:  # gradients live in place, exchanged and averaged as one vector
+            w.grad = torch.zeros_like(w)
+        first, rest = list(self.model.weights)[:1], list(self.model.weights)[1:]
+        groups = [{"params": first, "weight_decay": cfg.weight_decay}] + ([{"params": rest, "weight_decay": 0.0}] if rest else [])
+        self.opt = torch.optim.Adam(groups, lr=cfg.lr)
+        slow_rank, factor = parse_straggler(cfg.straggler)
+        self.slowdown = factor if slow_rank == rank else 1.0
+        self.steps = 0
+
+    def run(self) -> int:
+        """Train until the coordinator says stop; return the number of batches this worker trained."""
+        epoch, trained = 1, 0
+        self.client.ask("hello")  # everyone starts together
+        while epoch:
+            log = EpochLog()
+            batches = self._gossip_epoch(epoch, log) if self.cfg.mode == "gossip" else self._allreduce_epoch(epoch, log)
+            trained += batches
+            params = torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu().numpy()
+            reply = self.client.ask("epoch_end", {"epoch": epoch, "loss_sum": log.loss_sum, "count": log.count,
+                                                  "batches": batches, "tasks": log.tasks}, {"params": params})
+            avg = torch.from_numpy(np.array(reply.tensors["params"])).to(self.device)
+            torch.nn.utils.vector_to_parameters(avg, self.model.parameters())
+            epoch = reply["next"]
+        return trained
+
+    # --- one batch ---------------------------------------------------------------------------------
+
+    def _gradient(self, epoch: int, index: int, log: EpochLog) -> None:
+        """Forward and backward on batch ``index``; ``.grad`` of each weight holds the result."""
+        t0, c0 = time.time(), time.perf_counter()
+        b = self.batches.batch(epoch, index)
+        self.model.train()
+        self.opt.zero_grad(set_to_none=False)
+        self.steps += 1
+        logits = self.model(b.adj, b.x, self.steps)
+        n = int(b.train.sum())
+        if n:
+            loss = F.cross_entropy(logits[b.train], b.y[b.train])
+            loss.backward()
+            log.loss_sum += loss.item() * n
+            log.count += n
+        if self.slowdown > 1.0:  # --straggler: this worker's compute takes FACTOR times as long
+            time.sleep((self.slowdown - 1.0) * (time.perf_counter() - c0))
+        log.task("batch", epoch, self.rank, t0, batch=index, nodes=len(b.nodes), train_nodes=n)
+
+    def _grads(self) -> torch.Tensor:
+        return torch.cat([w.grad.reshape(-1) for w in self.model.weights])
+
+    def _set_grads(self, flat: torch.Tensor) -> None:
+        at = 0
+        for w in self.model.weights:
+            w.grad.copy_(flat[at:at + w.numel()].view_as(w))
+            at += w.numel()
+
+    # --- the two modes -----------------------------------------------------------------------------
+
+    def _gossip_epoch(self, epoch: int, log: EpochLog) -> int:
+        done, index = 0, None
+        while True:
+            reply = self.client.ask("claim", {"epoch": epoch, "finished": index})
+            if reply.op == "drained":
+                return done
+            index = reply["batch"]
+            self._gradient(epoch, index, log)
+            if self.steps % self.cfg.gossip_every == 0:
+                t0 = time.time()
+                pair = self.client.ask("pair")
+                partner = pair["partner"]
+                if partner >= 0:
+                    mine = self._grads()
+                    self._set_grads((mine + exchange(mine, self.rank, partner, pair["round"] % (1 << 20))) / 2)
+                log.task("gossip", epoch, self.rank, t0, partner=partner)
+            self.opt.step()
+            done += 1
+
+    def _allreduce_epoch(self, epoch: int, log: EpochLog) -> int:
+        mine = list(range(self.rank, self.batches.batches_per_epoch, self.world))
+        steps = -(-self.batches.batches_per_epoch // self.world)
+        for s in range(steps):
+            if s < len(mine):
+                self._gradient(epoch, mine[s], log)
+                flat = torch.cat([self._grads(), torch.ones(1, device=self.device)])
+            else:  # this worker has no batch left this step: it adds nothing but still takes part
+                flat = torch.zeros(sum(w.numel() for w in self.model.weights) + 1, device=self.device)
+            t0 = time.time()
+            dist.all_reduce(flat)
+            log.task("allreduce", epoch, self.rank, t0)
+            self._set_grads(flat[:-1] / flat[-1])
+            self.opt.step()
+        return len(mine)

@@ -1,0 +1,174 @@
+"""The coordinator with real worker processes: pairing never hangs, a dead worker's batch goes back
+to the pool, every batch is finished exactly once per epoch, bad messages are rejected."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import socket
+import time
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import zmq
+
+from dorylus_py.decentral.coordinator import Coordinator, CoordinatorClient
+from dorylus_py.protocol import Message, decode, encode
+
+TOKEN = "t" * 32
+BATCHES = 7
+EPOCHS = 3
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, init: str, addresses: list[str], seed: int, die_in_epoch: int) -> None:
+    """A worker with no model: random delays, real gloo exchanges with whoever it is paired with."""
+    import torch
+    import torch.distributed as dist
+
+    from dorylus_py.decentral.worker import exchange
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    rng = random.Random(seed * 1000 + rank)
+    for address in addresses:
+        client = CoordinatorClient(address, TOKEN, rank, wait_timeout_s=60)
+        client.ask("hello")
+        epoch = 1
+        while epoch:
+            tasks, held = [], None
+            while True:
+                reply = client.ask("claim", {"epoch": epoch, "finished": held})
+                if reply.op == "drained":
+                    break
+                if epoch == die_in_epoch:
+                    os._exit(1)  # dies holding a batch
+                time.sleep(rng.uniform(0, 0.01) * (1 + rank))  # uneven speeds, random delays
+                pair = client.ask("pair")
+                if pair["partner"] >= 0:
+                    got = exchange(torch.full((1000,), float(rank)), rank, pair["partner"], pair["round"] % (1 << 20))
+                    assert torch.all(got == pair["partner"]), "received a tensor from someone other than the partner"
+                held = reply["batch"]
+                tasks.append({"epoch": epoch, "batch": reply["batch"], "rank": rank, "partner": pair["partner"]})
+            reply = client.ask("epoch_end", {"epoch": epoch, "loss_sum": 0.0, "count": 0, "tasks": tasks},
+                               {"params": np.full(3, float(rank), np.float32)})
+            assert np.allclose(reply.tensors["params"], reply.tensors["params"][0])
+            epoch = reply["next"]
+        client.close()
+    dist.destroy_process_group()
+
+
+def _job(world: int, seed: int, alive=None):
+    epochs = []
+
+    def on_epoch(epoch, params, stats, tasks):
+        epochs.append((epoch, params.copy(), stats, tasks))
+        return True
+
+    return Coordinator(world, BATCHES, TOKEN, EPOCHS, on_epoch, alive=alive, seed=seed, wait_timeout_s=60).start(), epochs
+
+
+def _spawn(world: int, addresses: list[str], seed: int, die: dict[int, int]) -> list:
+    ctx = mp.get_context("spawn")
+    init = f"tcp://127.0.0.1:{_port()}"
+    procs = [ctx.Process(target=_worker, args=(r, world, init, addresses, seed, die.get(r, 0))) for r in range(world)]
+    for p in procs:
+        p.start()
+    return procs
+
+
+@pytest.mark.parametrize("world", [3, 5])
+def test_pairing_never_hangs_twenty_jobs_in_a_row(world):
+    """10 jobs per worker count (20 in all), odd counts, random delays: all end, every batch once."""
+    jobs = [_job(world, seed) for seed in range(10)]
+    procs = _spawn(world, [c.address for c, _ in jobs], seed=world, die={})
+    try:
+        for p in procs:
+            p.join(timeout=120)
+        assert [p.exitcode for p in procs] == [0] * world, "a worker hung or failed"
+        for coord, epochs in jobs:
+            assert coord.done.is_set() and coord.error is None
+            assert [e for e, *_ in epochs] == list(range(1, EPOCHS + 1))
+            for epoch, params, stats, tasks in epochs:
+                assert stats["finished"] == BATCHES
+                assert sorted(t["batch"] for t in tasks) == list(range(BATCHES))  # exactly once
+                assert np.allclose(params, np.mean(range(world)))
+            assert coord.rounds > 0
+    finally:
+        for p in procs:
+            p.kill()
+        for c, _ in jobs:
+            c.close()
+
+
+def test_dead_worker_gives_its_batch_back():
+    procs: list = []
+    coord, epochs = _job(3, seed=1, alive=lambda r: procs[r].is_alive())
+    procs += _spawn(3, [coord.address], seed=1, die={2: 2})
+    try:
+        for p in procs:
+            p.join(timeout=120)
+        assert [p.exitcode for p in procs] == [0, 0, 1]
+        assert coord.done.is_set() and coord.error is None and coord.deaths == [2]
+        for epoch, params, stats, tasks in epochs:
+            assert stats["finished"] == BATCHES  # the batch worker 2 held was trained by someone else
+            assert sorted(t["batch"] for t in tasks) == list(range(BATCHES))
+        assert epochs[1][2]["workers"] == 2 and np.allclose(epochs[1][1], 0.5)  # averaged over the living
+    finally:
+        for p in procs:
+            p.kill()
+        coord.close()
+
+
+def test_bad_messages_are_rejected_and_the_coordinator_keeps_serving():
+    coord, _ = _job(1, seed=0)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(coord.address)
+
+    def ask(frames):
+        sock.send_multipart(frames)
+        assert sock.poll(5000)
+        return decode(sock.recv_multipart(), TOKEN)
+
+    try:
+        assert ask(encode(Message("claim", {"rank": 0, "epoch": 1}), TOKEN)).op == "error"  # before hello
+        assert ask(encode(Message("hello", {"rank": 0}), TOKEN)).op == "ok"
+        bad = [
+            [b"not json"],
+            encode(Message("claim", {"rank": 0, "epoch": 1}), "wrong-token"),
+            encode(Message("stop", {"rank": 0}), TOKEN),  # known op, not the coordinator's
+            encode(Message("claim", {"rank": 9, "epoch": 1}), TOKEN),  # rank out of range
+            encode(Message("claim", {"rank": 0, "epoch": 5}), TOKEN),  # wrong epoch
+            encode(Message("claim", {"rank": 0, "epoch": 1, "finished": 3}), TOKEN),  # not held
+            encode(Message("epoch_end", {"rank": 0, "epoch": 1}), TOKEN),  # no params
+        ]
+        for frames in bad:
+            assert ask(frames).op == "error"
+        assert coord.rejected == len(bad) + 1
+        reply = ask(encode(Message("claim", {"rank": 0, "epoch": 1}), TOKEN))
+        assert reply.op == "batch" and reply["batch"] == 0
+        client_like = ask(encode(Message("pair", {"rank": 0}), TOKEN))  # alone: told at once, no partner
+        assert client_like.op == "partner" and client_like["partner"] == -1
+    finally:
+        sock.close(0)
+        coord.close()
+
+
+def test_client_gives_up_after_its_timeout():
+    ctx = zmq.Context.instance()
+    silent = ctx.socket(zmq.ROUTER)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    client = CoordinatorClient(f"tcp://127.0.0.1:{port}", TOKEN, 0, wait_timeout_s=0.3)
+    try:
+        with pytest.raises(Exception, match="no answer from the coordinator"):
+            client.ask("claim", {"epoch": 1})
+    finally:
+        client.close()
+        silent.close(0)
