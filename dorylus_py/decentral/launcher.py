@@ -114,16 +114,18 @@ def run_worker(cfg: TrainConfig, graph: Graph, owner: np.ndarray | None, rank: i
                init_method: str, token: str) -> int:
     """One worker: join the process group, train until the coordinator says stop, leave it."""
     device = cfg.resolved_device()
+    # NCCL needs one GPU per rank; with more workers than GPUs they share them and talk through gloo.
+    backend = "nccl" if device.startswith("cuda") and world <= torch.cuda.device_count() else "gloo"
     if device == "cuda":
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank)) % torch.cuda.device_count()}"
-    backend = "nccl" if device.startswith("cuda") else "gloo"
     torch.distributed.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                                          timeout=timedelta(seconds=cfg.wait_timeout_s))
     client = CoordinatorClient(coordinator, token, rank, cfg.wait_timeout_s)
     try:
         batches = ClusterBatches(graph, input_features(cfg, graph), cfg.clusters, cfg.clusters_per_batch,
                                  cfg.diag_lambda, cfg.seed, device, owner=owner)
-        return Worker(cfg, batches, model_dims(cfg, graph), rank, world, client, device).run()
+        comm = device if backend == "nccl" else "cpu"
+        return Worker(cfg, batches, model_dims(cfg, graph), rank, world, client, device, comm).run()
     finally:
         client.close()
         torch.distributed.destroy_process_group()

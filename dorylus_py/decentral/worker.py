@@ -60,8 +60,10 @@ class EpochLog:
 
 class Worker:
     def __init__(self, cfg: TrainConfig, batches: ClusterBatches, dims: list[int], rank: int, world: int,
-                 client: CoordinatorClient, device: str):
+                 client: CoordinatorClient, device: str, comm_device: str = "cpu"):
+        """``comm_device``: where tensors are exchanged (the GPU with NCCL; the CPU with gloo)."""
         self.cfg, self.batches, self.rank, self.world, self.client, self.device = cfg, batches, rank, world, client, device
+        self.comm_device = comm_device
         self.model = GCN(dims, cfg.dropout, seed=cfg.seed).to(device)  # same initial weights everywhere
         self.model.seed = cfg.seed * 1_000_003 + rank  # but each worker its own dropout masks
         for w in self.model.weights:  # gradients live in place, exchanged and averaged as one vector
@@ -110,9 +112,10 @@ class Worker:
         log.task("batch", epoch, self.rank, t0, batch=index, nodes=len(b.nodes), train_nodes=n)
 
     def _grads(self) -> torch.Tensor:
-        return torch.cat([w.grad.reshape(-1) for w in self.model.weights])
+        return torch.cat([w.grad.reshape(-1) for w in self.model.weights]).to(self.comm_device)
 
     def _set_grads(self, flat: torch.Tensor) -> None:
+        flat = flat.to(self.device)
         at = 0
         for w in self.model.weights:
             w.grad.copy_(flat[at:at + w.numel()].view_as(w))
@@ -145,9 +148,9 @@ class Worker:
         for s in range(steps):
             if s < len(mine):
                 self._gradient(epoch, mine[s], log)
-                flat = torch.cat([self._grads(), torch.ones(1, device=self.device)])
+                flat = torch.cat([self._grads(), torch.ones(1, device=self.comm_device)])
             else:  # this worker has no batch left this step: it adds nothing but still takes part
-                flat = torch.zeros(sum(w.numel() for w in self.model.weights) + 1, device=self.device)
+                flat = torch.zeros(sum(w.numel() for w in self.model.weights) + 1, device=self.comm_device)
             t0 = time.time()
             dist.all_reduce(flat)
             log.task("allreduce", epoch, self.rank, t0)

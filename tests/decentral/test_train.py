@@ -81,3 +81,17 @@ def test_cora_gossip_within_1_5_points_of_allreduce(tmp_path, cora):
         acc[mode] = np.mean([_train(tmp_path, path, f"{mode}{s}", "--mode", mode, "--epochs", "80", "--seed", str(s))[0]
                              ["test_acc_at_best_val"] for s in range(3)])
     assert acc["gossip"] > 0.78 and abs(acc["gossip"] - acc["allreduce"]) <= 0.015, acc
+
+
+def test_same_entry_point_under_torchrun(tmp_path, small_npz):
+    import subprocess
+    import sys
+
+    out = tmp_path / "tr"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "dorylus_py",
+         "train", "--data", str(small_npz), "--mode", "gossip", "--epochs", "2", "--clusters", "8", "--quiet",
+         "--out", str(out)], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["batches_trained"] == 4 and summary["epochs"] == 2
