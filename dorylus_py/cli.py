@@ -194,7 +194,8 @@ def _add_prepare(sub, data) -> None:
     )
     p.add_argument("input", metavar="INPUT", help="dataset (see formats below)")
     p.add_argument("--partitions", "-k", type=int, required=True, help="number of partitions (graph servers)")
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder (must not exist unless --overwrite)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder, or s3://BUCKET/PREFIX (AWS credentials, "
+                   "region and AWS_ENDPOINT_URL from the environment); must be empty unless --overwrite")
     p.add_argument("--partitioner", choices=PARTITIONERS, default="metis", help="metis: minimum edge cut (default); hash: by vertex id")
     p.add_argument("--seed", type=int, default=0, help="METIS seed (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
@@ -206,7 +207,7 @@ def _run_prepare(args) -> int:
     from dorylus_py.partition import prepare
     from dorylus_py.progress import status
 
-    if Path(args.out).exists() and not args.overwrite:
+    if not args.out.startswith("s3://") and Path(args.out).exists() and not args.overwrite:
         raise DorylusError(f"{args.out}: already exists (pass --overwrite to replace it)")
     t0 = time.perf_counter()
     status(f"loading {args.input}")
@@ -307,7 +308,7 @@ def _run_train(args) -> int:
         if cfg.backend == "reference":
             raise DorylusError("--cluster needs a distributed backend (local, cpu or gpu)")
         cluster = ClusterSpec.load(args.cluster)
-        if not (cfg.data and (Path(cfg.data) / "manifest.json").exists()):
+        if not (cfg.data and (cfg.data.startswith("s3://") or (Path(cfg.data) / "manifest.json").exists())):
             raise DorylusError("--cluster needs --data to be a folder made by `dorylus prepare`, readable by the graph servers")
     if cfg.data is None:
         synth = SynthConfig()
@@ -422,6 +423,11 @@ def _partitions_for(cfg, graph, run_dir: Path, partitioner: str) -> Path:
     from dorylus_py.partition import PartitionStore, prepare
     from dorylus_py.progress import status
 
+    if cfg.data and cfg.data.startswith("s3://"):
+        if PartitionStore.open(cfg.data).num_parts != cfg.graph_servers:
+            raise DorylusError(f"{cfg.data} holds {PartitionStore.open(cfg.data).num_parts} partitions, "
+                               f"not --graph-servers {cfg.graph_servers}")
+        return cfg.data
     data = Path(cfg.data) if cfg.data else None
     if data is not None and (data / "manifest.json").exists():
         if PartitionStore.open(data).num_parts == cfg.graph_servers:

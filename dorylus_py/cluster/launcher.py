@@ -130,7 +130,8 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
     dims = [m["features"]] + [cfg.hidden] * (cfg.layers - 1) + [m["classes"]]
     total_chunks = sum(max(1, min(cfg.chunks, s)) for s in sizes)
 
-    job = Job(cfg, Path(parts_dir), record.dir, feature_norm, cluster)
+    job = Job(cfg, parts_dir, record.dir, feature_norm, cluster)
+    data_dir = str(parts_dir) if str(parts_dir).startswith("s3://") else str(Path(parts_dir).resolve())
     start = time.perf_counter()
     history: list[dict] = []
     best = BestTracker()
@@ -156,7 +157,7 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
                 "async_update": cfg.async_update}))
         for k in range(k_parts):
             job.send(f"graph-server-{k}", Message("start", common | {
-                "data_dir": str(Path(parts_dir).resolve()), "feature_norm": feature_norm, "chunks": cfg.chunks,
+                "data_dir": data_dir, "feature_norm": feature_norm, "chunks": cfg.chunks,
                 "id_offsets": id_offsets, "graph_servers": gs_addrs, "dropout": cfg.dropout,
                 "num_train": int(splits[0]), "epochs": cfg.epochs, "backend": cfg.backend, "lambdas": cfg.lambdas,
                 "lambda_latency_ms": cfg.lambda_latency_ms, "lambda_fail_rate": cfg.lambda_fail_rate,

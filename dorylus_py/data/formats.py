@@ -44,6 +44,10 @@ class Sources:
 
 def load_graph(path: str | os.PathLike, sources: Sources = Sources()) -> Graph:
     """Load and validate a graph from any supported format; raise :class:`DataError` on any problem."""
+    if str(path).startswith("s3://"):  # a store made by `dorylus prepare --out s3://...`
+        from dorylus_py.partition.store import PartitionStore
+
+        return PartitionStore.open(path).assemble()
     p = Path(path)
     if not p.exists():
         raise DataError(f"{p}: no such file or folder")

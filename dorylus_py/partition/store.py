@@ -1,5 +1,8 @@
 """A folder of partitions: ``manifest.json`` plus one sub-folder of ``.npy`` files per partition.
 
+The folder may also be an ``s3://bucket/prefix`` (``partition/s3.py``): it is written by uploading a
+finished local folder, and read by fetching the manifest and then only the partitions loaded.
+
 The manifest records the format version, the graph's counts, the partitioner, edge cut and balance,
 and the size and SHA-256 of every file. Loading partition ``k`` reads only ``part-k/`` (memory-mapped)
 and checks sizes always and checksums by default, so a truncated or corrupt file is named, never used.
@@ -7,7 +10,6 @@ and checks sizes always and checksums by default, so a truncated or corrupt file
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -16,10 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from dorylus_py.atomic import atomic_dir
+from dorylus_py.checksum import sha256_file
 from dorylus_py.data.graph import Graph
 from dorylus_py.errors import DataError
 from dorylus_py.jsonfile import read_json
 from dorylus_py.partition.layout import Partition, build_partitions, edge_cut
+from dorylus_py.partition import s3
 from dorylus_py.partition.partitioners import assign
 
 FORMAT = "dorylus-partitions"
@@ -36,6 +40,13 @@ def prepare(
     progress=None,
 ) -> dict:
     """Partition ``graph`` into ``parts`` and write the store at ``out`` atomically; return the manifest."""
+    if s3.is_s3(out):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            manifest = prepare(graph, Path(tmp) / "store", parts, method, seed, progress=progress)
+            s3.upload_store(Path(tmp) / "store", str(out), overwrite, progress)
+        return manifest
     out = Path(out)
     if out.exists() and not overwrite:
         raise DataError(f"{out}: already exists (pass --overwrite to replace it)")
@@ -81,12 +92,23 @@ def part_dir(k: int) -> str:
 class PartitionStore:
     """Read access to a folder written by :func:`prepare`."""
 
-    def __init__(self, root: Path, manifest: dict):
-        self.root = root
+    def __init__(self, root: Path, manifest: dict, remote: str | None = None):
+        self.root = root  # a local folder; for an s3:// store, its cache
         self.manifest = manifest
+        self.remote = remote
 
     @classmethod
     def open(cls, root: str | os.PathLike) -> "PartitionStore":
+        if s3.is_s3(root):  # cached per manifest version: a re-prepared store never reads stale files
+            cache = s3.cache_dir(str(root))
+            (cache / "manifest.json").unlink(missing_ok=True)
+            s3.fetch(str(root), "manifest.json", cache / "manifest.json")
+            version = cache / sha256_file(cache / "manifest.json")[:16]
+            version.mkdir(exist_ok=True)
+            (cache / "manifest.json").replace(version / "manifest.json")
+            store = cls.open(version)
+            store.remote = str(root)
+            return store
         root = Path(root)
         path = root / "manifest.json"
         manifest = read_json(path, DataError, f"missing; is {root} a folder made by `dorylus prepare`?")
@@ -114,11 +136,13 @@ class PartitionStore:
             meta = files.get(f"{name}.npy")
             if meta is None:
                 raise DataError(f"{self.root / 'manifest.json'}: no entry for {part_dir(k)}/{name}.npy")
+            if self.remote:  # fetched and checked against the manifest, named by its s3:// address
+                s3.fetch(self.remote, f"{part_dir(k)}/{name}.npy", path, meta["bytes"], meta["sha256"] if verify else None)
             if not path.exists():
                 raise DataError(f"{path}: missing")
             if path.stat().st_size != meta["bytes"]:
                 raise DataError(f"{path}: {path.stat().st_size} bytes, manifest says {meta['bytes']} (truncated?)")
-            if verify and _sha256(path) != meta["sha256"]:
+            if verify and not self.remote and sha256_file(path) != meta["sha256"]:
                 raise DataError(f"{path}: checksum mismatch with the manifest (corrupt file)")
             try:
                 arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -154,7 +178,7 @@ class PartitionStore:
             labels,
             *masks,
             num_classes=m["classes"],
-            source=str(self.root),
+            source=self.remote or str(self.root),
         )
 
 
@@ -164,7 +188,7 @@ def _write_part(part: Partition, folder: Path) -> dict:
     for name in Partition.ARRAYS:
         path = folder / f"{name}.npy"
         np.save(path, np.ascontiguousarray(getattr(part, name)), allow_pickle=False)
-        files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        files[path.name] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
     return {
         "nodes": part.num_local,
         "ghosts": part.num_ghosts,
@@ -172,11 +196,3 @@ def _write_part(part: Partition, folder: Path) -> dict:
         "sends": int(len(part.send_ids)),
         "files": files,
     }
-
-
-def _sha256(path: Path, block: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()

@@ -1,0 +1,115 @@
+"""Partition stores in S3: ``s3://bucket/prefix`` holds the same files as a prepared folder.
+
+Writing uploads a finished local store, ``manifest.json`` last, so a reader never sees a manifest whose
+files are not all there. Reading fetches the manifest and then only the partition a graph server
+needs, into a local cache (``$DORYLUS_CACHE``, default ``~/.cache/dorylus``), checking each file's size
+and SHA-256 against the manifest; a missing or corrupt object is named by its ``s3://`` address and
+never used. Credentials, region and endpoint come from the standard AWS chain (``AWS_PROFILE``,
+``AWS_REGION``, ``AWS_ENDPOINT_URL`` for moto or LocalStack).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dorylus_py.checksum import sha256_file
+from dorylus_py.errors import DataError
+
+SCHEME = "s3://"
+
+
+def is_s3(uri) -> bool:
+    return str(uri).startswith(SCHEME)
+
+
+def split(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> (``bucket``, ``a/b``), without a trailing slash."""
+    bucket, _, prefix = str(uri)[len(SCHEME):].partition("/")
+    if not bucket:
+        raise DataError(f"{uri}: no bucket name (expected s3://BUCKET/PREFIX)")
+    return bucket, prefix.strip("/")
+
+
+def client():
+    try:
+        import boto3
+    except ImportError:
+        raise DataError("s3:// paths need boto3: pip install 'dorylus-py[aws]'") from None
+    return boto3.client("s3")
+
+
+def _key(prefix: str, name: str) -> str:
+    return f"{prefix}/{name}" if prefix else name
+
+
+def _error(e, what: str) -> DataError:
+    code = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
+    return DataError(f"{what}: {code} ({e})")
+
+
+def upload_store(local: Path, uri: str, overwrite: bool = False, progress=None) -> None:
+    """Upload the prepared folder ``local`` to ``uri``; the manifest goes last."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, prefix = split(uri)
+    s3 = client()
+    say = progress or (lambda msg: None)
+    try:
+        s3.head_bucket(Bucket=bucket)
+        existing = s3.list_objects_v2(Bucket=bucket, Prefix=_key(prefix, "")).get("KeyCount", 0)
+        if existing and not overwrite:
+            raise DataError(f"{uri}: already holds objects (pass --overwrite to replace them)")
+        if existing:
+            delete_prefix(s3, bucket, prefix)
+        files = sorted(p for p in local.rglob("*") if p.is_file() and p.name != "manifest.json")
+        for i, path in enumerate(files):
+            say(f"uploading {i + 1}/{len(files)}: {path.relative_to(local)}")
+            s3.upload_file(str(path), bucket, _key(prefix, path.relative_to(local).as_posix()))
+        s3.upload_file(str(local / "manifest.json"), bucket, _key(prefix, "manifest.json"))
+    except (ClientError, BotoCoreError) as e:
+        raise _error(e, uri) from None
+
+
+def delete_prefix(s3, bucket: str, prefix: str) -> None:
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=_key(prefix, "")):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            s3.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+
+
+def cache_dir(uri: str) -> Path:
+    bucket, prefix = split(uri)
+    root = Path(os.environ.get("DORYLUS_CACHE", Path.home() / ".cache" / "dorylus"))
+    return root / "s3" / bucket / prefix
+
+
+def fetch(uri: str, name: str, dest: Path, size: int | None = None, sha256: str | None = None) -> Path:
+    """Download ``uri/name`` to ``dest`` (skipped when a verified copy is there); check it."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, prefix = split(uri)
+    where = f"{uri.rstrip('/')}/{name}"
+    if dest.exists() and (size is None or dest.stat().st_size == size) and (sha256 is None or sha256_file(dest) == sha256):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    try:
+        client().download_file(bucket, _key(prefix, name), str(tmp))
+    except ClientError as e:
+        tmp.unlink(missing_ok=True)
+        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NoSuchBucket"):
+            raise DataError(f"{where}: missing") from None
+        raise _error(e, where) from None
+    except BotoCoreError as e:
+        tmp.unlink(missing_ok=True)
+        raise _error(e, where) from None
+    if size is not None and tmp.stat().st_size != size:
+        got = tmp.stat().st_size
+        tmp.unlink()
+        raise DataError(f"{where}: {got} bytes, manifest says {size} (truncated?)")
+    if sha256 is not None and sha256_file(tmp) != sha256:
+        tmp.unlink()
+        raise DataError(f"{where}: checksum mismatch with the manifest (corrupt object)")
+    tmp.replace(dest)
+    return dest

@@ -1,0 +1,81 @@
+"""The partition store in S3 (moto): prepare to s3://, load and verify, corruption, a training job."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import numpy as np
+import pytest
+
+from dorylus_py.cli import main
+from dorylus_py.data import write_npz
+from dorylus_py.errors import DataError
+from dorylus_py.partition import PartitionStore, prepare
+
+
+@pytest.fixture()
+def graph_file(small_graph, tmp_path):
+    path = tmp_path / "g.npz"
+    write_npz(small_graph, path)
+    return path
+
+
+@pytest.fixture()
+def bucket(moto_url):
+    boto3.client("s3").create_bucket(Bucket="dorylus-data")
+    return "dorylus-data"
+
+
+def test_prepare_to_s3_and_load_back(small_graph, graph_file, bucket, tmp_path, capsys):
+    assert main(["prepare", str(graph_file), "-k", "3", "--out", f"s3://{bucket}/cora/k3"]) == 0
+    keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"]}
+    assert "cora/k3/manifest.json" in keys and "cora/k3/part-00002/features.npy" in keys
+    local = prepare(small_graph, tmp_path / "local", 3)
+    remote = PartitionStore.open(f"s3://{bucket}/cora/k3")
+    assert remote.manifest["parts"] == local["parts"]  # same files, same checksums
+    for k in range(3):
+        a, b = remote.load(k), PartitionStore.open(tmp_path / "local").load(k)
+        assert np.array_equal(a.features, b.features) and np.array_equal(a.indices, b.indices)
+    capsys.readouterr()
+    assert main(["check", f"s3://{bucket}/cora/k3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["edges"] == small_graph.num_edges
+
+
+def test_corrupt_or_missing_objects_are_named(graph_file, bucket, capsys, tmp_path):
+    uri = f"s3://{bucket}/g"
+    assert main(["prepare", str(graph_file), "-k", "2", "--out", uri]) == 0
+    s3 = boto3.client("s3")
+    key = "g/part-00001/labels.npy"
+    body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[-1] ^= 0xFF  # same size, one byte flipped
+    s3.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    s3.delete_object(Bucket=bucket, Key="g/part-00000/features.npy")
+    with pytest.raises(DataError, match=rf"{uri}/part-00001/labels.npy: checksum mismatch"):
+        PartitionStore.open(uri).load(1)
+    with pytest.raises(DataError, match=rf"{uri}/part-00000/features.npy: missing"):
+        PartitionStore.open(uri).load(0)
+    assert not list((tmp_path / "cache").rglob("*.npy.part"))  # nothing half-written left in the cache
+    capsys.readouterr()
+    assert main(["check", uri]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: s3://") and "Traceback" not in err
+
+
+def test_prepare_refuses_to_overwrite_and_names_a_missing_bucket(graph_file, bucket, capsys):
+    assert main(["prepare", str(graph_file), "-k", "2", "--out", f"s3://{bucket}/x"]) == 0
+    assert main(["prepare", str(graph_file), "-k", "2", "--out", f"s3://{bucket}/x"]) == 2
+    assert "already holds objects" in capsys.readouterr().err
+    assert main(["prepare", str(graph_file), "-k", "3", "--out", f"s3://{bucket}/x", "--overwrite"]) == 0
+    assert PartitionStore.open(f"s3://{bucket}/x").num_parts == 3
+    assert main(["prepare", str(graph_file), "-k", "2", "--out", "s3://no-such-bucket/x"]) == 2
+    assert "s3://no-such-bucket/x" in capsys.readouterr().err
+
+
+def test_graph_servers_train_from_s3(graph_file, bucket, tmp_path):
+    uri = f"s3://{bucket}/train"
+    assert main(["prepare", str(graph_file), "-k", "2", "--out", uri]) == 0
+    out = tmp_path / "run"
+    assert main(["train", "--backend", "cpu", "--data", uri, "--graph-servers", "2", "--epochs", "3", "--quiet",
+                 "--out", str(out)]) == 0
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
