@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prepare(sub, data)
     _add_train(sub, data)
     _add_report(sub)
+    _add_aws(sub)
     _add_server(sub, "graph-server", "run one graph server of a multi-machine job, from a cluster file")
     _add_server(sub, "weight-server", "run one weight server of a multi-machine job, from a cluster file")
     return p
@@ -238,7 +239,7 @@ def _add_train(sub, data) -> None:
     p.add_argument("--data", metavar="PATH", help="dataset or prepared folder (default: a generated graph)")
     p.add_argument("--backend", choices=BACKENDS, default=d.backend,
                    help="reference: single-process full-batch oracle; local: graph/weight server processes with "
-                        "tensor work in emulated Lambdas; cpu/gpu: the same pipeline with tensor work inside the "
+                        "tensor work in emulated Lambdas; lambda: the same with AWS Lambda (see docs/aws.md); cpu/gpu: the same pipeline with tensor work inside the "
                         "graph servers, on the CPU or a CUDA device (default reference)")
     p.add_argument("--out", metavar="RUN_DIR", help="run record folder (default runs/DATE-TIME-BACKEND)")
     p.add_argument("--overwrite", action="store_true", help="reuse a non-empty RUN_DIR")
@@ -275,6 +276,13 @@ def _add_train(sub, data) -> None:
     c.add_argument("--lambda-fail-rate", type=float, default=d.lambda_fail_rate, help="local: chance an invocation fails (default 0)")
     c.add_argument("--lambda-memory-mb", type=int, default=d.lambda_memory_mb, help=f"billed Lambda memory (default {d.lambda_memory_mb})")
     c.add_argument("--lambda-timeout-s", type=float, default=d.lambda_timeout_s, help=f"a Lambda's time limit (default {d.lambda_timeout_s:.0f})")
+    c.add_argument("--lambda-function", default=d.lambda_function, help="lambda: function name or ARN (default: the cluster file's)")
+    c.add_argument("--aws-region", default=d.aws_region, help="lambda: AWS region (default: from the AWS environment)")
+    c.add_argument("--aws-profile", default=d.aws_profile, help="lambda: AWS credentials profile (default: from the AWS environment)")
+    c.add_argument("--lambda-endpoint", default=d.lambda_endpoint, help="lambda: Lambda API endpoint URL (moto, LocalStack)")
+    c.add_argument("--lambda-run-here", action="store_true",
+                   help="lambda: also run each accepted invocation's handler on this machine; only for endpoints "
+                        "that record invocations without running code (moto). Servers may then be local")
     c.add_argument("--tensor-threads", type=int, default=d.tensor_threads, help=f"cpu/gpu: tensor threads per graph server (default {d.tensor_threads})")
     c.add_argument("--device", default=d.device, help="cpu/gpu backends and gossip/allreduce workers: torch device "
                    "(default cuda for --backend gpu, else cpu)")
@@ -300,14 +308,20 @@ def _run_train(args) -> int:
     from dorylus_py.training.reference import resolve_feature_norm
 
     cfg = _config_from_args(TrainConfig, args)
-    cfg.check()
     cluster = None
     if args.cluster:
         from dorylus_py.cluster.spec import ClusterSpec
 
         if cfg.backend == "reference":
-            raise DorylusError("--cluster needs a distributed backend (local, cpu or gpu)")
+            raise DorylusError("--cluster needs a distributed backend (local, lambda, cpu or gpu)")
         cluster = ClusterSpec.load(args.cluster)
+        if cfg.backend == "lambda":
+            cfg = dataclasses.replace(cfg, lambda_function=cfg.lambda_function or cluster.lambda_function,
+                                      aws_region=cfg.aws_region or cluster.region)
+    cfg.check()
+    if cfg.backend == "lambda" and cluster is None and not cfg.lambda_run_here:
+        raise DorylusError("--backend lambda needs --cluster FILE: Lambdas must reach the graph and weight servers at "
+                           "addresses in that file (or --lambda-run-here, for tests against moto)")
         if not (cfg.data and (cfg.data.startswith("s3://") or (Path(cfg.data) / "manifest.json").exists())):
             raise DorylusError("--cluster needs --data to be a folder made by `dorylus prepare`, readable by the graph servers")
     if cfg.data is None:
@@ -389,6 +403,52 @@ def _run_report(args) -> int:
         with atomic_file(args.markdown) as tmp:
             tmp.write_text(markdown(rows, prices, args.as_instance))
         print(f"wrote {args.markdown}")
+    return 0
+
+
+def _add_aws(sub) -> None:
+    p = _command(sub, "aws", "deploy on AWS: the Lambda image's build context, the cluster file from Terraform's "
+                 "outputs, updating the function's image (see docs/aws.md)")
+    aws = p.add_subparsers(title="aws commands", metavar="AWS_COMMAND", required=True)
+    b = _command(aws, "build-context", "lay out what `docker build` needs for the Lambda image: Dockerfile, the "
+                 "handler and the modules it imports")
+    b.add_argument("dir", metavar="DIR", help="output folder (replaced with --overwrite)")
+    b.add_argument("--overwrite", action="store_true", help="replace DIR if it is not empty")
+    b.set_defaults(run=_run_build_context)
+    c = _command(aws, "cluster-file", "write the cluster file the servers and the driver read, from `terraform output -json`")
+    c.add_argument("--terraform-output", required=True, metavar="TF.json", help="`terraform output -json` of infra/")
+    c.add_argument("--out", required=True, metavar="CLUSTER.json", help="cluster file to write")
+    c.set_defaults(run=_run_cluster_file)
+    u = _command(aws, "update-function", "point the Lambda function at a newly pushed image and wait until it is live")
+    u.add_argument("--function", required=True, help="function name or ARN (Terraform output lambda_function)")
+    u.add_argument("--image-uri", required=True, help="ECR image URI, e.g. ACCOUNT.dkr.ecr.REGION.amazonaws.com/dorylus-lambda:TAG")
+    u.add_argument("--region", default="", help="AWS region (default: from the AWS environment)")
+    u.add_argument("--profile", default="", help="AWS credentials profile (default: from the AWS environment)")
+    u.set_defaults(run=_run_update_function)
+
+
+def _run_build_context(args) -> int:
+    from dorylus_py.deploy import build_context
+
+    files = build_context(Path(args.dir), args.overwrite)
+    print(f"wrote {len(files)} files to {args.dir}; next: docker build -t dorylus-lambda {args.dir} (see docs/aws.md)")
+    return 0
+
+
+def _run_cluster_file(args) -> int:
+    from dorylus_py.deploy import write_cluster_file
+
+    c = write_cluster_file(Path(args.terraform_output), Path(args.out))
+    print(f"wrote {args.out}: driver {c['driver']}, {len(c['graph_servers'])} graph servers, "
+          f"{len(c['weight_servers'])} weight servers, function {c['lambda_function']} in {c['region']}")
+    return 0
+
+
+def _run_update_function(args) -> int:
+    from dorylus_py.deploy import update_function_image
+
+    sha = update_function_image(args.function, args.image_uri, args.region, args.profile)
+    print(f"{args.function} now runs {args.image_uri} (code sha256 {sha})")
     return 0
 
 

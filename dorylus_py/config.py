@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 from dorylus_py.errors import ConfigError
 
-BACKENDS = ("reference", "local", "cpu", "gpu")
+BACKENDS = ("reference", "local", "lambda", "cpu", "gpu")
 MODES = ("sync", "async", "gossip", "allreduce")
 DECENTRAL_MODES = ("gossip", "allreduce")  # data-parallel Cluster-GCN workers (dorylus_py/decentral)
 FEATURE_NORMS = ("auto", "row", "none")
@@ -39,6 +39,11 @@ class TrainConfig:
     lambda_fail_rate: float = 0.0  # local: chance that an invocation fails (before or part-way)
     lambda_memory_mb: int = 3008  # billed memory per Lambda (AWS bills GB-seconds)
     lambda_timeout_s: float = 60.0  # a Lambda's own time limit
+    lambda_function: str = ""  # lambda: the function's name or ARN (or the cluster file's "lambda_function")
+    aws_region: str = ""  # lambda: region (default: the AWS chain's)
+    aws_profile: str = ""  # lambda: credentials profile (default: the AWS chain's)
+    lambda_endpoint: str = ""  # lambda: API endpoint instead of AWS's (moto, LocalStack)
+    lambda_run_here: bool = False  # lambda: run each accepted invocation's handler here (endpoints that run no code)
     tensor_threads: int = 2  # cpu/gpu: threads running tensor tasks inside each graph server
     device: str = ""  # cpu/gpu: torch device; default cpu for `cpu`, cuda for `gpu`
     relaunch_min_s: float = 5.0  # relaunch a task after max(this, factor x its kind's average)
@@ -100,6 +105,8 @@ class TrainConfig:
             raise ConfigError("--lambda-latency-ms must be >= 0, --lambda-memory-mb >= 128, --lambda-timeout-s > 0")
         if self.backend in ("cpu", "gpu"):
             self.check_device()
+        if self.backend == "lambda" and not self.lambda_function:
+            raise ConfigError("--backend lambda needs --lambda-function NAME (or \"lambda_function\" in the cluster file)")
         if self.relaunch_min_s <= 0 or self.relaunch_factor < 1 or self.wait_timeout_s <= 0:
             raise ConfigError("--relaunch-min-s and --wait-timeout-s must be > 0, --relaunch-factor >= 1")
 

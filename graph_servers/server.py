@@ -77,6 +77,7 @@ class GraphServer:
         self.tracker = TaskTracker(spec["relaunch_min_s"], spec["relaunch_factor"])
         self.platform = self._platform()
         self.task_rows: list[dict] = []
+        self.invoked = self.completed = 0  # platform invocations, and their completions recorded
         self.duplicate_results = 0
         self.switch_at: int | None = None  # async: no epoch from this one on starts asynchronously
         self.switch_final = False  # the driver has fixed switch_at for every server
@@ -98,6 +99,13 @@ class GraphServer:
             per_server = max(1, s["lambdas"] // len(s["graph_servers"]))
             return LocalLambdaPlatform(per_server, s["lambda_latency_ms"], s["lambda_fail_rate"], s["lambda_memory_mb"],
                                        s["lambda_timeout_s"], seed=s["seed"] * 1000 + self.k)
+        if s["backend"] == "lambda":
+            from dorylus_py.platforms.aws import AwsLambdaPlatform
+
+            return AwsLambdaPlatform(s["lambda_function"], max(1, s["lambdas"] // len(s["graph_servers"])),
+                                     s["lambda_memory_mb"], s["aws_region"] or None, s["aws_profile"] or None,
+                                     s["lambda_endpoint"] or None, s["lambda_timeout_s"], run_here=s["lambda_run_here"],
+                                     seed=s["seed"] * 1000 + self.k)
         return InprocPlatform(s["tensor_threads"], s["device"])
 
     def run(self) -> None:
@@ -108,6 +116,7 @@ class GraphServer:
                 self.run_sync(first=self.switch_at)
         else:
             self.run_sync()
+        self.flush_tasks()
         self.node.to_driver(Message("epoch_stats", {"rank": self.k, "finished": True}))
         while True:  # serve late duplicates until the driver says stop
             self.node.serve_once(self.handle, 200)
@@ -305,6 +314,10 @@ class GraphServer:
 
     def launch(self, key: tuple) -> None:
         self.tracker.launch(key, time.time())
+        self.invoke(key)
+
+    def invoke(self, key: tuple) -> None:
+        self.invoked += 1
         self.platform.invoke(self.event(key))
 
     def event(self, key: tuple) -> dict:
@@ -329,12 +342,11 @@ class GraphServer:
         for sock in [*self.peers.values(), *self.weight_servers]:
             while sock.poll(0):
                 self._check_ack(sock.recv_multipart())
-        for c in self.platform.completions():
-            self._record(c)
+        for c in self.collect():
             if not c.ok:
                 self.tracker.failed(self._key(c.task))
         for key in self.tracker.due(time.time()):
-            self.platform.invoke(self.event(key))
+            self.invoke(key)
 
     def _version_for(self, key: tuple):
         """Weights version a task uses: sync trains on ``epoch - 1`` and evaluates on ``epoch``; async
@@ -359,11 +371,28 @@ class GraphServer:
             "correct": self.correct.pop(epoch, np.zeros(3, np.int64)).tolist(), "counts": counts,
             "epoch_s": time.perf_counter() - self.epoch_start.pop(epoch, time.perf_counter()),
             "relaunches": self.tracker.relaunches, "duplicates": self.duplicate_results}))
-        for c in self.platform.completions():
+        self.send_task_rows()
+
+    def collect(self) -> list:
+        """The platform's new completions, each recorded as a task row."""
+        done = self.platform.completions()
+        for c in done:
             self._record(c)
+        self.completed += len(done)
+        return done
+
+    def send_task_rows(self) -> None:
+        self.collect()
         rows = "".join(json.dumps(r) + "\n" for r in self.task_rows).encode()
         self.task_rows = []
         self.node.to_driver(Message("tasks", {"rank": self.k}, {"jsonl": np.frombuffer(rows, np.uint8)}))
+
+    def flush_tasks(self, timeout_s: float = 10.0) -> None:
+        """Wait (bounded) for the completions of every invocation still out, so tasks.jsonl has them all."""
+        deadline = time.monotonic() + timeout_s
+        while self.collect() or (self.completed < self.invoked and time.monotonic() < deadline):
+            time.sleep(0.01)
+        self.send_task_rows()
 
     def handle(self, identity: bytes, msg: Message) -> None:
         if msg.op == "pull_rows":

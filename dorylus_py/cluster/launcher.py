@@ -162,6 +162,8 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
                 "num_train": int(splits[0]), "epochs": cfg.epochs, "backend": cfg.backend, "lambdas": cfg.lambdas,
                 "lambda_latency_ms": cfg.lambda_latency_ms, "lambda_fail_rate": cfg.lambda_fail_rate,
                 "lambda_memory_mb": cfg.lambda_memory_mb, "lambda_timeout_s": cfg.lambda_timeout_s,
+                "lambda_function": cfg.lambda_function, "aws_region": cfg.aws_region, "aws_profile": cfg.aws_profile,
+                "lambda_endpoint": cfg.lambda_endpoint, "lambda_run_here": cfg.lambda_run_here,
                 "tensor_threads": cfg.tensor_threads, "device": cfg.resolved_device(), "relaunch_min_s": cfg.relaunch_min_s,
                 "relaunch_factor": cfg.relaunch_factor, "wait_timeout_s": cfg.wait_timeout_s,
                 "staleness": cfg.staleness}))

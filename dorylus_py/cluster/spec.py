@@ -1,6 +1,8 @@
 """The cluster file: where the driver, graph servers and weight servers of a multi-machine job listen.
 
-``{"driver": "tcp://HOST:PORT", "graph_servers": ["tcp://HOST:PORT", ...], "weight_servers": [...]}``.
+``{"driver": "tcp://HOST:PORT", "graph_servers": ["tcp://HOST:PORT", ...], "weight_servers": [...]}``,
+optionally with ``"lambda_function"`` and ``"region"`` for ``--backend lambda`` (``dorylus aws
+cluster-file`` writes all of it from Terraform's outputs).
 Each server is started by hand (or by an instance's boot script) with ``dorylus graph-server
 --cluster FILE --rank K`` / ``dorylus weight-server ...``; the job token travels in the environment
 variable ``DORYLUS_TOKEN``, never in the file.
@@ -23,6 +25,8 @@ class ClusterSpec:
     driver: str
     graph_servers: list[str]
     weight_servers: list[str]
+    lambda_function: str = ""
+    region: str = ""
 
     @classmethod
     def load(cls, path: str | Path) -> "ClusterSpec":
@@ -40,7 +44,10 @@ class ClusterSpec:
                 raise ConfigError(f"{path}: {addr!r} is not an address like tcp://10.0.1.5:7000")
         if len(set([driver, *gs, *ws])) != 1 + len(gs) + len(ws):
             raise ConfigError(f"{path}: two processes share an address")
-        return cls(driver, list(gs), list(ws))
+        extra = {k: raw.get(k, "") for k in ("lambda_function", "region")}
+        if not all(isinstance(v, str) for v in extra.values()):
+            raise ConfigError(f"{path}: lambda_function and region must be strings")
+        return cls(driver, list(gs), list(ws), **extra)
 
     def address(self, role: str, rank: int) -> str:
         addrs = self.graph_servers if role == "graph-server" else self.weight_servers

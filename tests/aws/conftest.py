@@ -14,6 +14,7 @@ def moto_url(monkeypatch, tmp_path):
     import requests
     from moto.server import ThreadedMotoServer
 
+    monkeypatch.setenv("MOTO_RECORDER_FILEPATH", str(tmp_path / "moto_recording"))  # not in the working tree
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

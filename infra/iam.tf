@@ -1,0 +1,100 @@
+# Least privilege. Lambda: write its own logs, and the ENI calls AWS requires of any function in a
+# VPC. Servers: read the dataset prefix, write the checkpoint prefix, invoke that one function.
+
+data "aws_iam_policy_document" "lambda_assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "Service"
+      identifiers = ["lambda.amazonaws.com"]
+    }
+  }
+}
+
+data "aws_iam_policy_document" "lambda" {
+  # checkov:skip=CKV_AWS_111: the ENI actions below cannot be scoped to resources (see the statement)
+  # checkov:skip=CKV_AWS_356: same: AWS documents "*" as the only resource these ENI actions accept
+  statement {
+    sid       = "OwnLogs"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = ["${aws_cloudwatch_log_group.lambda.arn}:*"]
+  }
+  statement {
+    # A function in a VPC manages its network interfaces; these actions do not support resource-level
+    # permissions, so "*" is what AWS's own AWSLambdaVPCAccessExecutionRole grants.
+    sid = "VpcNetworkInterfaces"
+    actions = [
+      "ec2:CreateNetworkInterface",
+      "ec2:DescribeNetworkInterfaces",
+      "ec2:DeleteNetworkInterface",
+      "ec2:AssignPrivateIpAddresses",
+      "ec2:UnassignPrivateIpAddresses",
+    ]
+    resources = ["*"]
+  }
+}
+
+resource "aws_iam_role" "lambda" {
+  name               = "${var.name}-lambda"
+  assume_role_policy = data.aws_iam_policy_document.lambda_assume.json
+}
+
+resource "aws_iam_role_policy" "lambda" {
+  name   = "${var.name}-lambda"
+  role   = aws_iam_role.lambda.id
+  policy = data.aws_iam_policy_document.lambda.json
+}
+
+data "aws_iam_policy_document" "server_assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "Service"
+      identifiers = ["ec2.amazonaws.com"]
+    }
+  }
+}
+
+data "aws_iam_policy_document" "server" {
+  statement {
+    sid       = "ListDatasetsAndCheckpoints"
+    actions   = ["s3:ListBucket"]
+    resources = [aws_s3_bucket.data.arn]
+    condition {
+      test     = "StringLike"
+      variable = "s3:prefix"
+      values   = ["${var.dataset_prefix}/*", "${var.checkpoint_prefix}/*"]
+    }
+  }
+  statement {
+    sid       = "ReadDatasets"
+    actions   = ["s3:GetObject"]
+    resources = ["${aws_s3_bucket.data.arn}/${var.dataset_prefix}/*", "${aws_s3_bucket.data.arn}/${var.checkpoint_prefix}/*"]
+  }
+  statement {
+    sid       = "WriteCheckpoints"
+    actions   = ["s3:PutObject"]
+    resources = ["${aws_s3_bucket.data.arn}/${var.checkpoint_prefix}/*"]
+  }
+  statement {
+    sid       = "InvokeTensorWorker"
+    actions   = ["lambda:InvokeFunction"]
+    resources = [aws_lambda_function.tensor.arn]
+  }
+}
+
+resource "aws_iam_role" "server" {
+  name               = "${var.name}-server"
+  assume_role_policy = data.aws_iam_policy_document.server_assume.json
+}
+
+resource "aws_iam_role_policy" "server" {
+  name   = "${var.name}-server"
+  role   = aws_iam_role.server.id
+  policy = data.aws_iam_policy_document.server.json
+}
+
+resource "aws_iam_instance_profile" "server" {
+  name = "${var.name}-server"
+  role = aws_iam_role.server.name
+}

@@ -1,0 +1,75 @@
+# One VPC: servers in a public subnet (they pip-install at boot and are reached by SSH from the
+# operator only), Lambdas in two private subnets with no route out: they only talk to the servers.
+
+data "aws_availability_zones" "available" {
+  # checkov:skip=CKV_AWS_394: only the first two zones are used; a zone AWS adds later changes nothing here
+  state = "available"
+  filter {
+    name   = "opt-in-status"
+    values = ["opt-in-not-required"] # no Local Zones or opt-in regions' zones
+  }
+}
+
+resource "aws_vpc" "main" {
+  # checkov:skip=CKV2_AWS_11: flow logs are billed per GB; turn them on for long-lived production VPCs
+  cidr_block           = "10.42.0.0/16"
+  enable_dns_support   = true
+  enable_dns_hostnames = true
+  tags                 = { Name = "${var.name}-vpc" }
+}
+
+resource "aws_default_security_group" "default" {
+  vpc_id = aws_vpc.main.id # no rules: the default group allows nothing
+}
+
+resource "aws_internet_gateway" "main" {
+  vpc_id = aws_vpc.main.id
+}
+
+resource "aws_subnet" "servers" {
+  vpc_id            = aws_vpc.main.id
+  cidr_block        = "10.42.0.0/24"
+  availability_zone = data.aws_availability_zones.available.names[0]
+  tags              = { Name = "${var.name}-servers" }
+}
+
+resource "aws_subnet" "lambda" {
+  count             = 2
+  vpc_id            = aws_vpc.main.id
+  cidr_block        = "10.42.${count.index + 1}.0/24"
+  availability_zone = data.aws_availability_zones.available.names[count.index]
+  tags              = { Name = "${var.name}-lambda-${count.index}" }
+}
+
+resource "aws_route_table" "servers" {
+  vpc_id = aws_vpc.main.id
+  route {
+    cidr_block = "0.0.0.0/0"
+    gateway_id = aws_internet_gateway.main.id
+  }
+}
+
+resource "aws_route_table_association" "servers" {
+  subnet_id      = aws_subnet.servers.id
+  route_table_id = aws_route_table.servers.id
+}
+
+resource "aws_vpc_endpoint" "s3" {
+  vpc_id            = aws_vpc.main.id
+  service_name      = "com.amazonaws.${var.region}.s3"
+  vpc_endpoint_type = "Gateway"
+  route_table_ids   = [aws_route_table.servers.id]
+}
+
+# Fixed private addresses, so every server's boot script can write the whole cluster file.
+locals {
+  graph_server_ips  = [for i in range(var.graph_server_count) : cidrhost(aws_subnet.servers.cidr_block, 10 + i)]
+  weight_server_ips = [for i in range(var.weight_server_count) : cidrhost(aws_subnet.servers.cidr_block, 200 + i)]
+  cluster = {
+    driver          = "tcp://${local.graph_server_ips[0]}:${var.driver_port}"
+    graph_servers   = [for ip in local.graph_server_ips : "tcp://${ip}:${var.graph_server_port}"]
+    weight_servers  = [for ip in local.weight_server_ips : "tcp://${ip}:${var.weight_server_port}"]
+    lambda_function = aws_lambda_function.tensor.function_name
+    region          = var.region
+  }
+}

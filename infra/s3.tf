@@ -1,0 +1,106 @@
+# Datasets (dorylus prepare --out s3://...) and checkpoints: encrypted, versioned, never public.
+
+resource "aws_s3_bucket" "data" {
+  # checkov:skip=CKV_AWS_144: cross-region replication doubles storage cost; datasets can be re-prepared
+  # checkov:skip=CKV_AWS_18: access logging needs a second bucket; CloudTrail data events cover audits
+  # checkov:skip=CKV2_AWS_62: no consumer of bucket event notifications in this deployment
+  bucket_prefix = "${var.name}-data-"
+  force_destroy = true # terraform destroy removes datasets and checkpoints too (docs/aws.md)
+}
+
+resource "aws_s3_bucket_server_side_encryption_configuration" "data" {
+  bucket = aws_s3_bucket.data.id
+  rule {
+    apply_server_side_encryption_by_default {
+      sse_algorithm     = "aws:kms"
+      kms_master_key_id = aws_kms_key.data.arn
+    }
+    bucket_key_enabled = true
+  }
+}
+
+resource "aws_kms_key" "data" {
+  description             = "${var.name} datasets and checkpoints"
+  enable_key_rotation     = true
+  deletion_window_in_days = 7
+  policy                  = data.aws_iam_policy_document.kms.json
+}
+
+data "aws_caller_identity" "current" {}
+
+data "aws_iam_policy_document" "kms" {
+  # checkov:skip=CKV_AWS_109: a key policy's "*" resource is this key only; the account root must administer it
+  # checkov:skip=CKV_AWS_111: same: "*" in a key policy is the key itself, not every resource
+  # checkov:skip=CKV_AWS_356: same
+  statement {
+    sid       = "AccountAdministersTheKey"
+    actions   = ["kms:*"]
+    resources = ["*"] # in a key policy, "*" means this key
+    principals {
+      type        = "AWS"
+      identifiers = ["arn:aws:iam::${data.aws_caller_identity.current.account_id}:root"]
+    }
+  }
+  statement {
+    sid       = "ServersUseTheKey"
+    actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+    resources = ["*"] # in a key policy, "*" means this key
+    principals {
+      type        = "AWS"
+      identifiers = [aws_iam_role.server.arn]
+    }
+  }
+}
+
+resource "aws_s3_bucket_versioning" "data" {
+  bucket = aws_s3_bucket.data.id
+  versioning_configuration {
+    status = "Enabled"
+  }
+}
+
+resource "aws_s3_bucket_lifecycle_configuration" "data" {
+  bucket = aws_s3_bucket.data.id
+  rule {
+    id     = "expire-old-versions"
+    status = "Enabled"
+    filter {}
+    noncurrent_version_expiration {
+      noncurrent_days = 30
+    }
+    abort_incomplete_multipart_upload {
+      days_after_initiation = 7
+    }
+  }
+}
+
+resource "aws_s3_bucket_public_access_block" "data" {
+  bucket                  = aws_s3_bucket.data.id
+  block_public_acls       = true
+  block_public_policy     = true
+  ignore_public_acls      = true
+  restrict_public_buckets = true
+}
+
+data "aws_iam_policy_document" "bucket" {
+  statement {
+    sid       = "DenyInsecureTransport"
+    effect    = "Deny"
+    actions   = ["s3:*"]
+    resources = [aws_s3_bucket.data.arn, "${aws_s3_bucket.data.arn}/*"]
+    principals {
+      type        = "*"
+      identifiers = ["*"]
+    }
+    condition {
+      test     = "Bool"
+      variable = "aws:SecureTransport"
+      values   = ["false"]
+    }
+  }
+}
+
+resource "aws_s3_bucket_policy" "data" {
+  bucket = aws_s3_bucket.data.id
+  policy = data.aws_iam_policy_document.bucket.json
+}
