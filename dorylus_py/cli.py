@@ -286,6 +286,9 @@ def _add_train(sub, data) -> None:
     c.add_argument("--tensor-threads", type=int, default=d.tensor_threads, help=f"cpu/gpu: tensor threads per graph server (default {d.tensor_threads})")
     c.add_argument("--device", default=d.device, help="cpu/gpu backends and gossip/allreduce workers: torch device "
                    "(default cuda for --backend gpu, else cpu)")
+    c.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="N",
+                   help="save weights, Adam state and epoch every N epochs and at the end, into the partition "
+                        "store's checkpoints/ (a folder or s3://); default 0: never")
     c.add_argument("--relaunch-min-s", type=float, default=d.relaunch_min_s, help=f"relaunch a task after max(this, factor x average) (default {d.relaunch_min_s})")
     c.add_argument("--relaunch-factor", type=float, default=d.relaunch_factor, help=f"(default {d.relaunch_factor})")
     c.add_argument("--wait-timeout-s", type=float, default=d.wait_timeout_s, help=f"give up on any single wait after this (default {d.wait_timeout_s:.0f})")

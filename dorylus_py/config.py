@@ -49,6 +49,7 @@ class TrainConfig:
     relaunch_min_s: float = 5.0  # relaunch a task after max(this, factor x its kind's average)
     relaunch_factor: float = 3.0
     wait_timeout_s: float = 300.0  # any single wait (a peer, a task, the driver) gives up after this
+    checkpoint_every: int = 0  # distributed: checkpoint weights + Adam state every N epochs and at the end (0: never)
     # --- decentralised modes (gossip, allreduce) ---
     workers: int = 4  # data-parallel worker processes
     clusters: int = 40  # Cluster-GCN: METIS parts of the graph
@@ -107,6 +108,8 @@ class TrainConfig:
             self.check_device()
         if self.backend == "lambda" and not self.lambda_function:
             raise ConfigError("--backend lambda needs --lambda-function NAME (or \"lambda_function\" in the cluster file)")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
         if self.relaunch_min_s <= 0 or self.relaunch_factor < 1 or self.wait_timeout_s <= 0:
             raise ConfigError("--relaunch-min-s and --wait-timeout-s must be > 0, --relaunch-factor >= 1")
 

@@ -200,6 +200,8 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
                 best.update(epoch, acc[1], acc[2])
                 bar.update(1)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", val=f"{acc[1]:.3f}", refresh=False)
+                if cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0:
+                    _checkpoint(job, ws_addrs, len(dims) - 1, parts_dir, epoch)
                 if cfg.target_acc and acc[1] >= cfg.target_acc:
                     break
                 if cfg.switch_threshold and switched is None and acc[1] >= cfg.target_acc - cfg.switch_threshold:
@@ -214,6 +216,8 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
                         job.send(f"graph-server-{k}", Message("switch", {"at_epoch": switched}))
         bar.close()
         record.save_weights("weights.npz", _final_weights(job, ws_addrs, len(dims) - 1))
+        if cfg.checkpoint_every and history and history[-1]["epoch"] % cfg.checkpoint_every:
+            _checkpoint(job, ws_addrs, len(dims) - 1, parts_dir, history[-1]["epoch"])
         stats |= _weight_stats(job, ws_addrs) | {"switched_to_sync_at": switched}
     except KeyboardInterrupt:
         job.stop()
@@ -256,6 +260,16 @@ def _final_weights(job: Job, ws_addrs: list[str], layers: int) -> dict[str, np.n
                                    f"layer {layer}'s weights").tensors["W"])
         for layer in range(layers)
     }
+
+
+def _checkpoint(job: Job, ws_addrs: list[str], layers: int, store, epoch: int) -> None:
+    from dorylus_py.checkpoint import checkpoint_root, save_checkpoint
+
+    arrays = {}
+    for layer in range(layers):
+        reply = _ask(job, ws_addrs[layer % len(ws_addrs)], Message("pull_state", {"layer": layer}), f"layer {layer}'s state")
+        arrays.update({f"{name}{layer}": np.array(t) for name, t in reply.tensors.items()})
+    save_checkpoint(checkpoint_root(str(store)), epoch, arrays)
 
 
 def _weight_stats(job: Job, ws_addrs: list[str]) -> dict:

@@ -71,6 +71,17 @@ def upload_store(local: Path, uri: str, overwrite: bool = False, progress=None) 
         raise _error(e, uri) from None
 
 
+def put_file(uri: str, name: str, path: Path) -> None:
+    """Upload one local file to ``uri/name``."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, prefix = split(uri)
+    try:
+        client().upload_file(str(path), bucket, _key(prefix, name))
+    except (ClientError, BotoCoreError) as e:
+        raise _error(e, f"{uri.rstrip('/')}/{name}") from None
+
+
 def delete_prefix(s3, bucket: str, prefix: str) -> None:
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=_key(prefix, "")):
         keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]

@@ -27,8 +27,8 @@ OPS = frozenset(
     {
         # tensor worker -> graph server
         "pull_rows", "push_result",
-        # tensor worker -> weight server
-        "pull_weights", "push_grad",
+        # tensor worker -> weight server (pull_state: the driver, for checkpoints)
+        "pull_weights", "push_grad", "pull_state",
         # graph server <-> graph server
         "ghosts", "progress",
         # driver <-> servers
@@ -36,7 +36,7 @@ OPS = frozenset(
         # decentralised worker -> coordinator (dorylus_py/decentral)
         "claim", "pair", "epoch_end",
         # replies
-        "batch", "drained", "partner", "model", "ok", "rows", "weights", "duplicate", "error",
+        "batch", "drained", "partner", "model", "state", "ok", "rows", "weights", "duplicate", "error",
     }
 )  # fmt: skip
 
@@ -62,7 +62,7 @@ def encode(msg: Message, token: str) -> list:
     """Frames for ``msg``: the header, then each tensor's buffer (contiguous arrays are not copied)."""
     specs, frames = [], []
     for name, arr in msg.tensors.items():
-        arr = np.ascontiguousarray(arr)
+        arr = np.require(arr, requirements="C")  # unlike ascontiguousarray, keeps 0-d arrays 0-d
         dtype = arr.dtype.name
         if dtype not in DTYPES:
             raise ProtocolError(f"tensor {name!r}: dtype {dtype} cannot be sent")

@@ -4,6 +4,8 @@ Requests (``protocol/messages.py``):
 - ``pull_weights {layer, version|null, hold|null}`` -> ``weights {layer, version}`` + tensor ``W``.
   A pull of a version that does not exist yet waits (the reply is deferred) until an update makes it.
 - ``push_grad {layer, version, key}`` + tensor ``grad`` -> ``ok`` or ``duplicate``.
+- ``pull_state {layer}`` -> ``state {layer}`` + tensors ``W``, ``adam_m``, ``adam_v``, ``adam_step``,
+  ``version``: what a checkpoint keeps.
 
 Sharding: layer ``l`` lives on weight server ``l % M``. Layers are updated independently, so
 sharding by layer spreads the pull traffic with no coordination between weight servers, where
@@ -56,6 +58,9 @@ class WeightServer:
             self.node.reply(identity, Message("ok" if applied else "duplicate", {"req": msg.get("req")}))
             if applied and self.waiting:
                 self.waiting = [(i, m) for i, m in self.waiting if not self._try_pull(i, m)]
+        elif msg.op == "pull_state":
+            require(msg, "layer")
+            self.node.reply(identity, Message("state", {"layer": msg["layer"]}, self.store.state(int(msg["layer"]))))
         elif msg.op == "ping":
             self.node.reply(identity, Message("ok", {"updates": self.store.updates, "duplicates": self.duplicates}))
         else:

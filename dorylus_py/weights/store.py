@@ -97,6 +97,19 @@ class WeightStore:
                 st.grad_sum, st.received = None, 0
         return True
 
+    def state(self, layer: int) -> dict[str, np.ndarray]:
+        """What a checkpoint keeps of ``layer``: newest weights, Adam's moments and step, the version."""
+        st = self._layer(layer)
+        adam = self.optimizer.state.get(st.param, {})
+        zeros = np.zeros(tuple(st.param.shape), np.float32)
+        return {
+            "W": st.versions[st.version],
+            "adam_m": adam["exp_avg"].numpy().copy() if "exp_avg" in adam else zeros,
+            "adam_v": adam["exp_avg_sq"].numpy().copy() if "exp_avg_sq" in adam else zeros,
+            "adam_step": np.array(float(adam.get("step", 0.0)), np.float64),
+            "version": np.array(st.version, np.int64),
+        }
+
     def held_versions(self, layer: int) -> list[int]:
         return sorted(self._layer(layer).versions)
 
