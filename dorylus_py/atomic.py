@@ -17,6 +17,7 @@ def atomic_file(path: str | os.PathLike):
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the result is an ordinary file
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -36,3 +37,9 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False):
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

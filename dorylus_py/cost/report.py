@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import statistics
 from collections import defaultdict
+from html import escape
 from pathlib import Path
 
 from dorylus_py.config import DECENTRAL_MODES
@@ -54,22 +56,47 @@ def time_by_kind(tasks: list[dict]) -> dict[str, float]:
     return dict(out)
 
 
-def text_table(rows: list[dict]) -> str:
-    cells = [[name for name, _ in COLUMNS]] + [[fmt.format(r[name]) for name, fmt in COLUMNS] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+def text_table(rows: list[dict], columns: list[tuple[str, str]] = COLUMNS) -> str:
+    cells = [[name for name, _ in columns]] + [[fmt.format(r[name]) for name, fmt in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
 
 
-def markdown(rows: list[dict], prices: Prices, instance: str) -> str:
-    head = "| " + " | ".join(name for name, _ in COLUMNS) + " |"
-    lines = ["# dorylus report", "",
-             f"Prices: {prices.region}, servers as `{instance}` at ${prices.hourly(instance)}/h, Lambda "
+def sections(rows: list[dict], prices: Prices, instance: str) -> tuple[str, list[tuple[str, list[str], list[list[str]]]]]:
+    """The report's content, whatever the format: an intro line and (title, header, rows) tables."""
+    intro = (f"Prices: {prices.region}, servers as {instance} at ${prices.hourly(instance)}/h, Lambda "
              f"${prices.lambda_gb_second}/GB-s and ${prices.lambda_per_request}/request ({prices.source}; {prices.date}). "
-             "Value = 1 / (hours x USD).", "", head, "|" + " --- |" * len(COLUMNS)]
-    lines += ["| " + " | ".join(fmt.format(r[name]) for name, fmt in COLUMNS) + " |" for r in rows]
+             "Value = 1 / (hours x USD).")
+    tables = [("Runs", [name for name, _ in COLUMNS], [[fmt.format(r[name]) for name, fmt in COLUMNS] for r in rows])]
     kinds = sorted({k for r in rows for k in r["_kinds"]})
     if kinds:
-        lines += ["", "## Task time by kind (seconds, summed over tasks)", "",
-                  "| run | " + " | ".join(kinds) + " |", "| --- |" + " --- |" * len(kinds)]
-        lines += ["| " + r["run"] + " | " + " | ".join(f"{r['_kinds'].get(k, 0.0):.2f}" for k in kinds) + " |" for r in rows]
+        tables.append(("Task time by kind (seconds, summed over tasks)", ["run", *kinds],
+                       [[r["run"], *(f"{r['_kinds'].get(k, 0.0):.2f}" for k in kinds)] for r in rows]))
+    return intro, tables
+
+
+def markdown(rows: list[dict], prices: Prices, instance: str) -> str:
+    intro, tables = sections(rows, prices, instance)
+    lines = ["# dorylus report", "", intro]
+    for title, head, body in tables:
+        lines += ["", f"## {title}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        lines += ["| " + " | ".join(cells) + " |" for cells in body]
     return "\n".join(lines) + "\n"
+
+
+def html(rows: list[dict], prices: Prices, instance: str, images: list[Path]) -> str:
+    """One self-contained page: the tables, and the PNGs inlined as data URIs."""
+    intro, tables = sections(rows, prices, instance)
+    out = ["<!doctype html>", '<html><head><meta charset="utf-8"><title>dorylus report</title>',
+           "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
+           "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#eee}</style></head><body>",
+           "<h1>dorylus report</h1>", f"<p>{escape(intro)}</p>"]
+    for title, head, body in tables:
+        out.append(f"<h2>{escape(title)}</h2><table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>")
+        out += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>" for cells in body]
+        out.append("</table>")
+    for img in images:
+        data = base64.b64encode(Path(img).read_bytes()).decode()
+        out.append(f'<h2>{escape(Path(img).stem.replace("_", " "))}</h2><img alt="{escape(Path(img).stem)}" '
+                   f'src="data:image/png;base64,{data}">')
+    return "\n".join(out + ["</body></html>"]) + "\n"

@@ -1,0 +1,159 @@
+"""Estimate a configuration's epoch time and cost before paying for it, from a calibration.
+
+A calibration is what a finished run measured, normalised by the work it did (``Calibration.from_record``)
+or the built-in one (``default_calibration.json``, measured here on a generated graph):
+
+- graph-server seconds per unit of Gather work (edges per server x widths gathered, forward and back);
+- tensor-task seconds per unit of dense work (vertices x the sum of the layers' matrix sizes);
+- billed / measured Lambda time, tasks per epoch per (graph server x chunk), start-up seconds, and a
+  factor ``overlap`` that maps the sum of the two parts onto the epoch time the run measured.
+
+For a configuration: graph time per epoch = rate x work / server speed; tensor time per epoch = rate x
+work spread over the Lambdas (or each server's tensor threads); epoch = overlap x (graph + tensor);
+wall = start-up + epochs x epoch. Cost is priced as ``cost/model.py`` prices a record: server-hours,
+GB-seconds (a Lambda under 1769 MB gets a proportional CPU share, so runs that much longer) and
+requests. From its own calibration a run is reproduced; other configurations are extrapolations.
+Server speed scales with vCPUs relative to the calibration's ``--as-instance``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import statistics
+from dataclasses import asdict, dataclass
+from importlib import resources
+
+from dorylus_py.cost.model import Prices, read_record
+from dorylus_py.errors import ConfigError, DataError
+
+FULL_CPU_MB = 1769  # AWS: one full vCPU at this memory size
+GRAPH_KINDS = ("gather", "gather_bwd")
+
+
+def vcpus(instance: str) -> int:
+    """vCPUs of an EC2 size: large 2, xlarge 4, Nxlarge 4N (true of the c5/m5/r5/p3/g5 families)."""
+    m = re.fullmatch(r"[a-z0-9-]+\.(\d*)x?large", instance)
+    if m is None:
+        raise ConfigError(f"cannot tell the vCPUs of instance type {instance!r}")
+    size = instance.split(".", 1)[1]
+    return 2 if size == "large" else 4 * int(m.group(1) or 1)
+
+
+@dataclass(frozen=True)
+class Workload:
+    nodes: int
+    edges: int
+    dims: list[int]  # [features, hidden..., classes]
+
+    def tensor_units(self) -> float:
+        return self.nodes * sum(a * b for a, b in zip(self.dims[:-1], self.dims[1:]))
+
+    def graph_units(self, servers: int) -> float:
+        return self.edges / servers * 2 * sum(self.dims[1:])  # widths gathered, forward and backward
+
+
+@dataclass(frozen=True)
+class Setup:
+    backend: str  # local | lambda | cpu | gpu
+    graph_servers: int
+    weight_servers: int
+    instance: str
+    lambdas: int
+    memory_mb: int
+    chunks: int
+    epochs: int
+    tensor_threads: int = 2
+
+
+@dataclass(frozen=True)
+class Calibration:
+    graph_s_per_unit: float
+    tensor_s_per_unit: float
+    billed_per_measured: float
+    tasks_per_server_chunk: float
+    startup_s: float
+    overlap: float
+    instance: str
+    memory_mb: int
+    source: str
+
+    @classmethod
+    def default(cls) -> "Calibration":
+        raw = json.loads(resources.files("dorylus_py.cost").joinpath("default_calibration.json").read_text())
+        return cls(**raw)
+
+    @classmethod
+    def from_record(cls, run_dir: str, instance: str) -> "Calibration":
+        config, metrics, tasks, _ = read_record(run_dir)
+        if config.get("backend") not in ("local", "lambda", "cpu", "gpu") or not tasks:
+            raise DataError(f"{run_dir}: a calibration needs a run of a distributed backend (with tasks.jsonl)")
+        setup = setup_of(config, instance)
+        work = workload_of(config)
+        epochs = len(metrics)
+        graph_s = sum(t["end"] - t["start"] for t in tasks if t["kind"] in GRAPH_KINDS) / (setup.graph_servers * epochs)
+        tensor = [t for t in tasks if t["kind"] not in GRAPH_KINDS]
+        tensor_s = sum(t["end"] - t["start"] for t in tensor) / epochs
+        billed = sum(t["billed_ms"] for t in tensor) / 1000.0
+        steady = statistics.median(m["epoch_s"] for m in metrics)
+        cal = cls(graph_s / work.graph_units(setup.graph_servers), tensor_s / work.tensor_units(),
+                  billed / max(tensor_s * epochs, 1e-9), len(tensor) / (epochs * setup.graph_servers * setup.chunks),
+                  max(0.0, metrics[-1]["wall_s"] - epochs * steady), 1.0, instance, setup.memory_mb, str(run_dir))
+        return cls(**(asdict(cal) | {"overlap": steady / max(cal._parts(work, setup)[0], 1e-9)}))
+
+    def _parts(self, work: Workload, setup: Setup) -> tuple[float, float]:
+        """(graph + tensor seconds per epoch before the overlap factor, summed tensor seconds)."""
+        speed = vcpus(setup.instance) / vcpus(self.instance)
+        graph = self.graph_s_per_unit * work.graph_units(setup.graph_servers) / speed
+        tensor_total = self.tensor_s_per_unit * work.tensor_units()
+        if setup.backend in ("cpu", "gpu"):
+            tensor = tensor_total / (setup.graph_servers * setup.tensor_threads * speed)
+        else:
+            cpu_share = min(1.0, setup.memory_mb / FULL_CPU_MB) / min(1.0, self.memory_mb / FULL_CPU_MB)
+            tensor_total /= cpu_share
+            tensor = tensor_total / min(setup.lambdas, max(1.0, self.tasks_per_server_chunk * setup.graph_servers * setup.chunks))
+        return graph + tensor, tensor_total
+
+    def estimate(self, work: Workload, setup: Setup, prices: Prices) -> dict:
+        both, tensor_total = self._parts(work, setup)
+        epoch_s = self.overlap * both
+        wall = self.startup_s + setup.epochs * epoch_s
+        servers = setup.graph_servers + setup.weight_servers
+        server_usd = servers * wall / 3600.0 * prices.hourly(setup.instance)
+        lambda_usd = gb_s = requests = 0.0
+        if setup.backend in ("local", "lambda"):
+            gb_s = tensor_total * self.billed_per_measured * setup.epochs * setup.memory_mb / 1024.0
+            requests = self.tasks_per_server_chunk * setup.graph_servers * setup.chunks * setup.epochs
+            lambda_usd = gb_s * prices.lambda_gb_second + requests * prices.lambda_per_request
+        total = server_usd + lambda_usd
+        return {"backend": setup.backend, "graph servers": setup.graph_servers, "instance": setup.instance,
+                "lambdas": setup.lambdas if setup.backend in ("local", "lambda") else 0, "epoch s": epoch_s,
+                "wall s": wall, "GB-s": gb_s, "requests": int(round(requests)), "servers $": server_usd,
+                "lambda $": lambda_usd, "total $": total, "value": 1.0 / ((wall / 3600.0) * total) if total else float("nan")}
+
+
+def setup_of(config: dict, instance: str) -> Setup:
+    return Setup(config.get("backend", "local"), int(config.get("graph_servers", 1)), int(config.get("weight_servers", 1)),
+                 instance, int(config.get("lambdas", 1)), int(config.get("lambda_memory_mb", 3008)),
+                 int(config.get("chunks", 1)), int(config.get("epochs", 1)), int(config.get("tensor_threads", 2)))
+
+
+def workload_of(config: dict) -> Workload:
+    g = config.get("graph") or {}
+    try:
+        dims = [int(g["features"])] + [int(config.get("hidden", 16))] * (int(config.get("layers", 2)) - 1) + [int(g["classes"])]
+        return Workload(int(g["nodes"]), int(g["edges"]), dims)
+    except (KeyError, TypeError, ValueError):
+        raise DataError("config.json lacks the graph's counts (nodes, edges, features, classes)") from None
+
+
+def search(cal: Calibration, work: Workload, base: Setup, prices: Prices, instances: list[str]) -> list[dict]:
+    """Every configuration of a grid: backend x graph servers x instance x Lambdas."""
+    rows = []
+    for backend, k, inst in itertools.product(("lambda", "cpu"), (1, 2, 4, 8, 16), instances):
+        for lambdas in ((16, 32, 64, 128, 256) if backend == "lambda" else (0,)):
+            setup = Setup(backend, k, base.weight_servers, inst, lambdas, base.memory_mb, base.chunks, base.epochs,
+                          base.tensor_threads)
+            rows.append(cal.estimate(work, setup, prices))
+    return rows
