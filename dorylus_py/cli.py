@@ -290,6 +290,9 @@ def _add_train(sub, data) -> None:
     c.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="N",
                    help="save weights, Adam state and epoch every N epochs and at the end, into the partition "
                         "store's checkpoints/ (a folder or s3://); default 0: never")
+    c.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in the partition store's checkpoints/: weights, Adam "
+                        "state and epoch; training goes on to --epochs (needs --data to be a prepared store)")
     c.add_argument("--relaunch-min-s", type=float, default=d.relaunch_min_s, help=f"relaunch a task after max(this, factor x average) (default {d.relaunch_min_s})")
     c.add_argument("--relaunch-factor", type=float, default=d.relaunch_factor, help=f"(default {d.relaunch_factor})")
     c.add_argument("--wait-timeout-s", type=float, default=d.wait_timeout_s, help=f"give up on any single wait after this (default {d.wait_timeout_s:.0f})")
@@ -336,6 +339,15 @@ def _run_train(args) -> int:
         status(f"loading {cfg.data}")
         graph = load_graph(cfg.data, _sources(args))
     norm = resolve_feature_norm(cfg, graph)
+    if cfg.resume:  # checked before anything is written
+        from dorylus_py.checkpoint import checkpoint_root, load_checkpoint
+
+        if not (cfg.data and (cfg.data.startswith("s3://") or (Path(cfg.data) / "manifest.json").exists())):
+            raise DorylusError("--resume needs --data to be the prepared store (folder or s3://) holding the checkpoints")
+        done = int(load_checkpoint(checkpoint_root(cfg.data))["epoch"])
+        if done >= cfg.epochs:
+            raise DorylusError(f"the newest checkpoint in {checkpoint_root(cfg.data)} is at epoch {done}; "
+                               f"--epochs {cfg.epochs} leaves nothing to do")
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode if cfg.mode in DECENTRAL_MODES else cfg.backend}")
     config = cfg.to_dict() | {"feature_norm": norm, "graph": graph.summary(), "graph_source": graph.source}
     if cfg.mode in DECENTRAL_MODES:

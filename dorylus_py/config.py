@@ -50,6 +50,7 @@ class TrainConfig:
     relaunch_factor: float = 3.0
     wait_timeout_s: float = 300.0  # any single wait (a peer, a task, the driver) gives up after this
     checkpoint_every: int = 0  # distributed: checkpoint weights + Adam state every N epochs and at the end (0: never)
+    resume: bool = False  # distributed: continue from the newest checkpoint in the partition store
     # --- decentralised modes (gossip, allreduce) ---
     workers: int = 4  # data-parallel worker processes
     clusters: int = 40  # Cluster-GCN: METIS parts of the graph
@@ -79,6 +80,8 @@ class TrainConfig:
             self.check_decentral()
         elif self.backend != "reference":
             self.check_distributed()
+        if (self.resume or self.checkpoint_every) and (self.backend == "reference" or self.mode in DECENTRAL_MODES):
+            raise ConfigError("--checkpoint-every and --resume are for the distributed backends (local, lambda, cpu, gpu)")
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
 

@@ -115,7 +115,7 @@ class GraphServer:
                 self.mode = "sync"  # every chunk has finished epoch switch_at - 1: go on with barriers
                 self.run_sync(first=self.switch_at)
         else:
-            self.run_sync()
+            self.run_sync(first=self.spec.get("first_epoch", 1))
         self.flush_tasks()
         self.node.to_driver(Message("epoch_stats", {"rank": self.k, "finished": True}))
         while True:  # serve late duplicates until the driver says stop
@@ -186,8 +186,9 @@ class GraphServer:
 
     def _init_async(self) -> None:
         s = self.spec
-        self.pipe = ChunkPipeline(len(self.bounds) - 1, self.layers, s["epochs"], s["staleness"])
-        self.peer_min = {p: 1 for p in self.peers}
+        first = s.get("first_epoch", 1)
+        self.pipe = ChunkPipeline(len(self.bounds) - 1, self.layers, s["epochs"], s["staleness"], first=first)
+        self.peer_min = {p: first for p in self.peers}
         self.fwd_version: dict[tuple, int] = {}  # (layer, chunk) -> version its training forward used
         ip, ix, w = np.asarray(self.part.indptr), np.asarray(self.part.indices), np.asarray(self.part.weights)
         self.rows_of, self.ghost_t, self.local_t, self.touched = [], [], [], []
@@ -238,7 +239,7 @@ class GraphServer:
             self.switch_at, self.switch_final = int(msg["at_epoch"]), True
 
     def run_async(self) -> None:
-        reported, told = 0, 0
+        reported = told = self.spec.get("first_epoch", 1) - 1
         last_progress, last_state = time.monotonic(), None
         while reported < self.spec["epochs"]:
             if self.switch_at is not None and reported >= self.switch_at - 1 and self.switch_final:

@@ -130,6 +130,12 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
     dims = [m["features"]] + [cfg.hidden] * (cfg.layers - 1) + [m["classes"]]
     total_chunks = sum(max(1, min(cfg.chunks, s)) for s in sizes)
 
+    first_epoch, resume_from = 1, None
+    if cfg.resume:
+        from dorylus_py.checkpoint import checkpoint_root, load_checkpoint
+
+        resume_from = checkpoint_root(str(parts_dir))
+        first_epoch = int(load_checkpoint(resume_from)["epoch"]) + 1  # the CLI checked it is <= cfg.epochs
     job = Job(cfg, parts_dir, record.dir, feature_norm, cluster)
     data_dir = str(parts_dir) if str(parts_dir).startswith("s3://") else str(Path(parts_dir).resolve())
     start = time.perf_counter()
@@ -153,7 +159,7 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
         common = {"dims": dims, "seed": cfg.seed, "mode": cfg.mode, "weight_servers": ws_addrs}
         for w in range(n_ws):
             job.send(f"weight-server-{w}", Message("start", common | {
-                "lr": cfg.lr, "weight_decay": cfg.weight_decay, "expected_grads": total_chunks,
+                "resume_from": resume_from, "lr": cfg.lr, "weight_decay": cfg.weight_decay, "expected_grads": total_chunks,
                 "async_update": cfg.async_update}))
         for k in range(k_parts):
             job.send(f"graph-server-{k}", Message("start", common | {
@@ -166,11 +172,12 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
                 "lambda_endpoint": cfg.lambda_endpoint, "lambda_run_here": cfg.lambda_run_here,
                 "tensor_threads": cfg.tensor_threads, "device": cfg.resolved_device(), "relaunch_min_s": cfg.relaunch_min_s,
                 "relaunch_factor": cfg.relaunch_factor, "wait_timeout_s": cfg.wait_timeout_s,
-                "staleness": cfg.staleness}))
+                "staleness": cfg.staleness, "first_epoch": first_epoch}))
 
         pending: dict[int, list[dict]] = {}
         finished: set[int] = set()
-        bar = progress_bar(total=cfg.epochs, desc=f"train ({cfg.backend})", unit="epoch", enabled=show_progress)
+        bar = progress_bar(total=cfg.epochs, initial=first_epoch - 1, desc=f"train ({cfg.backend})", unit="epoch",
+                           enabled=show_progress)
         stats = {"relaunches": 0, "duplicates": 0}
         switched, frozen = None, {}
         last = time.perf_counter()

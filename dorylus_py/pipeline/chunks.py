@@ -36,10 +36,11 @@ class ChunkPipeline:
     epoch: list[int] = field(default_factory=list)  # per chunk: the epoch it is in (epochs + 1 = finished)
     stage: list[int] = field(default_factory=list)  # per chunk: index into the stage list
     busy: list[bool] = field(default_factory=list)  # per chunk: a tensor task is out
+    first: int = 1  # the epoch every chunk starts in (after a resumed checkpoint: its epoch + 1)
 
     def __post_init__(self):
         self.stages = stage_list(self.layers)
-        self.epoch = [1] * self.chunks
+        self.epoch = [self.first] * self.chunks
         self.stage = [0] * self.chunks
         self.busy = [False] * self.chunks
 

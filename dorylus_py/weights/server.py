@@ -43,6 +43,12 @@ class WeightServer:
             update="chunk" if spec["mode"] == "async" and spec.get("async_update") == "chunk" else "epoch",
             expected=spec["expected_grads"],
         )
+        if spec.get("resume_from"):  # continue a checkpointed run (dorylus train --resume)
+            from dorylus_py.checkpoint import load_checkpoint
+
+            saved = load_checkpoint(spec["resume_from"])
+            for layer in mine:
+                self.store.restore(layer, {k: saved[f"{k}{layer}"] for k in ("W", "adam_m", "adam_v", "adam_step", "version")})
         self.waiting: list[tuple[bytes, Message]] = []
         self.duplicates = 0
 

@@ -110,6 +110,22 @@ class WeightStore:
             "version": np.array(st.version, np.int64),
         }
 
+    def restore(self, layer: int, state: dict[str, np.ndarray]) -> None:
+        """Continue from a checkpoint: weights, Adam's moments and step, and the version count."""
+        st = self._layer(layer)
+        w = torch.from_numpy(np.array(state["W"], dtype=np.float32))
+        if tuple(w.shape) != tuple(st.param.shape):
+            raise WeightError(f"layer {layer}: checkpoint weights {list(w.shape)} != model {list(st.param.shape)}")
+        with torch.no_grad():
+            st.param.copy_(w)
+        self.optimizer.state[st.param] = {
+            "step": torch.tensor(float(state["adam_step"]), dtype=torch.float32),
+            "exp_avg": torch.from_numpy(np.array(state["adam_m"], dtype=np.float32)),
+            "exp_avg_sq": torch.from_numpy(np.array(state["adam_v"], dtype=np.float32)),
+        }
+        st.version = int(state["version"])
+        st.versions = {st.version: st.param.detach().numpy().copy()}
+
     def held_versions(self, layer: int) -> list[int]:
         return sorted(self._layer(layer).versions)
 

@@ -19,6 +19,7 @@ def moto_url(monkeypatch, tmp_path):
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
+    requests.post(f"{url}/moto-api/reset", timeout=10)  # moto's state is per process, not per server
     requests.post(f"{url}/moto-api/config", json={"lambda": {"use_docker": False}}, timeout=10)  # no Docker here
     for k, v in {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                  "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "DORYLUS_CACHE": str(tmp_path / "cache")}.items():

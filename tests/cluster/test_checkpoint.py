@@ -31,3 +31,25 @@ def test_a_damaged_checkpoint_is_refused(tmp_path):
     (tmp_path / "ck" / latest["file"]).write_bytes(b"garbage")
     with pytest.raises(DataError, match="does not match latest.json"):
         load_checkpoint(root)
+
+
+def test_resume_continues_exactly(small_graph, tmp_path, capsys):
+    """2 epochs + resume to 4 == 4 epochs straight: weights, Adam state, dropout (keyed by epoch)."""
+    common = ["--backend", "cpu", "--graph-servers", "2", "--quiet", "--checkpoint-every", "2"]
+    for name in ("straight", "resumed"):
+        prepare(small_graph, tmp_path / name, 2)
+    assert main(["train", "--data", str(tmp_path / "straight"), "--epochs", "4", "--out", str(tmp_path / "a"), *common]) == 0
+    assert main(["train", "--data", str(tmp_path / "resumed"), "--epochs", "2", "--out", str(tmp_path / "b1"), *common]) == 0
+    assert main(["train", "--data", str(tmp_path / "resumed"), "--epochs", "4", "--out", str(tmp_path / "b2"), "--resume",
+                 *common]) == 0
+    a = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (tmp_path / "b2" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in b] == [3, 4]
+    np.testing.assert_allclose([r["loss"] for r in b], [r["loss"] for r in a[2:]], rtol=1e-5)
+    wa, wb = np.load(tmp_path / "a" / "weights.npz"), np.load(tmp_path / "b2" / "weights.npz")
+    for k in wa.files:
+        np.testing.assert_allclose(wa[k], wb[k], rtol=1e-5, atol=1e-7)
+    capsys.readouterr()
+    assert main(["train", "--data", str(tmp_path / "resumed"), "--epochs", "4", "--out", str(tmp_path / "b3"), "--resume",
+                 *common]) == 2
+    assert "leaves nothing to do" in capsys.readouterr().err and not (tmp_path / "b3").exists()
