@@ -10,24 +10,35 @@ resource "random_password" "job_token" {
   special = false
 }
 
-resource "aws_instance" "graph_server" {
+locals {
+  servers = merge(
+    { for i, ip in local.graph_server_ips : "graph-server-${i}" => {
+      role = "graph-server", rank = i, ip = ip, type = var.graph_server_type, disk_gb = 100
+    } },
+    { for i, ip in local.weight_server_ips : "weight-server-${i}" => {
+      role = "weight-server", rank = i, ip = ip, type = var.weight_server_type, disk_gb = 30
+    } },
+  )
+}
+
+resource "aws_instance" "server" {
   # checkov:skip=CKV_AWS_126: detailed monitoring is billed per instance; dorylus records its own timings
   # checkov:skip=CKV2_AWS_41: the instance profile is attached (aws_iam_instance_profile.server)
   # checkov:skip=CKV_AWS_88: a public address instead of a NAT gateway (about 32 USD a month plus data) for pip at
   #   boot and operator SSH; the security group admits only operator_cidr, the Lambdas and the servers
-  count                       = var.graph_server_count
+  for_each                    = local.servers
   ami                         = data.aws_ssm_parameter.al2023.value
-  instance_type               = var.graph_server_type
+  instance_type               = each.value.type
   subnet_id                   = aws_subnet.servers.id
-  private_ip                  = local.graph_server_ips[count.index]
-  associate_public_ip_address = true # SSH from operator_cidr; pip install at boot
+  private_ip                  = each.value.ip
+  associate_public_ip_address = true
   vpc_security_group_ids      = [aws_security_group.servers.id]
   iam_instance_profile        = aws_iam_instance_profile.server.name
   key_name                    = var.key_name == "" ? null : var.key_name
   ebs_optimized               = true
   user_data_replace_on_change = true
   user_data = templatefile("${path.module}/templates/server.sh.tftpl", {
-    role         = "graph-server", rank = count.index, package = var.package_spec, token = random_password.job_token.result,
+    role         = each.value.role, rank = each.value.rank, package = var.package_spec, token = random_password.job_token.result,
     cluster_json = jsonencode(local.cluster), region = var.region
   })
   metadata_options {
@@ -35,38 +46,8 @@ resource "aws_instance" "graph_server" {
     http_endpoint = "enabled"
   }
   root_block_device {
-    volume_size = 100
+    volume_size = each.value.disk_gb
     encrypted   = true
   }
-  tags = { Name = "${var.name}-graph-server-${count.index}" }
-}
-
-resource "aws_instance" "weight_server" {
-  # checkov:skip=CKV_AWS_126: detailed monitoring is billed per instance; dorylus records its own timings
-  # checkov:skip=CKV2_AWS_41: the instance profile is attached (aws_iam_instance_profile.server)
-  # checkov:skip=CKV_AWS_88: as for the graph servers: public address instead of a NAT gateway, SG-restricted
-  count                       = var.weight_server_count
-  ami                         = data.aws_ssm_parameter.al2023.value
-  instance_type               = var.weight_server_type
-  subnet_id                   = aws_subnet.servers.id
-  private_ip                  = local.weight_server_ips[count.index]
-  associate_public_ip_address = true # SSH from operator_cidr; pip install at boot
-  vpc_security_group_ids      = [aws_security_group.servers.id]
-  iam_instance_profile        = aws_iam_instance_profile.server.name
-  key_name                    = var.key_name == "" ? null : var.key_name
-  ebs_optimized               = true
-  user_data_replace_on_change = true
-  user_data = templatefile("${path.module}/templates/server.sh.tftpl", {
-    role         = "weight-server", rank = count.index, package = var.package_spec, token = random_password.job_token.result,
-    cluster_json = jsonencode(local.cluster), region = var.region
-  })
-  metadata_options {
-    http_tokens   = "required" # IMDSv2 only
-    http_endpoint = "enabled"
-  }
-  root_block_device {
-    volume_size = 30
-    encrypted   = true
-  }
-  tags = { Name = "${var.name}-weight-server-${count.index}" }
+  tags = { Name = "${var.name}-${each.key}" }
 }

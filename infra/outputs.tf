@@ -28,7 +28,7 @@ output "checkpoint_uri" {
 
 output "graph_server_public_ips" {
   description = "SSH to graph server 0 to run the driver"
-  value       = aws_instance.graph_server[*].public_ip
+  value       = [for i in range(var.graph_server_count) : aws_instance.server["graph-server-${i}"].public_ip]
 }
 
 output "lambda_function" {

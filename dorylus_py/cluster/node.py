@@ -22,6 +22,17 @@ from dorylus_py.protocol import Message, ProtocolError, decode, encode
 log = logging.getLogger(__name__)
 
 
+def bind(sock: zmq.Socket, host: str, port: int, who: str) -> int:
+    """Bind ``sock`` on ``host:port`` (0: any free port); return the port, or say who cannot listen."""
+    try:
+        if port:
+            sock.bind(f"tcp://{host}:{port}")
+            return port
+        return sock.bind_to_random_port(f"tcp://{host}")
+    except zmq.ZMQError as e:
+        raise DorylusError(f"{who}: cannot listen on {host}:{port} ({e})") from None
+
+
 class Stopped(Exception):
     """The driver asked this server to stop."""
 
@@ -36,13 +47,7 @@ class Node:
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         where = "*" if bind_host == "0.0.0.0" else (bind_host or host)
-        try:
-            if port:
-                self.router.bind(f"tcp://{where}:{port}")
-            else:
-                port = self.router.bind_to_random_port(f"tcp://{where}")
-        except zmq.ZMQError as e:
-            raise DorylusError(f"{role} {rank}: cannot listen on {where}:{port} ({e})") from None
+        port = bind(self.router, where, port, f"{role} {rank}")
         self.address = f"tcp://{host}:{port}"
         self.driver = self.ctx.socket(zmq.DEALER)
         self.driver.setsockopt(zmq.LINGER, 1000)

@@ -33,6 +33,7 @@ from collections import deque
 import numpy as np
 import zmq
 
+from dorylus_py.cluster.node import bind
 from dorylus_py.errors import DorylusError
 from dorylus_py.protocol import Message, ProtocolError, decode, encode, require
 
@@ -58,13 +59,7 @@ class Coordinator:
         self.rng = np.random.default_rng(seed)
         self.router = zmq.Context.instance().socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        try:
-            if port:
-                self.router.bind(f"tcp://{host}:{port}")
-            else:
-                port = self.router.bind_to_random_port(f"tcp://{host}")
-        except zmq.ZMQError as e:
-            raise DorylusError(f"coordinator: cannot listen on {host}:{port} ({e})") from None
+        port = bind(self.router, "*" if host == "0.0.0.0" else host, port, "coordinator")
         self.address = f"tcp://{'127.0.0.1' if host in ('*', '0.0.0.0') else host}:{port}"
         self.state = [RUNNING] * world
         self.ident: list[bytes | None] = [None] * world
