@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -186,6 +188,16 @@ class GraphServer:
 
     def _init_async(self) -> None:
         s = self.spec
+        # Graph stages (Gather, its backward) run on one thread of their own: torch releases the GIL, so
+        # the event loop keeps serving the Lambdas' pulls and pushes instead of making them wait.
+        self.graph_pool = ThreadPoolExecutor(1, thread_name_prefix="graph")
+        self.graph_done: queue.SimpleQueue = queue.SimpleQueue()
+        wake = f"inproc://graph-done-{id(self)}"
+        self.wake_recv = self.node.ctx.socket(zmq.PULL)
+        self.wake_recv.bind(wake)
+        self.wake_send = self.node.ctx.socket(zmq.PUSH)
+        self.wake_send.connect(wake)
+        self.node.poller.register(self.wake_recv, zmq.POLLIN)  # a finished stage ends the loop's wait
         first = s.get("first_epoch", 1)
         self.pipe = ChunkPipeline(len(self.bounds) - 1, self.layers, s["epochs"], s["staleness"], first=first)
         self.peer_min = {p: first for p in self.peers}
@@ -252,10 +264,9 @@ class GraphServer:
                         kind, train = ("fwd", False) if stage == "efwd" else (stage, stage not in ("eval",))
                         self.pipe.started(c)
                         self.launch((kind, train, e, layer, c))
-                    else:
-                        self.graph_stage(stage, c, e, layer)
-                        self.pipe.done(c)
-                        self.node.serve_once(self.handle, 0)  # answer waiting workers between graph stages
+                    else:  # on the graph thread, so this loop keeps answering the Lambdas meanwhile
+                        self.pipe.started(c)
+                        self.graph_pool.submit(self._graph_job, stage, c, e, layer)
                 ready = self.pipe.ready(self.slowest(), self.switch_at)
             if self.pipe.min_epoch() != told:
                 told = self.pipe.min_epoch()
@@ -272,6 +283,25 @@ class GraphServer:
                 raise DorylusError(f"graph server {self.k}: no progress for {self.spec['wait_timeout_s']:.0f} s "
                                    f"(chunk epochs {self.pipe.epoch}, peers at {self.peer_min})")
             self.step()
+            self._graph_jobs_done()
+
+    def _graph_job(self, stage: str, c: int, epoch: int, layer: int) -> None:
+        """Runs on the graph thread; the loop learns of it through ``graph_done`` and a wake-up message."""
+        try:
+            self.graph_stage(stage, c, epoch, layer)
+            self.graph_done.put((c, None))
+        except BaseException as e:  # noqa: BLE001  (re-raised on the loop's thread)
+            self.graph_done.put((c, e))
+        self.wake_send.send(b"", zmq.NOBLOCK)
+
+    def _graph_jobs_done(self) -> None:
+        while self.wake_recv.poll(0):
+            self.wake_recv.recv()
+        while not self.graph_done.empty():
+            c, error = self.graph_done.get()
+            if error is not None:
+                raise error
+            self.pipe.done(c)
 
     def slowest(self) -> int:
         return min([self.pipe.min_epoch(), *self.peer_min.values()])
@@ -554,6 +584,10 @@ class GraphServer:
                 "memory_mb": 0, "ok": True, "error": ""}
 
     def close(self) -> None:
+        if hasattr(self, "graph_pool"):
+            self.graph_pool.shutdown(wait=True, cancel_futures=True)
+            self.wake_send.close(0)
+            self.wake_recv.close(0)
         self.platform.close()
         for s in [*self.peers.values(), *self.weight_servers]:
             s.close(0)

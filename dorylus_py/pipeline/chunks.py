@@ -69,7 +69,7 @@ class ChunkPipeline:
         return out
 
     def started(self, chunk: int) -> None:
-        """A tensor task for the chunk's current stage is out."""
+        """The chunk's current stage is out: a tensor task, or a graph stage on the graph thread."""
         self.busy[chunk] = True
 
     def done(self, chunk: int) -> bool:
