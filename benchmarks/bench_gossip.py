@@ -72,7 +72,7 @@ def main() -> None:
                 r["epoch"] = "/".join(str(x["epoch"]) for x in runs)
                 r["batches"] = runs[0]["batches"]
                 name = f"{mode}, " + (f"straggler {straggler}" if straggler else "no straggler")
-                print(f"{name:<28}{r['time']:>12.2f}{r['epoch']!s:>8}{r['epoch_s']:>9.3f}{100 * r['test']:>9.2f}%"
+                print(f"{name:<28}{r['time']:>12.2f}{r['epoch']:>12}{r['epoch_s']:>9.3f}{100 * r['test']:>9.2f}%"
                       f"{r['batches']:>9}")
         slow = res["gossip", "1:3"]["time"] / res["allreduce", "1:3"]["time"]
         even = res["gossip", ""]["time"] / res["allreduce", ""]["time"]

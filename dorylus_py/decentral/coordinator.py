@@ -10,7 +10,7 @@ ask; a request that cannot be answered yet is *held* and re-examined after every
   die and give it back); answered ``drained`` once every batch is finished.
 - ``pair``: a worker reached a gossip point. Two waiting workers are paired at random (seeded); a lone
   waiter is told "no partner" as soon as no other live worker is running, i.e. could still ask.
-- ``epoch_end``: a worker's state vector (weights first, then Adam's moments) and epoch statistics. Once every live worker has sent them, the
+- ``epoch_end``: a worker's parameters and epoch statistics. Once every live worker has sent them, the
   parameters are averaged (weighted by the batches each trained) and all get the average back at once, to go on with the next epoch, while
   ``on_epoch`` evaluates and records it on an evaluator thread (workers never wait for evaluation; an
   early stop it asks for takes effect at the next epoch's end).

@@ -64,8 +64,7 @@ class EpochRecorder:
 
     def __call__(self, epoch: int, params: np.ndarray, stats: dict, tasks: list[dict]) -> bool:
         now = stats["ended_at"]  # evaluation overlaps the next epoch; the time is the epoch's end
-        size = sum(w.numel() for w in self.model.weights)  # the weights lead the vector, Adam's moments follow
-        torch.nn.utils.vector_to_parameters(torch.from_numpy(params[:size]), self.model.parameters())
+        torch.nn.utils.vector_to_parameters(torch.from_numpy(params), self.model.parameters())
         self.model.eval()
         with torch.no_grad():
             logits = self.model(self.adj, self.x)

@@ -4,8 +4,7 @@
 local steps average it with a partner's (the pair the coordinator formed), then step. A fast worker
 simply trains more batches. ``allreduce`` (the baseline): each epoch's batches are dealt out round-robin
 and every step averages all workers' gradients, so each step waits for the slowest worker.
-At an epoch's end every worker sends its weights and Adam moments to the coordinator and continues from
-their average (weighted by the batches each trained).
+At an epoch's end every worker sends its parameters to the coordinator and continues from their average.
 """
 
 from __future__ import annotations
@@ -84,35 +83,13 @@ class Worker:
             log = EpochLog()
             batches = self._gossip_epoch(epoch, log) if self.cfg.mode == "gossip" else self._allreduce_epoch(epoch, log)
             trained += batches
-            params = self._state_vector().cpu().numpy()
+            params = torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu().numpy()
             reply = self.client.ask("epoch_end", {"epoch": epoch, "loss_sum": log.loss_sum, "count": log.count,
                                                   "batches": batches, "tasks": log.tasks}, {"params": params})
             avg = torch.from_numpy(np.array(reply.tensors["params"])).to(self.device)
-            self._load_state_vector(avg)
+            torch.nn.utils.vector_to_parameters(avg, self.model.parameters())
             epoch = reply["next"]
         return trained
-
-    def _moments(self) -> list[torch.Tensor]:
-        """Adam's two moment estimates of every weight (zeros before the first step)."""
-        out = []
-        for w in self.model.weights:
-            st = self.opt.state.get(w)
-            if not st:
-                st = self.opt.state[w] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(w),
-                                          "exp_avg_sq": torch.zeros_like(w)}
-            out += [st["exp_avg"], st["exp_avg_sq"]]
-        return out
-
-    def _state_vector(self) -> torch.Tensor:
-        """Weights and Adam's moments as one vector: what the epoch's end averages."""
-        return torch.cat([t.detach().reshape(-1) for t in [*self.model.weights, *self._moments()]])
-
-    def _load_state_vector(self, flat: torch.Tensor) -> None:
-        at = 0
-        with torch.no_grad():
-            for t in [*self.model.weights, *self._moments()]:
-                t.copy_(flat[at:at + t.numel()].view_as(t))
-                at += t.numel()
 
     # --- one batch ---------------------------------------------------------------------------------
 
