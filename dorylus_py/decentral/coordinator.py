@@ -11,9 +11,11 @@ ask; a request that cannot be answered yet is *held* and re-examined after every
 - ``pair``: a worker reached a gossip point. Two waiting workers are paired at random (seeded); a lone
   waiter is told "no partner" as soon as no other live worker is running, i.e. could still ask.
 - ``epoch_end``: a worker's parameters and epoch statistics. Once every live worker has sent them, the
-  parameters are averaged (weighted by the batches each trained) and all get the average back at once, to go on with the next epoch, while
-  ``on_epoch`` evaluates and records it on an evaluator thread (workers never wait for evaluation; an
-  early stop it asks for takes effect at the next epoch's end).
+  parameters are averaged (weighted by the batches each trained) and all get the average back at once,
+  to go on with the next epoch, while ``on_epoch`` evaluates and records it on an evaluator thread.
+  Workers do not wait for that evaluation, so an early stop it asks for (``--target-acc``) takes effect
+  at the next epoch's end: always exactly one epoch late, since an epoch's end first waits for the
+  previous epoch's evaluation (normally long finished).
 
 Why this cannot deadlock (docs/gossip.md): a held request only waits for a worker that is *running*
 (between two requests), and a running worker always sends its next request after finite work, or dies
@@ -54,6 +56,8 @@ class Coordinator:
         self.started = False
         self.epochs = epochs
         self.stop_requested = False
+        self.evaluated = threading.Condition()
+        self.evaluated_epoch = 0  # the last epoch on_epoch has finished with
         self._evaluations: queue.Queue = queue.Queue()
         self._evaluator = threading.Thread(target=self._evaluate, name="evaluator", daemon=True)
         self.rng = np.random.default_rng(seed)
@@ -98,11 +102,16 @@ class Coordinator:
             try:
                 if not self.on_epoch(*item):
                     self.stop_requested = True
+                with self.evaluated:
+                    self.evaluated_epoch = item[0]
+                    self.evaluated.notify_all()
                 if item[0] == self.last_epoch:
                     self.done.set()
             except BaseException as e:
                 self.error = e
                 self.done.set()
+                with self.evaluated:
+                    self.evaluated.notify_all()
 
     def live(self) -> list[int]:
         return [r for r in range(self.world) if self.state[r] != DEAD]
@@ -218,6 +227,9 @@ class Coordinator:
                  "ended_at": time.perf_counter(),
                  "count": sum(self.reports[r]["count"] for r in live), "workers": len(live)}
         tasks = [t for r in live for t in self.reports[r]["tasks"]]
+        with self.evaluated:  # the previous epoch's verdict (target reached?) is in: stops are one epoch late, always
+            self.evaluated.wait_for(lambda: self.evaluated_epoch >= self.epoch - 1 or self.error is not None,
+                                    timeout=self.wait_timeout_s)
         final = self.stop_requested or self.epoch >= self.epochs
         if final:
             self.last_epoch = self.epoch

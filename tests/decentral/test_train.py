@@ -30,13 +30,13 @@ def small_npz(small_graph, tmp_path):
 
 def test_gossip_with_a_straggler_trains_every_batch_once_per_epoch(tmp_path, small_npz, capsys):
     summary, metrics, tasks = _train(tmp_path, small_npz, "g", "--mode", "gossip", "--epochs", "6", "--clusters", "12",
-                                     "--clusters-per-batch", "2", "--straggler", "1:4")
+                                     "--clusters-per-batch", "2", "--straggler", "1:20")
     assert [m["epoch"] for m in metrics] == list(range(1, 7))
     batches = [t for t in tasks if t["kind"] == "batch"]
     for epoch in range(1, 7):
         assert sorted(t["batch"] for t in batches if t["epoch"] == epoch) == list(range(6))  # exactly once
     per_worker = Counter(t["server"] for t in batches)
-    assert per_worker[1] < max(per_worker.values())  # the work pool gave the straggler less
+    assert per_worker[1] < min(n for r, n in per_worker.items() if r != 1)  # the pool gave the straggler less
     assert summary["batches_trained"] == 36 and summary["gossip_rounds"] > 0 and summary["worker_deaths"] == []
     assert metrics[-1]["loss"] < metrics[0]["loss"]
     # reports read decentralised records like any other
