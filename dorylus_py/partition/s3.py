@@ -11,6 +11,7 @@ never used. Credentials, region and endpoint come from the standard AWS chain (`
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from dorylus_py.checksum import sha256_file
@@ -96,31 +97,33 @@ def cache_dir(uri: str) -> Path:
 
 
 def fetch(uri: str, name: str, dest: Path, size: int | None = None, sha256: str | None = None) -> Path:
-    """Download ``uri/name`` to ``dest`` (skipped when a verified copy is there); check it."""
+    """Download ``uri/name`` to ``dest`` and check it; a copy already there that matches ``size`` (and
+    ``sha256``, if given) is kept. Safe when several processes fetch the same file at once: each
+    downloads to a file of its own and renames it into place."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, prefix = split(uri)
     where = f"{uri.rstrip('/')}/{name}"
-    if dest.exists() and (size is None or dest.stat().st_size == size) and (sha256 is None or sha256_file(dest) == sha256):
+    if size is not None and dest.exists() and dest.stat().st_size == size and (sha256 is None or sha256_file(dest) == sha256):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".part")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
     try:
-        client().download_file(bucket, _key(prefix, name), str(tmp))
-    except ClientError as e:
+        try:
+            client().download_file(bucket, _key(prefix, name), str(tmp))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NoSuchBucket"):
+                raise DataError(f"{where}: missing") from None
+            raise _error(e, where) from None
+        except BotoCoreError as e:
+            raise _error(e, where) from None
+        if size is not None and tmp.stat().st_size != size:
+            raise DataError(f"{where}: {tmp.stat().st_size} bytes, manifest says {size} (truncated?)")
+        if sha256 is not None and sha256_file(tmp) != sha256:
+            raise DataError(f"{where}: checksum mismatch with the manifest (corrupt object)")
+        os.replace(tmp, dest)
+    finally:
         tmp.unlink(missing_ok=True)
-        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NoSuchBucket"):
-            raise DataError(f"{where}: missing") from None
-        raise _error(e, where) from None
-    except BotoCoreError as e:
-        tmp.unlink(missing_ok=True)
-        raise _error(e, where) from None
-    if size is not None and tmp.stat().st_size != size:
-        got = tmp.stat().st_size
-        tmp.unlink()
-        raise DataError(f"{where}: {got} bytes, manifest says {size} (truncated?)")
-    if sha256 is not None and sha256_file(tmp) != sha256:
-        tmp.unlink()
-        raise DataError(f"{where}: checksum mismatch with the manifest (corrupt object)")
-    tmp.replace(dest)
     return dest

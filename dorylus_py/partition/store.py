@@ -101,11 +101,10 @@ class PartitionStore:
     def open(cls, root: str | os.PathLike) -> "PartitionStore":
         if s3.is_s3(root):  # cached per manifest version: a re-prepared store never reads stale files
             cache = s3.cache_dir(str(root))
-            (cache / "manifest.json").unlink(missing_ok=True)
-            s3.fetch(str(root), "manifest.json", cache / "manifest.json")
-            version = cache / sha256_file(cache / "manifest.json")[:16]
-            version.mkdir(exist_ok=True)
-            (cache / "manifest.json").replace(version / "manifest.json")
+            fetched = s3.fetch(str(root), "manifest.json", cache / f"manifest.{os.getpid()}.json")
+            version = cache / sha256_file(fetched)[:16]
+            version.mkdir(parents=True, exist_ok=True)
+            os.replace(fetched, version / "manifest.json")  # other processes may do the same: same content
             store = cls.open(version)
             store.remote = str(root)
             return store

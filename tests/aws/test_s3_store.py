@@ -86,3 +86,18 @@ def test_graph_servers_train_from_s3(graph_file, bucket, tmp_path):
     final = np.load(out / "weights.npz")
     assert int(ckpt["epoch"]) == 3 and np.array_equal(ckpt["W0"], final["W0"]) and np.array_equal(ckpt["W1"], final["W1"])
     assert float(ckpt["adam_step0"]) == 3 and int(ckpt["version1"]) == 3 and ckpt["adam_v0"].any()
+
+
+def _load_part(uri: str, k: int) -> int:
+    return PartitionStore.open(uri).load(k).num_local
+
+
+def test_many_processes_fetch_the_same_store_at_once(graph_file, bucket):
+    """Graph servers and the driver share one cache: concurrent fetches must not trip over each other."""
+    import multiprocessing as mp
+
+    uri = f"s3://{bucket}/shared"
+    assert main(["prepare", str(graph_file), "-k", "2", "--out", uri]) == 0
+    with mp.get_context("spawn").Pool(4) as pool:
+        sizes = pool.starmap(_load_part, [(uri, k % 2) for k in range(8)])
+    assert len(set(sizes[0::2])) == 1 and len(set(sizes[1::2])) == 1 and sum(sizes[:2]) == 600
