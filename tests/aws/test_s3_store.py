@@ -88,16 +88,19 @@ def test_graph_servers_train_from_s3(graph_file, bucket, tmp_path):
     assert float(ckpt["adam_step0"]) == 3 and int(ckpt["version1"]) == 3 and ckpt["adam_v0"].any()
 
 
-def _load_part(uri: str, k: int) -> int:
-    return PartitionStore.open(uri).load(k).num_local
-
-
 def test_many_processes_fetch_the_same_store_at_once(graph_file, bucket):
-    """Graph servers and the driver share one cache: concurrent fetches must not trip over each other."""
-    import multiprocessing as mp
+    """Graph servers and the driver share one cache: concurrent fetches must not trip over each other.
+    (Plain subprocesses: a multiprocessing pool would leave its resource tracker running.)"""
+    import subprocess
+    import sys
 
     uri = f"s3://{bucket}/shared"
     assert main(["prepare", str(graph_file), "-k", "2", "--out", uri]) == 0
-    with mp.get_context("spawn").Pool(4) as pool:
-        sizes = pool.starmap(_load_part, [(uri, k % 2) for k in range(8)])
+    code = "import sys; from dorylus_py.partition import PartitionStore; " \
+           "print(PartitionStore.open(sys.argv[1]).load(int(sys.argv[2])).num_local)"
+    procs = [subprocess.Popen([sys.executable, "-c", code, uri, str(k % 2)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for k in range(6)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-500:] for _, err in outs]
+    sizes = [int(out) for out, _ in outs]
     assert len(set(sizes[0::2])) == 1 and len(set(sizes[1::2])) == 1 and sum(sizes[:2]) == 600
