@@ -27,7 +27,7 @@ from dorylus_py.errors import DorylusError
 from dorylus_py.partition.store import PartitionStore
 from dorylus_py.progress import progress_bar
 from dorylus_py.protocol import Message, decode, encode
-from dorylus_py.training.record import BestTracker, RunRecord
+from dorylus_py.training.record import BestTracker, RunRecord, run_summary
 from dorylus_py.training.reference import TrainResult
 
 
@@ -236,14 +236,7 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
 
     if not history:
         raise DorylusError("the job ended before its first epoch")
-    row = history[-1]
-    summary = {
-        "status": "completed", "backend": cfg.backend, "mode": cfg.mode, "epochs": len(history),
-        "final_loss": row["loss"], "final_train_acc": row["train_acc"], "final_val_acc": row["val_acc"],
-        "final_test_acc": row["test_acc"], "best_val_acc": best.best_val_acc, "best_epoch": best.best_epoch,
-        "test_acc_at_best_val": best.test_acc_at_best_val, "wall_s": time.perf_counter() - start,
-        "median_epoch_s": float(np.median([r["epoch_s"] for r in history])), **stats,
-    }
+    summary = run_summary(history, best, time.perf_counter() - start, backend=cfg.backend, mode=cfg.mode, **stats)
     record.finish(summary)
     return TrainResult(summary, history)
 

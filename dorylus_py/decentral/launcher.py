@@ -33,12 +33,13 @@ from dorylus_py.errors import DorylusError
 from dorylus_py.models.gcn import GCN
 from dorylus_py.partition.partitioners import assign
 from dorylus_py.progress import progress_bar, status
-from dorylus_py.training.record import BestTracker, RunRecord
+from dorylus_py.training.record import BestTracker, RunRecord, run_summary
 from dorylus_py.training.reference import (
     TrainResult,
     accuracy,
     input_features,
     model_dims,
+    model_weights,
 )
 
 
@@ -78,28 +79,18 @@ class EpochRecorder:
         self.record.log_tasks(tasks)
         self.batches += sum(t["kind"] == "batch" for t in tasks)
         if self.best.update(epoch, acc["val"], acc["test"]):
-            self.best_weights = self.weights()
+            self.best_weights = model_weights(self.model)
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{row['loss']:.4f}", val=f"{acc['val']:.3f}", refresh=False)
         return not (self.cfg.target_acc and acc["val"] >= self.cfg.target_acc)
-
-    def weights(self) -> dict[str, np.ndarray]:
-        return {f"W{i}": w.detach().numpy().copy() for i, w in enumerate(self.model.weights)}
 
     def finish(self, extra: dict) -> TrainResult:
         self.bar.close()
         if not self.history:
             raise DorylusError("the job ended before its first epoch")
-        row = self.history[-1]
-        summary = {
-            "status": "completed", "backend": "decentral", "mode": self.cfg.mode, "epochs": len(self.history),
-            "final_loss": row["loss"], "final_train_acc": row["train_acc"], "final_val_acc": row["val_acc"],
-            "final_test_acc": row["test_acc"], "best_val_acc": self.best.best_val_acc, "best_epoch": self.best.best_epoch,
-            "test_acc_at_best_val": self.best.test_acc_at_best_val, "wall_s": time.perf_counter() - self.start,
-            "median_epoch_s": float(np.median([r["epoch_s"] for r in self.history])), "batches_trained": self.batches,
-            **extra,
-        }
-        self.record.save_weights("weights.npz", self.weights())
+        summary = run_summary(self.history, self.best, time.perf_counter() - self.start, backend="decentral",
+                              mode=self.cfg.mode, batches_trained=self.batches, **extra)
+        self.record.save_weights("weights.npz", model_weights(self.model))
         self.record.save_weights("best_weights.npz", self.best_weights)
         self.record.finish(summary)
         return TrainResult(summary, self.history)

@@ -63,6 +63,19 @@ class RunRecord:
             tmp.write_text(json.dumps(obj, indent=2) + "\n")
 
 
+def run_summary(history: list[dict], best: "BestTracker", wall_s: float, **fields) -> dict:
+    """What ``summary.json`` holds for any trainer: final and best accuracies, time, and ``fields``
+    (backend, mode, backend-specific counts)."""
+    row = history[-1]
+    return {
+        "status": "completed", **fields, "epochs": len(history),
+        "final_loss": row["loss"], "final_train_acc": row["train_acc"], "final_val_acc": row["val_acc"],
+        "final_test_acc": row["test_acc"], "best_val_acc": best.best_val_acc, "best_epoch": best.best_epoch,
+        "test_acc_at_best_val": best.test_acc_at_best_val, "wall_s": wall_s,
+        "median_epoch_s": float(np.median([r["epoch_s"] for r in history])),
+    }
+
+
 class BestTracker:
     """Follows the best validation accuracy (earliest epoch wins ties) and the test accuracy there."""
 

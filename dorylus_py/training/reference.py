@@ -21,7 +21,7 @@ from dorylus_py.errors import ConfigError
 from dorylus_py.kernels.sparse import NormalizedAdjacency
 from dorylus_py.models.gcn import GCN
 from dorylus_py.progress import progress_bar
-from dorylus_py.training.record import BestTracker, RunRecord
+from dorylus_py.training.record import BestTracker, RunRecord, run_summary
 
 
 def model_dims(cfg: TrainConfig, graph: Graph) -> list[int]:
@@ -103,33 +103,20 @@ def train_reference(
         }
         history.append(row)
         if best.update(epoch, acc["val"], acc["test"]):
-            best_weights = _weights(model)
+            best_weights = model_weights(model)
         if record is not None:
             record.log_epoch(row)
         bar.set_postfix(loss=f"{row['loss']:.4f}", val=f"{acc['val']:.3f}", refresh=False)
     bar.close()
 
-    row = history[-1]
-    summary = {
-        "status": "completed",
-        "backend": cfg.backend,
-        "epochs": cfg.epochs,
-        "final_loss": row["loss"],
-        "final_train_acc": row["train_acc"],
-        "final_val_acc": row["val_acc"],
-        "final_test_acc": row["test_acc"],
-        "best_val_acc": best.best_val_acc,
-        "best_epoch": best.best_epoch,
-        "test_acc_at_best_val": best.test_acc_at_best_val,
-        "wall_s": time.perf_counter() - start,
-        "median_epoch_s": float(np.median([r["epoch_s"] for r in history])),
-    }
+    summary = run_summary(history, best, time.perf_counter() - start, backend=cfg.backend)
     if record is not None:
-        record.save_weights("weights.npz", _weights(model))
+        record.save_weights("weights.npz", model_weights(model))
         record.save_weights("best_weights.npz", best_weights)
         record.finish(summary)
     return TrainResult(summary, history)
 
 
-def _weights(model: GCN) -> dict[str, np.ndarray]:
+def model_weights(model: GCN) -> dict[str, np.ndarray]:
+    """A model's weight matrices as ``weights.npz`` stores them (``W0``, ``W1``, ...)."""
     return {f"W{i}": w.detach().cpu().numpy().copy() for i, w in enumerate(model.weights)}
