@@ -33,6 +33,21 @@ def bind(sock: zmq.Socket, host: str, port: int, who: str) -> int:
         raise DorylusError(f"{who}: cannot listen on {host}:{port} ({e})") from None
 
 
+def exit_with_parent(code: int = 0) -> None:
+    """Exit this process (with ``code``) once its parent is gone: a killed launcher or graph server must
+    not leave its workers behind. Checks once a second on a daemon thread."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(code)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 class Stopped(Exception):
     """The driver asked this server to stop."""
 

@@ -20,6 +20,11 @@ from dorylus_py.kernels.sparse import NormalizedAdjacency
 from dorylus_py.partition.partitioners import assign
 
 
+def batch_count(clusters: int, per_batch: int) -> int:
+    """Batches per epoch: the clusters grouped ``per_batch`` at a time, the last group possibly smaller."""
+    return -(-clusters // per_batch)
+
+
 @dataclass(frozen=True, eq=False)
 class Batch:
     nodes: np.ndarray  # (B,) global vertex ids, sorted
@@ -75,7 +80,7 @@ class ClusterBatches:
 
     @property
     def batches_per_epoch(self) -> int:
-        return -(-len(self.members) // self.per_batch)
+        return batch_count(len(self.members), self.per_batch)
 
     def epoch_plan(self, epoch: int) -> list[np.ndarray]:
         """The clusters of each batch of ``epoch``: the same list in every worker."""

@@ -113,6 +113,10 @@ class Coordinator:
                 with self.evaluated:
                     self.evaluated.notify_all()
 
+    def stats(self) -> dict:
+        """What the run's summary records of the coordination."""
+        return {"gossip_rounds": self.rounds, "worker_deaths": list(self.deaths), "rejected_messages": self.rejected}
+
     def live(self) -> list[int]:
         return [r for r in range(self.world) if self.state[r] != DEAD]
 

@@ -26,7 +26,7 @@ import torch
 from dorylus_py.config import TrainConfig
 from dorylus_py.data.formats import write_npz
 from dorylus_py.data.graph import Graph
-from dorylus_py.decentral.batches import ClusterBatches, enhanced_adjacency
+from dorylus_py.decentral.batches import ClusterBatches, batch_count, enhanced_adjacency
 from dorylus_py.decentral.coordinator import Coordinator, CoordinatorClient
 from dorylus_py.decentral.worker import Worker
 from dorylus_py.errors import DorylusError
@@ -98,7 +98,7 @@ class EpochRecorder:
 
 def pool_size(cfg: TrainConfig) -> int:
     """Batches in the coordinator's work pool each epoch; all-reduce deals them out itself (0)."""
-    return -(-cfg.clusters // cfg.clusters_per_batch) if cfg.mode == "gossip" else 0
+    return batch_count(cfg.clusters, cfg.clusters_per_batch) if cfg.mode == "gossip" else 0
 
 
 def run_worker(cfg: TrainConfig, graph: Graph, owner: np.ndarray | None, rank: int, world: int, coordinator: str,
@@ -162,16 +162,14 @@ def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict,
     finally:
         _wait_or_kill(procs, 0)
         coord.close()
-    return recorder.finish({"workers": cfg.workers, "gossip_rounds": coord.rounds,
-                            "worker_deaths": coord.deaths, "rejected_messages": coord.rejected})
+    return recorder.finish({"workers": cfg.workers, **coord.stats()})
 
 
 def worker_process(argv=None) -> int:
     """``python -m dorylus_py.decentral``: one worker started by :func:`train_decentral`."""
     import argparse
-    import threading
 
-    from dorylus_py.cluster.node import run_main
+    from dorylus_py.cluster.node import exit_with_parent, run_main
     from dorylus_py.data.formats import read_npz
 
     ap = argparse.ArgumentParser(description="one decentralised worker (started by `dorylus train --mode gossip`)")
@@ -183,14 +181,7 @@ def worker_process(argv=None) -> int:
     args = ap.parse_args(argv)
 
     def main() -> None:
-        parent = os.getppid()
-
-        def watch() -> None:  # a killed launcher must not leave its workers behind
-            while os.getppid() == parent:
-                time.sleep(1.0)
-            os._exit(3)
-
-        threading.Thread(target=watch, daemon=True).start()
+        exit_with_parent(3)
         run = Path(args.run_dir)
         saved = json.loads((run / "config.json").read_text())
         cfg = TrainConfig(**{k: v for k, v in saved.items() if k in TrainConfig.__dataclass_fields__})
@@ -226,8 +217,7 @@ def _under_torchrun(cfg, graph, run_dir, config, overwrite, show_progress) -> Tr
             raise DorylusError(str(coord.error))
     finally:
         coord.close()
-    return recorder.finish({"workers": world, "gossip_rounds": coord.rounds,
-                            "worker_deaths": coord.deaths, "rejected_messages": coord.rejected})
+    return recorder.finish({"workers": world, **coord.stats()})
 
 
 def _free_port() -> int:

@@ -75,18 +75,9 @@ class LocalLambdaPlatform(Platform):
 
 
 def _worker_init() -> None:
-    import os
-    import threading
-
     import torch
 
+    from dorylus_py.cluster.node import exit_with_parent
+
     torch.set_num_threads(1)  # one vCPU-ish per emulated Lambda; many run at once
-    parent = os.getppid()
-
-    def watch() -> None:  # a killed graph server must not leave its Lambdas behind
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(0)
-
-    threading.Thread(target=watch, daemon=True).start()
+    exit_with_parent(0)
