@@ -207,9 +207,10 @@ def _add_prepare(sub, data) -> None:
 def _run_prepare(args) -> int:
     from dorylus_py.data import load_graph
     from dorylus_py.partition import prepare
+    from dorylus_py.partition.s3 import is_s3
     from dorylus_py.progress import status
 
-    if not args.out.startswith("s3://") and Path(args.out).exists() and not args.overwrite:
+    if not is_s3(args.out) and Path(args.out).exists() and not args.overwrite:
         raise DorylusError(f"{args.out}: already exists (pass --overwrite to replace it)")
     t0 = time.perf_counter()
     status(f"loading {args.input}")
@@ -322,6 +323,9 @@ def _run_train(args) -> int:
         if cfg.backend == "reference":
             raise DorylusError("--cluster needs a distributed backend (local, lambda, cpu or gpu)")
         cluster = ClusterSpec.load(args.cluster)
+        if not _is_prepared_store(cfg.data):
+            raise DorylusError("--cluster needs --data to be a folder made by `dorylus prepare` (or its s3:// "
+                               "address), readable by the graph servers")
         if cfg.backend == "lambda":
             cfg = dataclasses.replace(cfg, lambda_function=cfg.lambda_function or cluster.lambda_function,
                                       aws_region=cfg.aws_region or cluster.region)
@@ -329,8 +333,6 @@ def _run_train(args) -> int:
     if cfg.backend == "lambda" and cluster is None and not cfg.lambda_run_here:
         raise DorylusError("--backend lambda needs --cluster FILE: Lambdas must reach the graph and weight servers at "
                            "addresses in that file (or --lambda-run-here, for tests against moto)")
-        if not (cfg.data and (cfg.data.startswith("s3://") or (Path(cfg.data) / "manifest.json").exists())):
-            raise DorylusError("--cluster needs --data to be a folder made by `dorylus prepare`, readable by the graph servers")
     if cfg.data is None:
         synth = SynthConfig()
         status(f"no --data: generating a graph ({synth.nodes:,} vertices, {synth.edges:,} edges, seed {synth.seed})")
@@ -342,7 +344,7 @@ def _run_train(args) -> int:
     if cfg.resume:  # checked before anything is written
         from dorylus_py.checkpoint import checkpoint_root, load_checkpoint
 
-        if not (cfg.data and (cfg.data.startswith("s3://") or (Path(cfg.data) / "manifest.json").exists())):
+        if not _is_prepared_store(cfg.data):
             raise DorylusError("--resume needs --data to be the prepared store (folder or s3://) holding the checkpoints")
         done = int(load_checkpoint(checkpoint_root(cfg.data))["epoch"])
         if done >= cfg.epochs:
@@ -603,12 +605,13 @@ def _run_server(args) -> int:
 def _partitions_for(cfg, graph, run_dir: Path, partitioner: str) -> Path:
     """A prepared folder with K partitions: --data itself when it is one, else made in RUN_DIR."""
     from dorylus_py.partition import PartitionStore, prepare
+    from dorylus_py.partition.s3 import is_s3
     from dorylus_py.progress import status
 
-    if cfg.data and cfg.data.startswith("s3://"):
-        if PartitionStore.open(cfg.data).num_parts != cfg.graph_servers:
-            raise DorylusError(f"{cfg.data} holds {PartitionStore.open(cfg.data).num_parts} partitions, "
-                               f"not --graph-servers {cfg.graph_servers}")
+    if cfg.data and is_s3(cfg.data):  # cannot be re-partitioned here: it must fit as it is
+        parts = PartitionStore.open(cfg.data).num_parts
+        if parts != cfg.graph_servers:
+            raise DorylusError(f"{cfg.data} holds {parts} partitions, not --graph-servers {cfg.graph_servers}")
         return cfg.data
     data = Path(cfg.data) if cfg.data else None
     if data is not None and (data / "manifest.json").exists():
@@ -617,6 +620,13 @@ def _partitions_for(cfg, graph, run_dir: Path, partitioner: str) -> Path:
     status(f"partitioning into {cfg.graph_servers} parts ({partitioner})")
     prepare(graph, run_dir / "partitions", cfg.graph_servers, partitioner, overwrite=True)
     return run_dir / "partitions"
+
+
+def _is_prepared_store(data: str | None) -> bool:
+    """``data`` is a store made by `dorylus prepare`: a folder with a manifest, or an s3:// address."""
+    from dorylus_py.partition.s3 import is_s3
+
+    return bool(data) and (is_s3(data) or (Path(data) / "manifest.json").exists())
 
 
 def _check_output_file(path: Path, overwrite: bool) -> None:

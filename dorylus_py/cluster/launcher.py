@@ -24,6 +24,7 @@ import zmq
 from dorylus_py.cluster.spec import ClusterSpec
 from dorylus_py.config import TrainConfig
 from dorylus_py.errors import DorylusError
+from dorylus_py.partition import s3
 from dorylus_py.partition.store import PartitionStore
 from dorylus_py.progress import progress_bar
 from dorylus_py.protocol import Message, decode, encode
@@ -137,7 +138,7 @@ def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feat
         resume_from = checkpoint_root(str(parts_dir))
         first_epoch = int(load_checkpoint(resume_from)["epoch"]) + 1  # the CLI checked it is <= cfg.epochs
     job = Job(cfg, parts_dir, record.dir, feature_norm, cluster)
-    data_dir = str(parts_dir) if str(parts_dir).startswith("s3://") else str(Path(parts_dir).resolve())
+    data_dir = str(parts_dir) if s3.is_s3(parts_dir) else str(Path(parts_dir).resolve())
     start = time.perf_counter()
     history: list[dict] = []
     best = BestTracker()

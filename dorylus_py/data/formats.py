@@ -44,7 +44,9 @@ class Sources:
 
 def load_graph(path: str | os.PathLike, sources: Sources = Sources()) -> Graph:
     """Load and validate a graph from any supported format; raise :class:`DataError` on any problem."""
-    if str(path).startswith("s3://"):  # a store made by `dorylus prepare --out s3://...`
+    from dorylus_py.partition.s3 import is_s3
+
+    if is_s3(path):  # a store made by `dorylus prepare --out s3://...`
         from dorylus_py.partition.store import PartitionStore
 
         return PartitionStore.open(path).assemble()

@@ -62,3 +62,17 @@ def test_bad_cluster_files(tmp_path, content, message):
     (tmp_path / "c.json").write_text(content)
     with pytest.raises(ConfigError, match=message):
         ClusterSpec.load(tmp_path / "c.json")
+
+
+def test_cluster_job_needs_a_prepared_store(small_graph, tmp_path, capsys):
+    """Servers elsewhere read the partitions themselves: a raw dataset file is refused before any work."""
+    from dorylus_py.data import write_npz
+
+    write_npz(small_graph, tmp_path / "g.npz")
+    (tmp_path / "c.json").write_text(
+        '{"driver": "tcp://10.0.0.1:7000", "graph_servers": ["tcp://10.0.0.2:7100"], "weight_servers": ["tcp://10.0.0.3:7200"]}')
+    code = main(["train", "--backend", "cpu", "--cluster", str(tmp_path / "c.json"), "--data", str(tmp_path / "g.npz"),
+                 "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--cluster needs --data to be a folder made by `dorylus prepare`" in err
+    assert not (tmp_path / "run").exists()
