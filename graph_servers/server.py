@@ -260,12 +260,11 @@ class GraphServer:
             while ready:  # run graph stages and launch tasks until every chunk waits on something
                 for c, e, stage, layer in ready:
                     self.epoch_start.setdefault(e, time.perf_counter())
+                    self.pipe.started(c)
                     if stage in TENSOR_STAGES:
                         kind, train = ("fwd", False) if stage == "efwd" else (stage, stage not in ("eval",))
-                        self.pipe.started(c)
                         self.launch((kind, train, e, layer, c))
                     else:  # on the graph thread, so this loop keeps answering the Lambdas meanwhile
-                        self.pipe.started(c)
                         self.graph_pool.submit(self._graph_job, stage, c, e, layer)
                 ready = self.pipe.ready(self.slowest(), self.switch_at)
             if self.pipe.min_epoch() != told:
