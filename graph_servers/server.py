@@ -97,18 +97,18 @@ class GraphServer:
 
     def _platform(self):
         s = self.spec
+        if s["backend"] not in ("local", "lambda"):
+            return InprocPlatform(s["tensor_threads"], s["device"])
         per_server = max(1, s["lambdas"] // len(s["graph_servers"]))  # --lambdas is for the whole job
+        seed = s["seed"] * 1000 + self.k
         if s["backend"] == "local":
             return LocalLambdaPlatform(per_server, s["lambda_latency_ms"], s["lambda_fail_rate"], s["lambda_memory_mb"],
-                                       s["lambda_timeout_s"], seed=s["seed"] * 1000 + self.k)
-        if s["backend"] == "lambda":
-            from dorylus_py.platforms.aws import AwsLambdaPlatform
+                                       s["lambda_timeout_s"], seed=seed)
+        from dorylus_py.platforms.aws import AwsLambdaPlatform
 
-            return AwsLambdaPlatform(s["lambda_function"], per_server,
-                                     s["lambda_memory_mb"], s["aws_region"] or None, s["aws_profile"] or None,
-                                     s["lambda_endpoint"] or None, s["lambda_timeout_s"], run_here=s["lambda_run_here"],
-                                     seed=s["seed"] * 1000 + self.k)
-        return InprocPlatform(s["tensor_threads"], s["device"])
+        return AwsLambdaPlatform(s["lambda_function"], per_server, s["lambda_memory_mb"], s["aws_region"] or None,
+                                 s["aws_profile"] or None, s["lambda_endpoint"] or None, s["lambda_timeout_s"],
+                                 run_here=s["lambda_run_here"], seed=seed)
 
     def run(self) -> None:
         if self.mode == "async":
