@@ -7,9 +7,14 @@ ask; a request that cannot be answered yet is *held* and re-examined after every
   clock of the run starts then (``on_start``), not counting process start-up.
 - ``claim``: the next batch of the epoch's pool, carrying the batch just trained (``finished``), which
   leaves the pool for good. Held while the pool is empty but another worker still holds a batch (it may
-  die and give it back); answered ``drained`` once every batch is finished.
+  die and give it back); answered ``drained`` once every batch is finished. Also held while clearly
+  faster workers would finish the rest of the pool sooner (:meth:`Coordinator._worth_a_batch`): a
+  straggler taking one of the last batches would keep everyone waiting at the epoch's end.
 - ``pair``: a worker reached a gossip point. Two waiting workers are paired at random (seeded); a lone
-  waiter is told "no partner" as soon as no other live worker is running, i.e. could still ask.
+  waiter is told "no partner" as soon as no other live worker is running, i.e. could still ask. A pair
+  request may carry ``finished`` like a claim; its answer then also leases the worker's next batch when
+  the pool has one for it (``batch``; None: claim next), which saves a round trip per batch and lets the
+  worker build that batch while it exchanges gradients.
 - ``epoch_end``: a worker's parameters and epoch statistics. Once every live worker has sent them, the
   parameters are averaged (weighted by the batches each trained) and all get the average back at once,
   to go on with the next epoch, while ``on_epoch`` evaluates and records it on an evaluator thread.
@@ -72,6 +77,9 @@ class Coordinator:
         self.last_epoch = 0  # set once the job's final epoch is known
         self.pending: deque[int] = deque(range(batches_per_epoch))
         self.leased: dict[int, int] = {}  # batch -> worker
+        self.lease_start: dict[int, float] = {}  # worker -> when it got the batch it holds
+        self.cycle: list[float | None] = [None] * world  # each worker's recent seconds per batch (moving average)
+        self.wants_next = [False] * world  # a waiting pair request finished a batch: lease the next with the answer
         self.finished: set[int] = set()
         self.reports: dict[int, Message] = {}
         self.rounds = 0
@@ -162,17 +170,26 @@ class Coordinator:
         self.state[rank] = HELLO
 
     def _on_claim(self, rank: int, msg: Message) -> None:
-        self._same_epoch(msg)
-        b = msg.get("finished")
-        if b is not None:
-            if self.leased.get(b) != rank:
-                raise ProtocolError(f"worker {rank} finished batch {b!r} it does not hold")
-            del self.leased[b]
-            self.finished.add(b)
+        self._finish(rank, msg)
         self.state[rank] = CLAIM
 
     def _on_pair(self, rank: int, msg: Message) -> None:
+        self.wants_next[rank] = self._finish(rank, msg)
         self.state[rank] = PAIR
+
+    def _finish(self, rank: int, msg: Message) -> bool:
+        """Take the batch a claim or pair request says ``rank`` finished out of the pool; whether there was one."""
+        self._same_epoch(msg)
+        b = msg.get("finished")
+        if b is None:
+            return False
+        if self.leased.get(b) != rank:
+            raise ProtocolError(f"worker {rank} finished batch {b!r} it does not hold")
+        del self.leased[b]
+        self.finished.add(b)
+        took = time.monotonic() - self.lease_start.pop(rank)
+        self.cycle[rank] = took if self.cycle[rank] is None else 0.5 * (self.cycle[rank] + took)
+        return True
 
     def _on_epoch_end(self, rank: int, msg: Message) -> None:
         self._same_epoch(msg)
@@ -202,11 +219,9 @@ class Coordinator:
                     self._reply(r, Message("ok"))
             return
         for r in [r for r in live if self.state[r] == CLAIM]:
-            if self.pending:
-                b = self.pending.popleft()
-                self.leased[b] = r
+            if (b := self._lease(r)) is not None:
                 self._reply(r, Message("batch", {"batch": b}))
-            elif not self.leased:
+            elif not self.leased and not self.pending:
                 self._reply(r, Message("drained"))
         waiting = [r for r in live if self.state[r] == PAIR]
         self.rng.shuffle(waiting)
@@ -214,11 +229,51 @@ class Coordinator:
             a, b = waiting.pop(), waiting.pop()
             self.rounds += 1
             for me, other in ((a, b), (b, a)):
-                self._reply(me, Message("partner", {"partner": other, "round": self.rounds}))
+                self._answer_pair(me, other, self.rounds)
         if waiting and not any(self.state[r] == RUNNING for r in live):
-            self._reply(waiting[0], Message("partner", {"partner": -1, "round": 0}))
+            self._answer_pair(waiting[0], -1, 0)
         if all(self.state[r] == EPOCH for r in live):
             self._end_epoch(live)
+
+    def _lease(self, rank: int) -> int | None:
+        """The pool's next batch, now leased to ``rank``; None if empty or better left to faster workers."""
+        if not self.pending or not self._worth_a_batch(rank):
+            return None
+        b = self.pending.popleft()
+        self.leased[b], self.lease_start[rank] = rank, time.monotonic()
+        return b
+
+    def _answer_pair(self, rank: int, partner: int, round_: int) -> None:
+        nxt = self._lease(rank) if self.wants_next[rank] else None
+        self._reply(rank, Message("partner", {"partner": partner, "round": round_, "batch": nxt}))
+
+    def _worth_a_batch(self, rank: int) -> bool:
+        """Whether ``rank`` gets one of the pool's batches if each goes to whoever would finish it first.
+
+        Earliest-finish list scheduling over the workers' measured seconds per batch. Only workers at
+        least 1.5x faster than ``rank``, and not overdue on the batch they hold, are counted on, so
+        workers of about equal speed never hold each other up, and a held claim is released once those
+        workers take the pool or fall behind (or die).
+        """
+        mine = self.cycle[rank]
+        if mine is None:
+            return True
+        now = time.monotonic()
+        free, cycle = {rank: now}, {rank: mine}
+        for j in self.live():
+            c = self.cycle[j]
+            if j == rank or self.state[j] == EPOCH or c is None or c * 1.5 > mine:
+                continue
+            start = self.lease_start.get(j)
+            if start is not None and now > start + 2 * c:
+                continue
+            free[j], cycle[j] = now if start is None else max(now, start + c), c
+        for _ in range(len(self.pending)):
+            j = min(free, key=lambda w: (free[w] + cycle[w], w != rank))
+            if j == rank:
+                return True
+            free[j] += cycle[j]
+        return False
 
     def _end_epoch(self, live: list[int]) -> None:
         # Weighted by the batches each trained this epoch: a straggler's less-trained model counts less.
@@ -240,6 +295,7 @@ class Coordinator:
         self._evaluations.put((self.epoch, params, stats, tasks))
         self.epoch += 1
         self.pending, self.leased, self.finished, self.reports = deque(range(self.batches_per_epoch)), {}, set(), {}
+        self.lease_start = {}
         for r in live:
             self._reply(r, Message("model", {"next": 0 if final else self.epoch}, {"params": params}))
 
@@ -257,6 +313,7 @@ class Coordinator:
         for b in back:
             del self.leased[b]
             self.pending.appendleft(b)
+        self.lease_start.pop(rank, None)
         self.reports.pop(rank, None)
         log.warning("worker %d %s; %s back to the pool", rank, why, f"batch {back[0]}" if back else "no batch")
 

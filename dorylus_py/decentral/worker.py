@@ -10,6 +10,7 @@ At an epoch's end every worker sends its parameters to the coordinator and conti
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from dorylus_py.config import TrainConfig
-from dorylus_py.decentral.batches import ClusterBatches
+from dorylus_py.decentral.batches import Batch, ClusterBatches
 from dorylus_py.decentral.coordinator import CoordinatorClient
 from dorylus_py.models.gcn import GCN
 
@@ -74,29 +75,36 @@ class Worker:
         slow_rank, factor = parse_straggler(cfg.straggler)
         self.slowdown = factor if slow_rank == rank else 1.0
         self.steps = 0
+        self.prefetch = ThreadPoolExecutor(1, thread_name_prefix="prefetch")  # builds leased batches ahead
 
     def run(self) -> int:
         """Train until the coordinator says stop; return the number of batches this worker trained."""
         epoch, trained = 1, 0
         self.client.ask("hello")  # everyone starts together
-        while epoch:
-            log = EpochLog()
-            batches = self._gossip_epoch(epoch, log) if self.cfg.mode == "gossip" else self._allreduce_epoch(epoch, log)
-            trained += batches
-            params = torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu().numpy()
-            reply = self.client.ask("epoch_end", {"epoch": epoch, "loss_sum": log.loss_sum, "count": log.count,
-                                                  "batches": batches, "tasks": log.tasks}, {"params": params})
-            avg = torch.from_numpy(np.array(reply.tensors["params"])).to(self.device)
-            torch.nn.utils.vector_to_parameters(avg, self.model.parameters())
-            epoch = reply["next"]
+        with self.prefetch:
+            while epoch:
+                log = EpochLog()
+                batches = self._gossip_epoch(epoch, log) if self.cfg.mode == "gossip" else self._allreduce_epoch(epoch, log)
+                trained += batches
+                params = torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu().numpy()
+                reply = self.client.ask("epoch_end", {"epoch": epoch, "loss_sum": log.loss_sum, "count": log.count,
+                                                      "batches": batches, "tasks": log.tasks}, {"params": params})
+                avg = torch.from_numpy(np.array(reply.tensors["params"])).to(self.device)
+                torch.nn.utils.vector_to_parameters(avg, self.model.parameters())
+                epoch = reply["next"]
         return trained
 
     # --- one batch ---------------------------------------------------------------------------------
 
-    def _gradient(self, epoch: int, index: int, log: EpochLog) -> None:
+    def _build(self, epoch: int, index: int) -> tuple[Batch, float]:
+        """Batch ``index`` of ``epoch`` and the seconds it took to build (the straggler's sleep counts them)."""
+        t0 = time.perf_counter()
+        return self.batches.batch(epoch, index), time.perf_counter() - t0
+
+    def _gradient(self, epoch: int, index: int, built: tuple[Batch, float], log: EpochLog) -> None:
         """Forward and backward on batch ``index``; ``.grad`` of each weight holds the result."""
         t0, c0 = time.time(), time.perf_counter()
-        b = self.batches.batch(epoch, index)
+        b, build_s = built
         self.model.train()
         self.opt.zero_grad(set_to_none=False)
         self.steps += 1
@@ -108,7 +116,7 @@ class Worker:
             log.loss_sum += loss.item() * n
             log.count += n
         if self.slowdown > 1.0:  # --straggler: this worker's compute takes FACTOR times as long
-            time.sleep((self.slowdown - 1.0) * (time.perf_counter() - c0))
+            time.sleep((self.slowdown - 1.0) * (build_s + time.perf_counter() - c0))
         log.task("batch", epoch, self.rank, t0, batch=index, nodes=len(b.nodes), train_nodes=n)
 
     def _grads(self) -> torch.Tensor:
@@ -124,30 +132,44 @@ class Worker:
     # --- the two modes -----------------------------------------------------------------------------
 
     def _gossip_epoch(self, epoch: int, log: EpochLog) -> int:
-        done, index = 0, None
+        """Train pool batches until the pool is drained; return how many.
+
+        At a gossip point the pair request reports the batch just trained and its answer leases the next,
+        which is built on the prefetch thread while the gradients are exchanged.
+        """
+        done, finished, nxt = 0, None, None
         while True:
-            reply = self.client.ask("claim", {"epoch": epoch, "finished": index})
-            if reply.op == "drained":
-                return done
-            index = reply["batch"]
-            self._gradient(epoch, index, log)
+            if nxt is None:
+                reply = self.client.ask("claim", {"epoch": epoch, "finished": finished})
+                if reply.op == "drained":
+                    return done
+                nxt = self.prefetch.submit(self._build, epoch, reply["batch"]), reply["batch"]
+            (future, index), nxt, finished = nxt, None, None
+            self._gradient(epoch, index, future.result(), log)
+            done += 1
             if self.steps % self.cfg.gossip_every == 0:
                 t0 = time.time()
-                pair = self.client.ask("pair")
+                pair = self.client.ask("pair", {"epoch": epoch, "finished": index})
+                if pair.get("batch") is not None:
+                    nxt = self.prefetch.submit(self._build, epoch, pair["batch"]), pair["batch"]
                 partner = pair["partner"]
                 if partner >= 0:
                     mine = self._grads()
                     self._set_grads((mine + exchange(mine, self.rank, partner, pair["round"] % (1 << 20))) / 2)
                 log.task("gossip", epoch, self.rank, t0, partner=partner)
+            else:
+                finished = index
             self.opt.step()
-            done += 1
 
     def _allreduce_epoch(self, epoch: int, log: EpochLog) -> int:
         mine = list(range(self.rank, self.batches.batches_per_epoch, self.world))
         steps = -(-self.batches.batches_per_epoch // self.world)
+        ahead = self.prefetch.submit(self._build, epoch, mine[0]) if mine else None
         for s in range(steps):
             if s < len(mine):
-                self._gradient(epoch, mine[s], log)
+                self._gradient(epoch, mine[s], ahead.result(), log)
+                if s + 1 < len(mine):  # built while the all-reduce waits, as gossip builds during its exchange
+                    ahead = self.prefetch.submit(self._build, epoch, mine[s + 1])
                 flat = torch.cat([self._grads(), torch.ones(1, device=self.comm_device)])
             else:  # this worker has no batch left this step: it adds nothing but still takes part
                 flat = torch.zeros(sum(w.numel() for w in self.model.weights) + 1, device=self.comm_device)

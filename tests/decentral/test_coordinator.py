@@ -8,6 +8,7 @@ import os
 import random
 import socket
 import time
+from collections import deque
 from datetime import timedelta
 
 import numpy as np
@@ -42,20 +43,30 @@ def _worker(rank: int, world: int, init: str, addresses: list[str], seed: int, d
         client.ask("hello")
         epoch = 1
         while epoch:
-            tasks, held = [], None
+            tasks, finished, leased = [], None, None
             while True:
-                reply = client.ask("claim", {"epoch": epoch, "finished": held})
-                if reply.op == "drained":
-                    break
+                if leased is None:
+                    reply = client.ask("claim", {"epoch": epoch, "finished": finished})
+                    if reply.op == "drained":
+                        break
+                    leased = reply["batch"]
+                batch, leased, finished = leased, None, None
                 if epoch == die_in_epoch:
                     os._exit(1)  # dies holding a batch
                 time.sleep(rng.uniform(0, 0.01) * (1 + rank))  # uneven speeds, random delays
-                pair = client.ask("pair")
+                # Half the time the pair request reports the batch (and its answer may lease the next one),
+                # half the time the next claim does: both paths of the protocol, interleaved.
+                with_pair = rng.random() < 0.5
+                pair = client.ask("pair", {"epoch": epoch, "finished": batch if with_pair else None})
                 if pair["partner"] >= 0:
                     got = exchange(torch.full((1000,), float(rank)), rank, pair["partner"], pair["round"] % (1 << 20))
                     assert torch.all(got == pair["partner"]), "received a tensor from someone other than the partner"
-                held = reply["batch"]
-                tasks.append({"epoch": epoch, "batch": reply["batch"], "rank": rank, "partner": pair["partner"]})
+                if with_pair:
+                    leased = pair["batch"]
+                else:
+                    assert pair["batch"] is None, "a pair request that finished nothing was leased a batch"
+                    finished = batch
+                tasks.append({"epoch": epoch, "batch": batch, "rank": rank, "partner": pair["partner"]})
             reply = client.ask("epoch_end", {"epoch": epoch, "loss_sum": 0.0, "count": 0, "tasks": tasks},
                                {"params": np.full(3, float(rank), np.float32)})
             assert np.allclose(reply.tensors["params"], reply.tensors["params"][0])
@@ -154,11 +165,67 @@ def test_bad_messages_are_rejected_and_the_coordinator_keeps_serving():
         assert coord.rejected == len(bad) + 1
         reply = ask(encode(Message("claim", {"rank": 0, "epoch": 1}), TOKEN))
         assert reply.op == "batch" and reply["batch"] == 0
-        client_like = ask(encode(Message("pair", {"rank": 0}), TOKEN))  # alone: told at once, no partner
-        assert client_like.op == "partner" and client_like["partner"] == -1
+        alone = ask(encode(Message("pair", {"rank": 0, "epoch": 1, "finished": 0}), TOKEN))  # told at once: no partner
+        assert alone.op == "partner" and alone["partner"] == -1 and alone["batch"] == 1  # and leased the next batch
     finally:
         sock.close(0)
         coord.close()
+
+
+def test_pair_answers_lease_the_next_batch():
+    coord, _ = _job(2, seed=0)
+    socks = [zmq.Context.instance().socket(zmq.DEALER) for _ in range(2)]
+    for sock in socks:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(coord.address)
+
+    def both(*fields):
+        for rank, (sock, f) in enumerate(zip(socks, fields)):
+            sock.send_multipart(encode(Message(f.pop("op"), {"rank": rank, **f}), TOKEN))
+        replies = []
+        for sock in socks:
+            assert sock.poll(5000)
+            replies.append(decode(sock.recv_multipart(), TOKEN))
+        return replies
+
+    try:
+        assert [r.op for r in both({"op": "hello"}, {"op": "hello"})] == ["ok", "ok"]
+        claims = both({"op": "claim", "epoch": 1}, {"op": "claim", "epoch": 1})
+        held = [r["batch"] for r in claims]
+        assert sorted(held) == [0, 1]
+        pairs = both({"op": "pair", "epoch": 1, "finished": held[0]}, {"op": "pair", "epoch": 1, "finished": held[1]})
+        assert [p["partner"] for p in pairs] == [1, 0] and pairs[0]["round"] == pairs[1]["round"] == 1
+        assert sorted(p["batch"] for p in pairs) == [2, 3] and coord.finished == {0, 1}
+        assert coord.leased == {pairs[0]["batch"]: 0, pairs[1]["batch"]: 1}
+        # Without ``finished`` a pair request leases nothing: that worker still holds its batch.
+        pairs = both({"op": "pair", "epoch": 1}, {"op": "pair", "epoch": 1, "finished": pairs[1]["batch"]})
+        assert pairs[0]["batch"] is None and pairs[1]["batch"] == 4
+    finally:
+        for sock in socks:
+            sock.close(0)
+        coord.close()
+
+
+def test_a_much_slower_worker_is_not_leased_the_pools_last_batches():
+    """Earliest finish: a batch waits for a worker 20x faster rather than keep the epoch's end waiting."""
+    coord = Coordinator(3, BATCHES, TOKEN, EPOCHS, lambda *a: True)
+    try:
+        now = time.monotonic()
+        coord.started, coord.cycle = True, [0.01, 0.2, 0.01]
+        coord.leased, coord.lease_start = {0: 0, 2: 2}, {0: now, 2: now}
+        coord.pending = deque([3, 4, 5])
+        assert not coord._worth_a_batch(1)  # the two fast workers finish all three in 0.02 s
+        coord.pending = deque(range(3, 3 + 40))
+        assert coord._worth_a_batch(1)  # 40 batches: the slow worker's one (0.2 s) ends before the rest
+        coord.pending = deque([3, 4, 5])
+        coord.cycle[1] = 0.012
+        assert coord._worth_a_batch(1)  # about as fast: never held
+        coord.cycle[1], coord.lease_start = 0.2, {0: now - 1.0, 2: now - 1.0}
+        assert coord._worth_a_batch(1)  # the fast workers are long overdue: not counted on
+        coord.cycle = [0.01, None, 0.01]
+        assert coord._worth_a_batch(1)  # speed not measured yet
+    finally:
+        coord.router.close(0)
 
 
 def test_client_gives_up_after_its_timeout():
