@@ -14,7 +14,9 @@ ask; a request that cannot be answered yet is *held* and re-examined after every
   waiter is told "no partner" as soon as no other live worker is running, i.e. could still ask. A pair
   request may carry ``finished`` like a claim; its answer then also leases the worker's next batch when
   the pool has one for it (``batch``; None: claim next), which saves a round trip per batch and lets the
-  worker build that batch while it exchanges gradients.
+  worker build that batch while it exchanges gradients. Once the pool is empty, a pair or drained
+  answer names the worker's first batch of the next epoch (``ahead``): it builds it while the epoch
+  ends, and the next ``model`` answer leases it to it (``batch``), which the worker must train first.
 - ``epoch_end``: a worker's parameters and epoch statistics. Once every live worker has sent them, the
   parameters are averaged (weighted by the batches each trained) and all get the average back at once,
   to go on with the next epoch, while ``on_epoch`` evaluates and records it on an evaluator thread.
@@ -80,6 +82,7 @@ class Coordinator:
         self.lease_start: dict[int, float] = {}  # worker -> when it got the batch it holds
         self.cycle: list[float | None] = [None] * world  # each worker's recent seconds per batch (moving average)
         self.wants_next = [False] * world  # a waiting pair request finished a batch: lease the next with the answer
+        self.ahead: dict[int, int] = {}  # worker -> its first batch of the next epoch, told once this pool is empty
         self.finished: set[int] = set()
         self.reports: dict[int, Message] = {}
         self.rounds = 0
@@ -222,7 +225,7 @@ class Coordinator:
             if (b := self._lease(r)) is not None:
                 self._reply(r, Message("batch", {"batch": b}))
             elif not self.leased and not self.pending:
-                self._reply(r, Message("drained"))
+                self._reply(r, Message("drained", {"ahead": self._reserve(r)}))
         waiting = [r for r in live if self.state[r] == PAIR]
         self.rng.shuffle(waiting)
         while len(waiting) >= 2:
@@ -245,7 +248,15 @@ class Coordinator:
 
     def _answer_pair(self, rank: int, partner: int, round_: int) -> None:
         nxt = self._lease(rank) if self.wants_next[rank] else None
-        self._reply(rank, Message("partner", {"partner": partner, "round": round_, "batch": nxt}))
+        ahead = self._reserve(rank) if self.wants_next[rank] and nxt is None and not self.pending else None
+        self._reply(rank, Message("partner", {"partner": partner, "round": round_, "batch": nxt, "ahead": ahead}))
+
+    def _reserve(self, rank: int) -> int | None:
+        """Once this epoch's pool is empty: ``rank``'s first batch of the next epoch, so it can build it
+        while the epoch ends (leased to it when the next epoch starts). None if the pool has no more."""
+        if rank not in self.ahead and len(self.ahead) < self.batches_per_epoch:
+            self.ahead[rank] = len(self.ahead)
+        return self.ahead.get(rank)
 
     def _worth_a_batch(self, rank: int) -> bool:
         """Whether ``rank`` gets one of the pool's batches if each goes to whoever would finish it first.
@@ -294,10 +305,12 @@ class Coordinator:
             self.last_epoch = self.epoch
         self._evaluations.put((self.epoch, params, stats, tasks))
         self.epoch += 1
-        self.pending, self.leased, self.finished, self.reports = deque(range(self.batches_per_epoch)), {}, set(), {}
-        self.lease_start = {}
+        ahead = {r: b for r, b in self.ahead.items() if r in live}
+        self.pending = deque(b for b in range(self.batches_per_epoch) if b not in ahead.values())
+        self.leased, self.finished, self.reports, self.ahead = {b: r for r, b in ahead.items()}, set(), {}, {}
+        self.lease_start = dict.fromkeys(ahead, time.monotonic())
         for r in live:
-            self._reply(r, Message("model", {"next": 0 if final else self.epoch}, {"params": params}))
+            self._reply(r, Message("model", {"next": 0 if final else self.epoch, "batch": ahead.get(r)}, {"params": params}))
 
     def _check_liveness(self) -> None:
         now = time.monotonic()

@@ -41,9 +41,9 @@ def _worker(rank: int, world: int, init: str, addresses: list[str], seed: int, d
     for address in addresses:
         client = CoordinatorClient(address, TOKEN, rank, wait_timeout_s=60)
         client.ask("hello")
-        epoch = 1
+        epoch, first = 1, None
         while epoch:
-            tasks, finished, leased = [], None, None
+            tasks, finished, leased = [], None, first  # the model answer leases the first batch named ahead
             while True:
                 if leased is None:
                     reply = client.ask("claim", {"epoch": epoch, "finished": finished})
@@ -59,7 +59,7 @@ def _worker(rank: int, world: int, init: str, addresses: list[str], seed: int, d
                 with_pair = rng.random() < 0.5
                 pair = client.ask("pair", {"epoch": epoch, "finished": batch if with_pair else None})
                 if pair["partner"] >= 0:
-                    got = exchange(torch.full((1000,), float(rank)), rank, pair["partner"], pair["round"] % (1 << 20))
+                    got = exchange(torch.full((1000,), float(rank)), pair["partner"], pair["round"] % (1 << 20))
                     assert torch.all(got == pair["partner"]), "received a tensor from someone other than the partner"
                 if with_pair:
                     leased = pair["batch"]
@@ -70,7 +70,7 @@ def _worker(rank: int, world: int, init: str, addresses: list[str], seed: int, d
             reply = client.ask("epoch_end", {"epoch": epoch, "loss_sum": 0.0, "count": 0, "tasks": tasks},
                                {"params": np.full(3, float(rank), np.float32)})
             assert np.allclose(reply.tensors["params"], reply.tensors["params"][0])
-            epoch = reply["next"]
+            epoch, first = reply["next"], reply["batch"]
         client.close()
     dist.destroy_process_group()
 
@@ -203,6 +203,28 @@ def test_pair_answers_lease_the_next_batch():
     finally:
         for sock in socks:
             sock.close(0)
+        coord.close()
+
+
+def test_the_next_epochs_first_batch_is_named_once_the_pool_is_empty():
+    coord, epochs = _job(1, seed=0)
+    client = CoordinatorClient(coord.address, TOKEN, 0, wait_timeout_s=10)
+    try:
+        client.ask("hello")
+        batch, trained = client.ask("claim", {"epoch": 1})["batch"], []
+        while batch is not None:
+            trained.append(batch)
+            pair = client.ask("pair", {"epoch": 1, "finished": batch})
+            assert pair["partner"] == -1 and (pair["ahead"] is None) == (pair["batch"] is not None)
+            batch = pair["batch"]
+        assert trained == list(range(BATCHES)) and pair["ahead"] == 0
+        assert client.ask("claim", {"epoch": 1}).fields == {"ahead": 0}  # drained, and the same batch named
+        model = client.ask("epoch_end", {"epoch": 1, "loss_sum": 0.0, "count": 0, "tasks": []},
+                           {"params": np.zeros(3, np.float32)})
+        assert model["next"] == 2 and model["batch"] == 0 and coord.leased == {0: 0}
+        assert client.ask("claim", {"epoch": 2, "finished": 0})["batch"] == 1  # it was leased with the model
+    finally:
+        client.close()
         coord.close()
 
 
