@@ -4,8 +4,9 @@
 3x (``--straggler 1:3``) and with no straggler. For each: wall time (from the moment every worker is
 ready) to reach the target validation accuracy, epochs to reach it, final test accuracy (at the best
 validation epoch), each the median over ``--repeats`` runs (seeds 0, 1, ...): one run is noisy here, as
-the four workers and the coordinator share two cores. Targets (ICPADS 2021's claim): with the straggler, gossip reaches the target in
-<= 0.6x the all-reduce time, final accuracy within 1 point; without one, gossip <= 1.1x all-reduce.
+the four workers and the coordinator share two cores. Targets (ICPADS 2021's claim): with the
+straggler, gossip reaches the target in <= 0.6x the all-reduce time, final accuracy within 1 point;
+without one, gossip <= 1.1x all-reduce.
 
     python benchmarks/bench_gossip.py [--nodes 50000 --edges 500000 --epochs 40 --target 0.8]
 """

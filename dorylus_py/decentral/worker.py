@@ -81,23 +81,22 @@ class Worker:
         self.steps = 0
         self.prefetch = ThreadPoolExecutor(1, thread_name_prefix="prefetch")  # builds leased batches ahead
         self.ahead: tuple[tuple[int, int], Future] | None = None  # ((epoch, batch), its build)
-        self.first: int | None = None  # the batch leased with the epoch's model (gossip)
 
     def run(self) -> int:
         """Train until the coordinator says stop; return the number of batches this worker trained."""
-        epoch, trained = 1, 0
+        epoch, trained, first = 1, 0, None
         self.client.ask("hello")  # everyone starts together
         with self.prefetch:
             while epoch:
                 log = EpochLog()
-                batches = self._gossip_epoch(epoch, log) if self.cfg.mode == "gossip" else self._allreduce_epoch(epoch, log)
+                batches = self._gossip_epoch(epoch, log, first) if self.cfg.mode == "gossip" else self._allreduce_epoch(epoch, log)
                 trained += batches
                 params = torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu().numpy()
                 reply = self.client.ask("epoch_end", {"epoch": epoch, "loss_sum": log.loss_sum, "count": log.count,
                                                       "batches": batches, "tasks": log.tasks}, {"params": params})
                 avg = torch.from_numpy(np.array(reply.tensors["params"])).to(self.device)
                 torch.nn.utils.vector_to_parameters(avg, self.model.parameters())
-                epoch, self.first = reply["next"], reply.get("batch")
+                epoch, first = reply["next"], reply.get("batch")
         return trained
 
     # --- one batch ---------------------------------------------------------------------------------
@@ -137,15 +136,15 @@ class Worker:
 
     # --- the two modes -----------------------------------------------------------------------------
 
-    def _gossip_epoch(self, epoch: int, log: EpochLog) -> int:
+    def _gossip_epoch(self, epoch: int, log: EpochLog, first: int | None) -> int:
         """Train pool batches until the pool is drained; return how many.
 
         At a gossip point the pair request reports the batch just trained and its answer leases the next,
         which is built on the prefetch thread while the gradients are exchanged. Once the pool is empty
         an answer also names this worker's first batch of the next epoch (``ahead``), built while the
-        epoch ends; the next epoch's ``model`` answer leases it (``self.first``).
+        epoch ends; the next epoch's ``model`` answer leases it (``first``).
         """
-        done, finished, index = 0, None, self.first
+        done, finished, index = 0, None, first
         while True:
             if index is None:
                 reply = self.client.ask("claim", {"epoch": epoch, "finished": finished})
