@@ -189,6 +189,8 @@ class Scheduler:
             return []
         stage, layer = self.pipe.stages[index]
         at = [c for c in range(self.chunks) if self.pipe.position(c) == (epoch, index)]
+        if index == 0 and epoch - self.slowest() > 1:
+            return []  # after a switch from async: peers still finish older epochs
         if stage in TENSOR_STAGES:
             todo = [c for c in at if not self.pipe.busy[c]]
             for c in todo:
