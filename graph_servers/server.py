@@ -65,7 +65,7 @@ class GraphServer:
         self.peers = {p: self._dealer(a) for p, a in enumerate(spec.graph_servers) if p != self.k}
         self.weight_servers = [self._dealer(a) for a in spec.weight_servers]
         self.platform = make_platform(spec, self.k)
-        policy = RelaunchPolicy(cfg.relaunch_min_s, cfg.relaunch_factor, getattr(self.platform, "startup_hint_s", 0.0))
+        policy = RelaunchPolicy(cfg.relaunch_min_s, cfg.relaunch_factor, self.platform.startup_hint_s)
         self.scheduler = Scheduler(
             rank=self.k, chunks=self.state.chunks, layers=spec.layers, epochs=cfg.epochs, mode=spec.mode,
             staleness=cfg.staleness, peers=tuple(self.peers), peer_chunks=spec.total_chunks - spec.chunk_counts[self.k],
