@@ -295,6 +295,9 @@ def _add_train(sub, data) -> None:
                    help="save every layer's weights and Adam state, all at the same epoch, every N epochs and at "
                         "the end, into RUN_DIR/checkpoints/; a dead server is restarted from the newest "
                         "(default 10; 0: never)")
+    c.add_argument("--checkpoint-dir", default=d.checkpoint_dir, metavar="DIR",
+                   help="write checkpoints here instead of RUN_DIR/checkpoints: a folder, or an s3:// prefix that "
+                        "outlives the driver's machine")
     c.add_argument("--max-restarts", type=int, default=d.max_restarts,
                    help="restart the servers after one dies or goes silent at most this often, each time from "
                         f"the newest checkpoint, before the job stops with the reason (default {d.max_restarts})")
@@ -379,7 +382,8 @@ def _run_train(args) -> int:
         from dorylus_py.checkpoint import checkpoint_root
 
         s = train_distributed(cfg, parts, record, norm, show_progress=not args.quiet, cluster=cluster,
-                              resume_from=checkpoint_root(cfg.data) if cfg.resume else None).summary
+                              resume_from=checkpoint_root(cfg.data) if cfg.resume else None,
+                              checkpoint_dir=cfg.checkpoint_dir or None).summary
     print(
         f"best validation accuracy {s['best_val_acc']:.4f} at epoch {s['best_epoch']}, "
         f"test accuracy there {s['test_acc_at_best_val']:.4f}; final loss {s['final_loss']:.4f}; "
