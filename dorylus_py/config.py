@@ -10,15 +10,21 @@ BACKENDS = ("reference", "local", "lambda", "cpu", "gpu")
 MODES = ("sync", "async", "gossip", "allreduce")
 DECENTRAL_MODES = ("gossip", "allreduce")  # data-parallel Cluster-GCN workers (dorylus_py/decentral)
 FEATURE_NORMS = ("auto", "row", "none")
+MODELS = ("gcn", "gat", "sage")  # dorylus_py/models/spec.py describes each
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     data: str | None = None  # dataset path; None = a generated graph (see `dorylus synth`)
     backend: str = "reference"  # where the work runs; `reference` is the single-process oracle
-    layers: int = 2  # GCN layers (weight matrices)
-    hidden: int = 16  # width of every hidden layer
+    model: str = "gcn"  # gcn (Kipf & Welling) | gat (Veličković et al.) | sage (GraphSAGE, mean aggregator)
+    layers: int = 2  # layers (Gather + ApplyVertex each)
+    hidden: int = 16  # width of every hidden layer (GAT: of each head)
     dropout: float = 0.5  # on each layer's input, as in Kipf & Welling
+    heads: int = 8  # GAT: attention heads of the hidden layers (concatenated)
+    out_heads: int = 1  # GAT: heads of the last layer (averaged)
+    attn_dropout: float | None = None  # GAT: dropout on attention coefficients (None: the same as `dropout`)
+    negative_slope: float = 0.2  # GAT: LeakyReLU slope of the attention scores
     weight_decay: float = 5e-4  # L2 on the first layer only (the paper's choice)
     lr: float = 0.01  # Adam learning rate
     epochs: int = 200
@@ -65,8 +71,14 @@ class TrainConfig:
     def check(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.layers < 1:
-            raise ConfigError(f"--layers must be >= 1, got {self.layers}")
+        if self.model not in MODELS:
+            raise ConfigError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        if self.layers < 1 or self.layers > 255:
+            raise ConfigError(f"--layers must be in [1, 255], got {self.layers}")
+        if self.heads < 1 or self.out_heads < 1:
+            raise ConfigError(f"--heads and --out-heads must be >= 1, got {self.heads} and {self.out_heads}")
+        if not 0.0 <= self.attention_dropout() < 1.0 or self.negative_slope < 0:
+            raise ConfigError("--attn-dropout must be in [0, 1) and --negative-slope >= 0")
         if self.hidden < 1:
             raise ConfigError(f"--hidden must be >= 1, got {self.hidden}")
         if not 0.0 <= self.dropout < 1.0:
@@ -91,8 +103,6 @@ class TrainConfig:
     def check_distributed(self) -> None:
         if self.graph_servers < 1 or self.weight_servers < 1 or self.chunks < 1:
             raise ConfigError("--graph-servers, --weight-servers and --chunks must be >= 1")
-        if self.weight_servers > self.layers:
-            raise ConfigError(f"--weight-servers {self.weight_servers} > --layers {self.layers}: a shard would hold nothing")
         if self.mode not in MODES:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
         if self.switch_threshold:
@@ -151,6 +161,10 @@ class TrainConfig:
             who = f"--mode {self.mode}" if self.mode in DECENTRAL_MODES else f"--backend {self.backend}"
             raise ConfigError(f"{who} wants device {device}, but torch sees no CUDA device "
                               "(use --device cpu, or --backend cpu)")
+
+    def attention_dropout(self) -> float:
+        """GAT's dropout on attention coefficients: ``attn_dropout``, or ``dropout`` when unset."""
+        return self.dropout if self.attn_dropout is None else self.attn_dropout
 
     def checkpoint_interval(self) -> int:
         """Epochs between checkpoints (0: none): every 10 for distributed runs unless set."""

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from dorylus_py.data import Graph, SynthConfig, generate, load_graph
 
-DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+# ../shared/datasets beside the checkout; DORYLUS_DATASETS names another folder (a worktree elsewhere)
+DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or Path(__file__).resolve().parents[2] / "shared" / "datasets")
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,15 @@ def gcn_norm_weights(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarra
     return new_indptr, all_cols, weights
 
 
+def mean_weights(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """Values of ``M = D⁻¹A`` (GraphSAGE's mean) on the pattern of ``A + I``: 0 on each row's self loop
+    (column = row), ``1 / in-degree`` elsewhere. Rows are local rows; a row's self loop is column ``row``."""
+    lens = np.diff(indptr)
+    rows = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
+    degree = np.maximum(lens - 1, 1).astype(np.float64)
+    return np.where(np.asarray(indices) == rows, 0.0, 1.0 / degree[rows]).astype(np.float32)
+
+
 @dataclass(frozen=True, eq=False)
 class NormalizedAdjacency:
     """A sparse matrix as a torch CSR tensor, with its transpose kept for backward."""

@@ -1,0 +1,150 @@
+"""Gather with per-edge values that differ per head (GAT), its backward, and the edge values' gradient.
+
+A layer with ``H`` heads of width ``F`` aggregates ``Z`` (``(C, H·F)``, head ``h`` in columns
+``h·F .. (h+1)·F``) along the edges of a CSR ``A`` (``R x C``, rows = destinations) whose entry for
+edge ``e`` is ``values[h, e]`` in head ``h``::
+
+    concat:  out[:, h] = A_h Z_h                     (R, H·F)    hidden GAT layers
+    mean:    out       = 1/H Σ_h A_h Z_h             (R, F)      the last GAT layer
+
+Backward, with ``dOut`` the gradient of ``out``: ``dZ_h = A_hᵀ dOut_h`` (mean: ``A_hᵀ dOut / H``),
+and ``dvalues[h, e] = <dOut_h[dst e], Z_h[src e]>`` (mean: ``<dOut[dst e], Z_h[src e]> / H``), a
+sampled dense-dense product (SDDMM). Per-edge arrays are head-major ``(H, E)``, so one head's values
+are one contiguous row and need no copy to become a CSR's values; nothing per edge is wider than
+``H``. GCN and GraphSAGE are the case ``H = 1`` with fixed values.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+
+@dataclass(frozen=True, eq=False)
+class EdgeCSR:
+    """A sparse pattern whose values come from per-edge arrays: entry ``i`` (in CSR order) takes the
+    value of edge ``edge[i]``, or of ``edge_start + i`` when ``edge`` is None (a contiguous run)."""
+
+    crow: torch.Tensor  # (R + 1,) int64
+    col: torch.Tensor  # (nnz,) int64, in [0, C)
+    shape: tuple[int, int]  # (R, C)
+    edge: torch.Tensor | None = None  # (nnz,) int64 positions in the per-edge arrays
+    edge_start: int = 0
+
+    @classmethod
+    def from_csr(cls, indptr, indices, num_cols: int) -> "EdgeCSR":
+        crow = torch.as_tensor(np.asarray(indptr), dtype=torch.int64)
+        return cls(crow, torch.as_tensor(np.asarray(indices), dtype=torch.int64), (len(crow) - 1, num_cols))
+
+    @property
+    def nnz(self) -> int:
+        return int(self.col.numel())
+
+    def rows(self, a: int, b: int) -> "EdgeCSR":
+        """Rows ``a..b-1`` (their edges stay where they are in the per-edge arrays)."""
+        lo, hi = int(self.crow[a]), int(self.crow[b])
+        crow = self.crow[a : b + 1] - lo
+        if self.edge is None:
+            return EdgeCSR(crow, self.col[lo:hi], (b - a, self.shape[1]), None, self.edge_start + lo)
+        return EdgeCSR(crow, self.col[lo:hi], (b - a, self.shape[1]), self.edge[lo:hi])
+
+    def row_of_entry(self) -> torch.Tensor:
+        """``(nnz,)``: the row of every entry."""
+        return torch.repeat_interleave(torch.arange(self.shape[0]), self.crow.diff())
+
+    def edges(self) -> torch.Tensor:
+        """``(nnz,)``: the edge of every entry."""
+        if self.edge is None:
+            return torch.arange(self.edge_start, self.edge_start + self.nnz)
+        return self.edge
+
+    def transpose(self) -> "EdgeCSR":
+        """``Aᵀ`` (``C x R``) over the same edges; rows of the transpose list their entries by row of ``A``."""
+        order = torch.argsort(self.col, stable=True)
+        crow = torch.cat([torch.zeros(1, dtype=torch.int64), torch.bincount(self.col, minlength=self.shape[1]).cumsum(0)])
+        return EdgeCSR(crow, self.row_of_entry()[order], (self.shape[1], self.shape[0]), self.edges()[order])
+
+    def pick(self, values: torch.Tensor) -> torch.Tensor:
+        """``(H, nnz)``: the entries' values from a per-edge ``(H, E)`` array (a view for a contiguous run)."""
+        if self.edge is None:
+            return values[:, self.edge_start : self.edge_start + self.nnz]
+        return values[:, self.edge]
+
+    def matrix(self, entry_values: torch.Tensor) -> torch.Tensor:
+        """A torch CSR tensor with one value per entry."""
+        return torch.sparse_csr_tensor(self.crow, self.col, entry_values.contiguous(), self.shape,
+                                       check_invariants=False)
+
+
+def _head(x: torch.Tensor, h: int, width: int) -> torch.Tensor:
+    return x[:, h * width : (h + 1) * width]
+
+
+def gather_heads(a: EdgeCSR, values: torch.Tensor, z: torch.Tensor, heads: int, concat: bool = True) -> torch.Tensor:
+    """Gather: ``(C, H·F)`` -> ``(R, H·F)`` (concat) or ``(R, F)`` (mean over heads); ``values`` ``(H, E)``."""
+    f = z.shape[1] // heads
+    vals = a.pick(values)
+    if heads == 1:
+        return torch.sparse.mm(a.matrix(vals[0]), z.contiguous())
+    parts = [torch.sparse.mm(a.matrix(vals[h]), _head(z, h, f).contiguous()) for h in range(heads)]
+    return torch.cat(parts, dim=1) if concat else torch.stack(parts).sum(0) / heads
+
+
+def gather_heads_backward(at: EdgeCSR, values: torch.Tensor, d_out: torch.Tensor, heads: int,
+                          concat: bool = True) -> torch.Tensor:
+    """``dZ`` ``(C, H·F)`` from ``dOut`` through the transpose ``at`` (``EdgeCSR.transpose()`` of Gather's)."""
+    vals = at.pick(values)
+    if heads == 1:
+        return torch.sparse.mm(at.matrix(vals[0]), d_out.contiguous())
+    if concat:
+        f = d_out.shape[1] // heads
+        return torch.cat([torch.sparse.mm(at.matrix(vals[h]), _head(d_out, h, f).contiguous()) for h in range(heads)], 1)
+    d = d_out.contiguous() / heads
+    return torch.cat([torch.sparse.mm(at.matrix(vals[h]), d) for h in range(heads)], dim=1)
+
+
+def edge_value_grad(a: EdgeCSR, d_out: torch.Tensor, z: torch.Tensor, heads: int, concat: bool = True) -> torch.Tensor:
+    """``(H, nnz)``: the gradient of Gather's entries, ``<dOut_h[row], Z_h[col]>`` (mean: ``/ H``)."""
+    f = z.shape[1] // heads
+    out = torch.zeros((heads, a.nnz), dtype=z.dtype)
+    if a.nnz == 0:
+        return out
+    pattern = a.matrix(torch.zeros(a.nnz, dtype=z.dtype))
+    for h in range(heads):
+        left = _head(d_out, h, f).contiguous() if concat else d_out.contiguous() / heads
+        out[h] = torch.sparse.sampled_addmm(pattern, left, _head(z, h, f).t(), beta=0.0).values()
+    return out
+
+
+def row_sums(a: EdgeCSR, values: torch.Tensor) -> torch.Tensor:
+    """``(R, H)``: per row, the sum of its entries' values (per head)."""
+    vals = a.pick(values)
+    heads = vals.shape[0]
+    if a.nnz == 0:
+        return torch.zeros((a.shape[0], heads), dtype=values.dtype)
+    offsets = a.crow.expand(heads, -1).contiguous()
+    return torch.segment_reduce(vals.contiguous(), "sum", offsets=offsets, axis=1, unsafe=True).t()
+
+
+class GatherHeads(torch.autograd.Function):
+    """Autograd form of :func:`gather_heads` for the reference trainer (backward: the two functions above)."""
+
+    @staticmethod
+    def forward(ctx, a: EdgeCSR, at: EdgeCSR, values, z, heads: int, concat: bool):
+        ctx.save_for_backward(values, z)
+        ctx.graph = (a, at, heads, concat)
+        return gather_heads(a, values, z, heads, concat)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        values, z = ctx.saved_tensors
+        a, at, heads, concat = ctx.graph
+        d_values = edge_value_grad(a, d_out, z, heads, concat) if ctx.needs_input_grad[2] else None
+        d_z = gather_heads_backward(at, values, d_out, heads, concat) if ctx.needs_input_grad[3] else None
+        return None, None, d_values, d_z, None, None

@@ -1,0 +1,75 @@
+"""GAT (Veličković et al., ICLR 2018, https://arxiv.org/abs/1710.10903), the reference (autograd) form.
+
+Per layer and head: ``z = P W``, ``e_uv = LeakyReLU(a_srcᵀ z_u + a_dstᵀ z_v)`` over the in-edges of
+``v`` and its self loop, ``α = softmax_v(e)``, ``h'_v = Σ_u α_uv z_u``; heads concatenated in hidden
+layers and averaged in the last, then ``+ b``; ELU between layers; dropout on each layer's input
+(keyed by vertex) and on the attention coefficients (keyed by edge: the position of ``u -> v`` in the
+CSR of ``A + I``, which is the graph servers' edge numbering too). The scores and the softmax are
+plain torch autograd; the aggregation is :class:`~dorylus_py.kernels.heads.GatherHeads` (a sparse
+product per head, its backward checked against autograd in the tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dorylus_py.kernels.attention import segment_sum
+from dorylus_py.kernels.dropout import EDGE, dropout, dropout_keep_mask
+from dorylus_py.kernels.heads import EdgeCSR, GatherHeads
+from dorylus_py.kernels.sparse import gcn_norm_weights
+from dorylus_py.models.gcn import glorot_parameters
+from dorylus_py.models.spec import ModelSpec
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionGraph:
+    """``A + I`` as edges: the CSR (rows = destinations), its transpose, and each edge's ends."""
+
+    a: EdgeCSR
+    at: EdgeCSR
+    dst: torch.Tensor  # (E,) destination (row) of each edge
+    src: torch.Tensor  # (E,) source (column) of each edge
+
+    @classmethod
+    def for_graph(cls, graph) -> "AttentionGraph":
+        indptr, indices, _ = gcn_norm_weights(graph.indptr, graph.indices)
+        a = EdgeCSR.from_csr(indptr, indices, graph.num_nodes)
+        return cls(a, a.transpose(), a.row_of_entry(), a.col)
+
+
+class GAT(nn.Module):
+    def __init__(self, spec: ModelSpec, dropout: float = 0.6, attn_dropout: float = 0.6, seed: int = 0):
+        super().__init__()
+        self.spec, self.dropout, self.attn_dropout, self.seed = spec, dropout, attn_dropout, seed
+        self.params = glorot_parameters(spec.tensors(), seed)
+
+    graph_input = staticmethod(AttentionGraph.for_graph)
+
+    def tensors(self) -> dict[str, nn.Parameter]:
+        return dict(self.params)
+
+    def forward(self, g: AttentionGraph, x: torch.Tensor, epoch: int = 0) -> torch.Tensor:
+        h = x
+        for l, s in enumerate(self.spec.layers):
+            if l:
+                h = F.elu(h)
+            if self.training:
+                h = dropout(h, self.dropout, self.seed, epoch, l)
+            z = h @ self.params[f"W{l}"]  # (N, H·F)
+            zh = z.view(-1, s.heads, s.per_head)
+            s_src = (zh * self.params[f"att_src{l}"]).sum(-1)  # (N, H)
+            s_dst = (zh * self.params[f"att_dst{l}"]).sum(-1)
+            e = F.leaky_relu(s_src.t()[:, g.src] + s_dst.t()[:, g.dst], self.spec.negative_slope)  # (H, E)
+            top = torch.segment_reduce(e.detach(), "max", offsets=g.a.crow.expand(s.heads, -1).contiguous(), axis=1,
+                                       unsafe=True)
+            ex = torch.exp(e - top[:, g.dst])
+            alpha = ex / segment_sum(ex, g.a.crow)[:, g.dst]
+            if self.training and self.attn_dropout:
+                keep = dropout_keep_mask(0, g.a.nnz, s.heads, self.attn_dropout, self.seed, epoch, l, EDGE)
+                alpha = alpha * keep.t() * (1.0 / (1.0 - self.attn_dropout))
+            h = GatherHeads.apply(g.a, g.at, alpha, z, s.heads, s.concat) + self.params[f"b{l}"]
+        return h
