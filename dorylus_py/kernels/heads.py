@@ -17,7 +17,7 @@ are one contiguous row and need no copy to become a CSR's values; nothing per ed
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -36,6 +36,7 @@ class EdgeCSR:
     shape: tuple[int, int]  # (R, C)
     edge: torch.Tensor | None = None  # (nnz,) int64 positions in the per-edge arrays
     edge_start: int = 0
+    fixed: tuple[torch.Tensor, ...] | None = None  # per head, a CSR tensor built once for fixed values
 
     @classmethod
     def from_csr(cls, indptr, indices, num_cols: int) -> "EdgeCSR":
@@ -81,6 +82,17 @@ class EdgeCSR:
         return torch.sparse_csr_tensor(self.crow, self.col, entry_values.contiguous(), self.shape,
                                        check_invariants=False)
 
+    def matrices(self, values: torch.Tensor | None) -> list[torch.Tensor]:
+        """One CSR tensor per head with the values of ``values`` ``(H, E)``, or the fixed ones."""
+        if self.fixed is not None:
+            return list(self.fixed)
+        return [self.matrix(v) for v in self.pick(values)]
+
+    def fix(self, values: torch.Tensor) -> "EdgeCSR":
+        """The same pattern with ``values`` built in once (GCN's ``Â``, GraphSAGE's mean: values that
+        never change), so products need no per-call gather of the values."""
+        return replace(self, fixed=tuple(self.matrix(v) for v in self.pick(values)))
+
 
 def _head(x: torch.Tensor, h: int, width: int) -> torch.Tensor:
     return x[:, h * width : (h + 1) * width]
@@ -89,24 +101,24 @@ def _head(x: torch.Tensor, h: int, width: int) -> torch.Tensor:
 def gather_heads(a: EdgeCSR, values: torch.Tensor, z: torch.Tensor, heads: int, concat: bool = True) -> torch.Tensor:
     """Gather: ``(C, H·F)`` -> ``(R, H·F)`` (concat) or ``(R, F)`` (mean over heads); ``values`` ``(H, E)``."""
     f = z.shape[1] // heads
-    vals = a.pick(values)
+    mats = a.matrices(values)
     if heads == 1:
-        return torch.sparse.mm(a.matrix(vals[0]), z.contiguous())
-    parts = [torch.sparse.mm(a.matrix(vals[h]), _head(z, h, f).contiguous()) for h in range(heads)]
+        return torch.sparse.mm(mats[0], z.contiguous())
+    parts = [torch.sparse.mm(mats[h], _head(z, h, f).contiguous()) for h in range(heads)]
     return torch.cat(parts, dim=1) if concat else torch.stack(parts).sum(0) / heads
 
 
 def gather_heads_backward(at: EdgeCSR, values: torch.Tensor, d_out: torch.Tensor, heads: int,
                           concat: bool = True) -> torch.Tensor:
     """``dZ`` ``(C, H·F)`` from ``dOut`` through the transpose ``at`` (``EdgeCSR.transpose()`` of Gather's)."""
-    vals = at.pick(values)
+    mats = at.matrices(values)
     if heads == 1:
-        return torch.sparse.mm(at.matrix(vals[0]), d_out.contiguous())
+        return torch.sparse.mm(mats[0], d_out.contiguous())
     if concat:
         f = d_out.shape[1] // heads
-        return torch.cat([torch.sparse.mm(at.matrix(vals[h]), _head(d_out, h, f).contiguous()) for h in range(heads)], 1)
+        return torch.cat([torch.sparse.mm(mats[h], _head(d_out, h, f).contiguous()) for h in range(heads)], dim=1)
     d = d_out.contiguous() / heads
-    return torch.cat([torch.sparse.mm(at.matrix(vals[h]), d) for h in range(heads)], dim=1)
+    return torch.cat([torch.sparse.mm(mats[h], d) for h in range(heads)], dim=1)
 
 
 def edge_value_grad(a: EdgeCSR, d_out: torch.Tensor, z: torch.Tensor, heads: int, concat: bool = True) -> torch.Tensor:
