@@ -53,7 +53,7 @@ class GraphState:
         self.fixed = None  # (1, E) values of A for GCN and GraphSAGE; GAT's come from the tasks
         if not self.attention:
             w = part.weights if model.aggregation == "gcn" else mean_weights(self.indptr, part.indices)
-            self.fixed = torch.from_numpy(np.asarray(w, dtype=np.float32)).reshape(1, -1)
+            self.fixed = torch.from_numpy(np.array(w, dtype=np.float32)).reshape(1, -1)
         self._layouts()
         shapes, nnz, hmax = self.shapes, len(part.indices), max(s.heads for s in self.shapes)
         # ZG[train][l]: rows 0..n-1 are Z_l, rows n.. its ghosts; G[train][l]: the layer's output

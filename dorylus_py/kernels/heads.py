@@ -22,8 +22,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,8 +77,10 @@ class EdgeCSR:
 
     def matrix(self, entry_values: torch.Tensor) -> torch.Tensor:
         """A torch CSR tensor with one value per entry."""
-        return torch.sparse_csr_tensor(self.crow, self.col, entry_values.contiguous(), self.shape,
-                                       check_invariants=False)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+            return torch.sparse_csr_tensor(self.crow, self.col, entry_values.contiguous(), self.shape,
+                                           check_invariants=False)
 
     def matrices(self, values: torch.Tensor | None) -> list[torch.Tensor]:
         """One CSR tensor per head with the values of ``values`` ``(H, E)``, or the fixed ones."""

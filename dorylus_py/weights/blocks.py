@@ -32,7 +32,10 @@ class Block:
 
 
 def weight_blocks(tensors: list[TensorSpec], servers: int) -> list[Block]:
+    """Every tensor's row blocks with the server each lives on (none without servers)."""
     out, dealt = [], 0
+    if servers < 1:
+        return out
     for t in tensors:
         parts = max(1, min(servers, t.shape[0]))
         bounds = np.linspace(0, t.shape[0], parts + 1).astype(int)

@@ -25,9 +25,9 @@ from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from dorylus_py.errors import DorylusError
+from dorylus_py.weights.adam import AdamParam, adam_step
 
 
 class WeightError(DorylusError):
@@ -39,10 +39,10 @@ STATE_FIELDS = ("W", "adam_m", "adam_v", "adam_step", "version")  # what a check
 
 @dataclass
 class _Layer:
-    params: dict[str, torch.nn.Parameter]  # this server's arrays of the layer, by name
+    params: dict[str, AdamParam]  # this server's arrays of the layer, by name, with their Adam state
     versions: dict[int, dict[str, np.ndarray]]  # version -> arrays, what is still held or newest
     holds: dict[int, set] = field(default_factory=lambda: defaultdict(set))  # version -> task keys
-    pending: dict = field(default_factory=dict)  # epoch updates: gradient key -> gradient, until the step
+    pending: dict = field(default_factory=dict)  # epoch updates: gradient key -> gradients, until the step
     seen: set = field(default_factory=set)  # gradient keys ever applied or accumulated
     version: int = 0
     snapshots: OrderedDict = field(default_factory=OrderedDict)  # version -> state at an epoch boundary
@@ -66,14 +66,13 @@ class WeightStore:
         self.update = update
         self.expected = expected
         self.keep = keep
+        self.lr = lr
         self.updates_per_epoch = expected if update == "chunk" else 1
         self.layers: dict[int, _Layer] = {}
-        params = []
         for layer, arrays in sorted(weights.items()):
-            ps = {name: torch.nn.Parameter(torch.tensor(w, dtype=torch.float32)) for name, w in sorted(arrays.items())}
-            self.layers[layer] = _Layer(ps, {0: _copy(ps)})
-            params += [{"params": [p], "weight_decay": weight_decay.get(name, 0.0)} for name, p in ps.items()]
-        self.optimizer = torch.optim.Adam(params, lr=lr)
+            ps = {name: AdamParam(np.array(w, dtype=np.float32), weight_decay.get(name, 0.0))
+                  for name, w in sorted(arrays.items())}
+            self.layers[layer] = _Layer(ps, {0: _weights(ps)})
         self.updates = 0
         for layer in self.layers:
             self._snapshot(layer)
@@ -104,20 +103,24 @@ class WeightStore:
         if set(grads) != set(st.params):
             raise WeightError(f"layer {layer}: gradients for {sorted(grads)}, expected {sorted(st.params)}")
         for name, grad in grads.items():
-            if grad.shape != tuple(st.params[name].shape):
-                raise WeightError(f"{name}: gradient shape {list(grad.shape)} != weights {list(st.params[name].shape)}")
+            if grad.shape != st.params[name].w.shape:
+                raise WeightError(f"{name}: gradient shape {list(grad.shape)} != weights {list(st.params[name].w.shape)}")
         if key in st.seen:
             return False
         st.seen.add(key)
         self._release(st, version, key)
-        g = {name: torch.from_numpy(np.array(grad, dtype=np.float32)) for name, grad in grads.items()}
+        g = {name: np.array(grad, dtype=np.float32) for name, grad in grads.items()}
         if self.update == "chunk":
             self._step(layer, g)
         else:
             st.pending[key] = g
             if len(st.pending) == self.expected:  # summed in key order: the same bits whatever the arrival order
                 order = sorted(st.pending)
-                self._step(layer, {n: torch.stack([st.pending[k][n] for k in order]).sum(0) for n in st.params})
+                total = {n: st.pending[order[0]][n].copy() for n in st.params}
+                for k in order[1:]:
+                    for n in st.params:
+                        total[n] += st.pending[k][n]
+                self._step(layer, total)
                 st.pending.clear()
         return True
 
@@ -146,12 +149,8 @@ class WeightStore:
             return
         snap = {}
         for name, p in st.params.items():
-            adam = self.optimizer.state.get(p, {})
-            zeros = np.zeros(tuple(p.shape), np.float32)
-            snap |= {f"{name}:W": st.versions[st.version][name],
-                     f"{name}:adam_m": adam["exp_avg"].numpy().copy() if "exp_avg" in adam else zeros,
-                     f"{name}:adam_v": adam["exp_avg_sq"].numpy().copy() if "exp_avg_sq" in adam else zeros,
-                     f"{name}:adam_step": np.array(float(adam.get("step", 0.0)), np.float64),
+            snap |= {f"{name}:W": p.w, f"{name}:adam_m": p.m, f"{name}:adam_v": p.v,
+                     f"{name}:adam_step": np.array(float(p.step), np.float64),
                      f"{name}:version": np.array(st.version, np.int64)}
         st.snapshots[st.version] = snap
         while len(st.snapshots) > self.keep:
@@ -168,36 +167,25 @@ class WeightStore:
         if len(versions) != 1:
             raise WeightError(f"layer {layer}: the checkpoint's arrays are at different versions {sorted(versions)}")
         for name, p in st.params.items():
-            w = torch.from_numpy(np.array(state[f"{name}:W"], dtype=np.float32))
-            if tuple(w.shape) != tuple(p.shape):
-                raise WeightError(f"{name}: checkpoint weights {list(w.shape)} != model {list(p.shape)}")
-            with torch.no_grad():
-                p.copy_(w)
-            self.optimizer.state[p] = {
-                "step": torch.tensor(float(state[f"{name}:adam_step"]), dtype=torch.float32),
-                "exp_avg": torch.from_numpy(np.array(state[f"{name}:adam_m"], dtype=np.float32)),
-                "exp_avg_sq": torch.from_numpy(np.array(state[f"{name}:adam_v"], dtype=np.float32)),
-            }
+            arrays = [np.array(state[f"{name}:{f}"], dtype=np.float32) for f in ("W", "adam_m", "adam_v")]
+            if any(a.shape != p.w.shape for a in arrays):
+                raise WeightError(f"{name}: checkpoint arrays {[list(a.shape) for a in arrays]} != model {list(p.w.shape)}")
+            p.w, p.m, p.v = arrays
+            p.step = int(state[f"{name}:adam_step"])
         st.version = versions.pop()
-        st.versions = {st.version: _copy(st.params)}
+        st.versions = {st.version: _weights(st.params)}
         st.snapshots.clear()
         self._snapshot(layer)
 
     def held_versions(self, layer: int) -> list[int]:
         return sorted(self._layer(layer).versions)
 
-    def _step(self, layer: int, grads: dict[str, torch.Tensor]) -> None:
+    def _step(self, layer: int, grads: dict[str, np.ndarray]) -> None:
         st = self.layers[layer]
-        for other in self.layers.values():
-            for p in other.params.values():
-                p.grad = None
         for name, p in st.params.items():
-            p.grad = grads[name]
-        self.optimizer.step()  # only this layer's arrays have a gradient; Adam skips the others
-        for p in st.params.values():
-            p.grad = None
+            adam_step(p, grads[name], self.lr)
         st.version += 1
-        st.versions[st.version] = _copy(st.params)
+        st.versions[st.version] = _weights(st.params)
         self.updates += 1
         self._snapshot(layer)
         self._free(st)
@@ -221,5 +209,6 @@ class WeightStore:
             raise WeightError(f"layer {layer} is not held by this weight server") from None
 
 
-def _copy(params: dict[str, torch.nn.Parameter]) -> dict[str, np.ndarray]:
-    return {name: p.detach().numpy().copy() for name, p in params.items()}
+def _weights(params: dict[str, AdamParam]) -> dict[str, np.ndarray]:
+    """The arrays of one version (Adam replaces ``w`` on every step, so no copy is needed)."""
+    return {name: p.w for name, p in params.items()}

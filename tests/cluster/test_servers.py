@@ -118,13 +118,14 @@ def test_weight_server_rejects_bad_messages_and_keeps_serving(driver):
         for name, frames in bad_frames({}).items():
             assert ask(node, ws.handle, client, frames).op == "error", name
         for bad in [Message("pull_weights", {"layer": 9, "version": 0}), Message("pull_weights", {"layer": "a", "version": 0}),
-                    Message("push_grad", {"layer": 0, "version": 0, "key": [1, 0, 0]}, {"grad": np.zeros((2, 2), np.float32)}),
+                    Message("push_grad", {"layer": 0, "version": 0, "key": [1, 0, 0]}, {"W0.0": np.zeros((2, 2), np.float32)}),
+                    Message("push_grad", {"layer": 0, "version": 0, "key": [1, 0, 0]}, {"W1.0": np.zeros((4, 3), np.float32)}),
                     Message("pull_rows", {"task": {}})]:
             assert ask(node, ws.handle, client, encode(bad, TOKEN)).op == "error"
         got = ask(node, ws.handle, client, encode(Message("pull_weights", {"layer": 1, "version": 0}), TOKEN))
-        assert got.op == "weights" and got.tensors["W"].shape == (4, 3)
+        assert got.op == "weights" and got.tensors["W1.0"].shape == (4, 3)  # one block: the whole tensor
         grad = np.ones((4, 3), np.float32)
-        push = Message("push_grad", {"layer": 1, "version": 0, "key": [1, 0, 0]}, {"grad": grad})
+        push = Message("push_grad", {"layer": 1, "version": 0, "key": [1, 0, 0]}, {"W1.0": grad})
         assert ask(node, ws.handle, client, encode(push, TOKEN)).op == "ok"
         assert ask(node, ws.handle, client, encode(push, TOKEN)).op == "duplicate"
         assert ws.store.latest(1) == 1
