@@ -228,13 +228,13 @@ def _run_prepare(args) -> int:
 
 
 def _add_train(sub, data) -> None:
-    from dorylus_py.config import BACKENDS, FEATURE_NORMS, MODES, TrainConfig
+    from dorylus_py.config import BACKENDS, FEATURE_NORMS, MODELS, MODES, TrainConfig
 
     d = TrainConfig()
     p = _command(
         sub,
         "train",
-        "train a GCN and write a run record (config.json, metrics.jsonl, summary.json, weights)",
+        "train a GNN (GCN, GAT or GraphSAGE) and write a run record (config.json, metrics.jsonl, summary.json, weights)",
         [data],
         DATA_FORMATS + "\nWithout --data, a graph is generated with `dorylus synth`'s defaults.\n",
     )
@@ -246,10 +246,19 @@ def _add_train(sub, data) -> None:
     p.add_argument("--out", metavar="RUN_DIR", help="run record folder (default runs/DATE-TIME-BACKEND)")
     p.add_argument("--overwrite", action="store_true", help="reuse a non-empty RUN_DIR")
     m = p.add_argument_group("model and optimiser")
-    m.add_argument("--layers", type=int, default=d.layers, help=f"GCN layers (default {d.layers})")
-    m.add_argument("--hidden", type=int, default=d.hidden, help=f"hidden width (default {d.hidden})")
+    m.add_argument("--model", choices=MODELS, default=d.model,
+                   help="gcn: Kipf & Welling; gat: graph attention (Velickovic et al.), attention per edge computed "
+                        "in ApplyEdge tasks; sage: GraphSAGE with the mean aggregator (default gcn)")
+    m.add_argument("--layers", type=int, default=d.layers, help=f"layers (default {d.layers})")
+    m.add_argument("--hidden", type=int, default=d.hidden, help=f"hidden width; for gat the width of each head (default {d.hidden})")
     m.add_argument("--dropout", type=float, default=d.dropout, help=f"dropout on each layer's input (default {d.dropout})")
-    m.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"L2 on the first layer (default {d.weight_decay})")
+    m.add_argument("--heads", type=int, default=d.heads, help=f"gat: attention heads of each hidden layer, concatenated (default {d.heads})")
+    m.add_argument("--out-heads", type=int, default=d.out_heads, help=f"gat: heads of the last layer, averaged (default {d.out_heads})")
+    m.add_argument("--attn-dropout", type=float, default=d.attn_dropout, metavar="P",
+                   help="gat: dropout on the attention coefficients, keyed by edge (default: the same as --dropout)")
+    m.add_argument("--negative-slope", type=float, default=d.negative_slope, help=f"gat: LeakyReLU slope of the attention scores (default {d.negative_slope})")
+    m.add_argument("--weight-decay", type=float, default=d.weight_decay,
+                   help=f"L2 weight decay: gcn on the first layer, gat and sage on every weight but the biases (default {d.weight_decay})")
     m.add_argument("--lr", type=float, default=d.lr, help=f"Adam learning rate (default {d.lr})")
     m.add_argument("--epochs", type=int, default=d.epochs, help=f"epochs (default {d.epochs})")
     m.add_argument("--seed", type=int, default=d.seed, help="weights and dropout seed (default 0)")
@@ -258,7 +267,8 @@ def _add_train(sub, data) -> None:
     m.add_argument("--target-acc", type=float, default=d.target_acc, help="stop once validation accuracy reaches this")
     c = p.add_argument_group("distributed backends (local, cpu, gpu)")
     c.add_argument("--graph-servers", "-k", type=int, default=d.graph_servers, help=f"graph servers = partitions (default {d.graph_servers})")
-    c.add_argument("--weight-servers", type=int, default=d.weight_servers, help=f"weight servers; layer l on server l %% M (default {d.weight_servers})")
+    c.add_argument("--weight-servers", type=int, default=d.weight_servers,
+                   help=f"weight servers; every weight tensor is cut into row blocks dealt over them, so M may exceed the layers (default {d.weight_servers})")
     c.add_argument("--chunks", type=int, default=d.chunks, help=f"vertex intervals per graph server (default {d.chunks})")
     c.add_argument("--mode", choices=MODES, default=d.mode,
                    help="sync: barriers per layer, equals full-batch training (default); async: bounded staleness; "

@@ -132,6 +132,9 @@ class TrainConfig:
             raise ConfigError("--relaunch-min-s and --wait-timeout-s must be > 0, --relaunch-factor >= 1")
 
     def check_decentral(self) -> None:
+        if self.model != "gcn":
+            raise ConfigError(f"--mode {self.mode} trains gcn only for now; --model {self.model} runs with --backend "
+                              "reference, local, lambda, cpu or gpu")
         if self.backend != "reference":
             raise ConfigError(f"--mode {self.mode} starts its own workers (--workers, --device); drop --backend {self.backend}")
         if self.workers < 1 or self.gossip_every < 1:

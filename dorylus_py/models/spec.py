@@ -92,12 +92,6 @@ class ModelSpec:
     def layer_tensors(self, layer: int) -> list[TensorSpec]:
         return [t for t in self.tensors() if t.layer == layer]
 
-    def describe(self) -> str:
-        """One line for logs and reports: ``gat 2 layers, 8x8 heads / 1 out head``."""
-        if self.name != "gat":
-            return f"{self.name}, {self.num_layers} layers"
-        hidden = ", ".join(f"{s.heads}x{s.per_head}" for s in self.layers[:-1])
-        return f"gat, {self.num_layers} layers ({hidden or 'none hidden'}; {self.layers[-1].heads} output heads)"
 
 
 def model_spec(name: str, dims: list[int], heads: int = 8, out_heads: int = 1, negative_slope: float = 0.2) -> ModelSpec:
