@@ -68,6 +68,7 @@ class GraphServer:
         self.model = spec_of(cfg, spec.dims)
         stages = self.model.stages()
         self.kinds, self.by_task = task_kinds(stages), task_stages(stages)
+        self.graph_train = {s.name: s.train for s in stages if s.task is None}  # graph stage -> training pass
         self.state = GraphState(part, self.model, spec.chunk_counts, spec.feature_norm,
                                 spec.edge_offsets[self.k] if spec.edge_offsets else 0)
         self.peers = {p: self._dealer(a) for p, a in enumerate(spec.graph_servers) if p != self.k}
@@ -287,7 +288,7 @@ class GraphServer:
             inst, t0, t1, error = self.graph_done.get()
             if error is not None:
                 raise error
-            self.task_rows.append({"kind": inst.stage, "train": not inst.stage.startswith("e"), "server": self.k,
+            self.task_rows.append({"kind": inst.stage, "train": self.graph_train[inst.stage], "server": self.k,
                                    "chunk": inst.chunk, "epoch": inst.epoch, "layer": inst.layer, "attempt": 1,
                                    "where": "graph-server", "start": t0, "end": t1, "billed_ms": 0, "memory_mb": 0,
                                    "ok": True, "error": ""})

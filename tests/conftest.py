@@ -13,6 +13,18 @@ from dorylus_py.data import Graph, SynthConfig, generate, load_graph
 DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or Path(__file__).resolve().parents[2] / "shared" / "datasets")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run tests marked slow (multi-seed accuracy measurements)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--slow"):
+        skip = pytest.mark.skip(reason="slow: run with --slow")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def small_graph() -> Graph:
     return generate(SynthConfig(nodes=600, edges=6_000, features=16, classes=4, seed=3))

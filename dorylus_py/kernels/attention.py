@@ -32,32 +32,37 @@ def segment_sum(x: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
     return torch.segment_reduce(x, "sum", offsets=_offsets(indptr, x.shape[0]), axis=1, unsafe=True)
 
 
-def scores(src: torch.Tensor, dst: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
+def _rows(indptr: torch.Tensor) -> torch.Tensor:
+    """``(E,)``: the destination row of each edge."""
+    return torch.repeat_interleave(torch.arange(len(indptr) - 1, device=indptr.device), indptr.diff())
+
+
+def scores(src: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``e`` before the LeakyReLU: ``(H, E)``, ``src[h, e] + dst[v(e), h]``."""
-    rows = torch.repeat_interleave(torch.arange(len(indptr) - 1, device=src.device), indptr.diff())
-    return src + dst.t()[:, rows]
+    return src + dst.t().contiguous().index_select(1, rows)
 
 
-def softmax_per_destination(e: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
+def softmax_per_destination(e: torch.Tensor, indptr: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``(H, E)``: softmax of ``e`` over each destination's in-edges (every row has at least one)."""
-    rows = torch.repeat_interleave(torch.arange(len(indptr) - 1, device=e.device), indptr.diff())
     top = torch.segment_reduce(e, "max", offsets=_offsets(indptr, e.shape[0]), axis=1, unsafe=True)
-    ex = torch.exp(e - top[:, rows])
-    return ex / segment_sum(ex, indptr)[:, rows]
+    ex = torch.exp(e - top.index_select(1, rows))
+    return ex / segment_sum(ex, indptr).index_select(1, rows)
 
 
 def apply_edge_forward(src, dst, indptr, slope: float, keep=None, rate: float = 0.0) -> torch.Tensor:
     """``α̃`` ``(H, E)`` from the endpoint scores; ``keep`` ``(H, E)`` bool or None."""
-    alpha = softmax_per_destination(torch.nn.functional.leaky_relu(scores(src, dst, indptr), slope), indptr)
-    return alpha if keep is None else alpha * keep * (1.0 / (1.0 - rate))
+    rows = _rows(indptr)
+    alpha = softmax_per_destination(torch.nn.functional.leaky_relu(scores(src, dst, rows), slope), indptr, rows)
+    return alpha if keep is None else alpha * (keep * (1.0 / (1.0 - rate)))
 
 
 def apply_edge_backward(src, dst, indptr, d_alpha, slope: float, keep=None, rate: float = 0.0):
     """From ``dα̃`` ``(H, E)``: ``ds`` ``(H, E)`` (per edge, for the sources) and ``d s_dst`` ``(R, H)``."""
-    e = scores(src, dst, indptr)
-    alpha = softmax_per_destination(torch.nn.functional.leaky_relu(e, slope), indptr)
-    d = d_alpha if keep is None else d_alpha * keep * (1.0 / (1.0 - rate))
-    rows = torch.repeat_interleave(torch.arange(len(indptr) - 1, device=e.device), indptr.diff())
-    de = alpha * (d - segment_sum(alpha * d, indptr)[:, rows])
+    rows = _rows(indptr)
+    e = scores(src, dst, rows)
+    alpha = softmax_per_destination(torch.nn.functional.leaky_relu(e, slope), indptr, rows)
+    d = d_alpha if keep is None else d_alpha * (keep * (1.0 / (1.0 - rate)))
+    de = alpha * (d - segment_sum(alpha * d, indptr).index_select(1, rows))
     ds = torch.where(e > 0, de, de * slope)
     return ds, segment_sum(ds, indptr).t()
+

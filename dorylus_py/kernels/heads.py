@@ -73,7 +73,7 @@ class EdgeCSR:
         """``(H, nnz)``: the entries' values from a per-edge ``(H, E)`` array (a view for a contiguous run)."""
         if self.edge is None:
             return values[:, self.edge_start : self.edge_start + self.nnz]
-        return values[:, self.edge]
+        return values.index_select(1, self.edge)
 
     def matrix(self, entry_values: torch.Tensor) -> torch.Tensor:
         """A torch CSR tensor with one value per entry."""

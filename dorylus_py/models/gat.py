@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dorylus_py.kernels.attention import segment_sum
 from dorylus_py.kernels.dropout import EDGE, dropout, dropout_keep_mask
 from dorylus_py.kernels.heads import EdgeCSR, GatherHeads
 from dorylus_py.kernels.sparse import gcn_norm_weights
@@ -63,13 +62,14 @@ class GAT(nn.Module):
             zh = z.view(-1, s.heads, s.per_head)
             s_src = (zh * self.params[f"att_src{l}"]).sum(-1)  # (N, H)
             s_dst = (zh * self.params[f"att_dst{l}"]).sum(-1)
-            e = F.leaky_relu(s_src.t()[:, g.src] + s_dst.t()[:, g.dst], self.spec.negative_slope)  # (H, E)
-            top = torch.segment_reduce(e.detach(), "max", offsets=g.a.crow.expand(s.heads, -1).contiguous(), axis=1,
-                                       unsafe=True)
-            ex = torch.exp(e - top[:, g.dst])
-            alpha = ex / segment_sum(ex, g.a.crow)[:, g.dst]
+            # per edge, (E, H): index_select and segment reductions along rows are the fast paths
+            e = F.leaky_relu(s_src.index_select(0, g.src) + s_dst.index_select(0, g.dst), self.spec.negative_slope)
+            top = torch.segment_reduce(e.detach(), "max", offsets=g.a.crow, axis=0, unsafe=True)
+            ex = torch.exp(e - top.index_select(0, g.dst))
+            alpha = ex / torch.segment_reduce(ex, "sum", offsets=g.a.crow, axis=0, unsafe=True).index_select(0, g.dst)
             if self.training and self.attn_dropout:
                 keep = dropout_keep_mask(0, g.a.nnz, s.heads, self.attn_dropout, self.seed, epoch, l, EDGE)
-                alpha = alpha * keep.t() * (1.0 / (1.0 - self.attn_dropout))
+                alpha = alpha * (keep * (1.0 / (1.0 - self.attn_dropout)))
+            alpha = alpha.t().contiguous()  # (H, E): one head's values are one CSR's
             h = GatherHeads.apply(g.a, g.at, alpha, z, s.heads, s.concat) + self.params[f"b{l}"]
         return h

@@ -93,3 +93,4 @@ def test_sage_apply_vertex_backward_matches_autograd(layer):
         torch.testing.assert_close(grads[name], param.grad)
     if layer:
         torch.testing.assert_close(dg, p_raw.grad)
+
