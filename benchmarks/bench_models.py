@@ -4,8 +4,10 @@ in one run, on the same graph and cores.
 Graph: synthetic, 200 k vertices, 4 M edges, 128 features, 10 classes. GAT: 2 layers, 8 heads x 8
 hidden (the paper's Cora setting), 1 output head, dropout 0.6 on inputs and attention; GraphSAGE: 2
 layers, 16 hidden, mean aggregator, dropout 0.5. An epoch is a training step plus an evaluation
-forward, for every trainer. Each trainer runs in its own process(es); peak RSS is sampled per process.
-Rows per model: PyG; the reference trainer; `cpu` K=2 sync; `local` K=2 sync (4 emulated Lambdas).
+forward, for every trainer. PyG and the reference trainer run in one process, an epoch of each in turn (so a change in the
+machine's load hits both alike); the distributed runs follow, each in its own processes, with peak RSS
+sampled per process. Rows per model: PyG; the reference trainer; `cpu` K=2 sync; `local` K=2 sync
+(4 emulated Lambdas).
 Target on 2 cores: GAT reference and `cpu` K=2 at most 0.7x PyG GATConv.
 
     python benchmarks/bench_models.py [--models gat,sage --nodes 200000 --edges 4000000 --epochs 4]
@@ -32,14 +34,19 @@ SETTINGS = {  # the flags of `dorylus train` for each model
 }
 
 
-def pyg_epochs(model: str, data: str, epochs: int, threads: int) -> list[float]:
-    """Runs in a subprocess: PyG's epoch times (training step + evaluation forward)."""
+def single_process(model: str, data: str, epochs: int, threads: int) -> dict[str, list[float]]:
+    """Runs in a subprocess: epoch times of PyG and of the reference trainer, one epoch of each in turn, so
+    that a change in the machine's load hits both alike (each reference epoch is a fresh one-epoch run:
+    its setup is not timed)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
     from torch_geometric.nn import GATConv, SAGEConv
 
+    from dorylus_py.cli import build_parser
+    from dorylus_py.config import TrainConfig
     from dorylus_py.data import load_graph
+    from dorylus_py.training import train_reference
 
     torch.set_num_threads(threads)
     graph = load_graph(data)
@@ -62,8 +69,11 @@ def pyg_epochs(model: str, data: str, epochs: int, threads: int) -> list[float]:
         return h
 
     opt = torch.optim.Adam(convs.parameters(), lr=0.005)
-    times = []
-    for _ in range(epochs):
+    flags = vars(build_parser().parse_args(["train", *SETTINGS[model]]))
+    cfg = TrainConfig(**{k: v for k, v in flags.items() if k in TrainConfig.__dataclass_fields__}
+                      | dict(epochs=1, threads=threads, feature_norm="none"))
+    times: dict[str, list[float]] = {"pyg": [], "reference": []}
+    for epoch in range(epochs):
         t0 = time.perf_counter()
         convs.train()
         opt.zero_grad()
@@ -72,21 +82,9 @@ def pyg_epochs(model: str, data: str, epochs: int, threads: int) -> list[float]:
         convs.eval()
         with torch.no_grad():
             forward(False)
-        times.append(time.perf_counter() - t0)
+        times["pyg"].append(time.perf_counter() - t0)
+        times["reference"].append(train_reference(graph, cfg, show_progress=False).history[0]["epoch_s"])
     return times
-
-
-def reference_epochs(model: str, data: str, epochs: int, threads: int) -> list[float]:
-    """Runs in a subprocess: the reference trainer's epoch times."""
-    from dorylus_py.cli import build_parser
-    from dorylus_py.config import TrainConfig
-    from dorylus_py.data import load_graph
-    from dorylus_py.training import train_reference
-
-    flags = dict(vars(build_parser().parse_args(["train", *SETTINGS[model]])))
-    names = TrainConfig.__dataclass_fields__
-    cfg = TrainConfig(**{k: v for k, v in flags.items() if k in names} | dict(epochs=epochs, threads=threads, feature_norm="none"))
-    return [r["epoch_s"] for r in train_reference(load_graph(data), cfg, show_progress=False).history]
 
 
 def main() -> None:
@@ -97,13 +95,12 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4, help="epochs per trainer; the first is not counted (default 4)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--chunks", type=int, default=4, help="chunks per graph server (default 4)")
-    ap.add_argument("--worker", choices=("pyg", "reference"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        run = pyg_epochs if args.worker == "pyg" else reference_epochs
-        print(json.dumps(run(args.model, args.data, args.epochs, args.threads)))
+        print(json.dumps(single_process(args.model, args.data, args.epochs, args.threads)))
         return
 
     tmp = Path(tempfile.mkdtemp(prefix="dorylus-bench-"))
@@ -115,12 +112,12 @@ def main() -> None:
     print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; {args.threads} threads; epoch = "
           f"training step + evaluation forward; median of epochs 2..{args.epochs}; {args.chunks} chunks per graph server")
     for model in args.models.split(","):
-        rows = []
-        for worker in ("pyg", "reference"):
-            out, peaks = run_measured([py, __file__, "--worker", worker, "--model", model, "--data", str(graph),
-                                       "--epochs", str(args.epochs), "--threads", str(args.threads)])
-            rows.append((f"PyG {'GATConv' if model == 'gat' else 'SAGEConv'}" if worker == "pyg" else "reference",
-                         statistics.median(json.loads(out)[1:]), peaks))
+        out, peaks = run_measured([py, __file__, "--worker", "--model", model, "--data", str(graph), "--epochs",
+                                   str(args.epochs), "--threads", str(args.threads)])
+        times = json.loads(out)
+        rows = [(f"PyG {'GATConv' if model == 'gat' else 'SAGEConv'}", statistics.median(times["pyg"][1:]), {}),
+                ("reference", statistics.median(times["reference"][1:]), {})]
+        rows[0][2]["PyG + reference"] = peaks["driver"]
         for name, backend in (("cpu K=2 sync", "cpu"), ("local K=2 sync", "local")):
             run_dir = tmp / f"{model}-{backend}"
             _, peaks = run_measured([py, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(run_dir),

@@ -76,11 +76,20 @@ class EdgeCSR:
         return values.index_select(1, self.edge)
 
     def matrix(self, entry_values: torch.Tensor) -> torch.Tensor:
-        """A torch CSR tensor with one value per entry."""
+        """A torch CSR tensor with one value per entry (int32 indices where they fit: the sparse kernels
+        convert int64 ones on every call)."""
+        crow, col = self._indices()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            return torch.sparse_csr_tensor(self.crow, self.col, entry_values.contiguous(), self.shape,
-                                           check_invariants=False)
+            return torch.sparse_csr_tensor(crow, col, entry_values.contiguous(), self.shape, check_invariants=False)
+
+    def _indices(self) -> tuple[torch.Tensor, torch.Tensor]:
+        cached = self.__dict__.get("_int32")
+        if cached is None:
+            small = self.nnz < 2**31 and max(self.shape) < 2**31
+            cached = (self.crow.int(), self.col.int()) if small else (self.crow, self.col)
+            object.__setattr__(self, "_int32", cached)
+        return cached
 
     def matrices(self, values: torch.Tensor | None) -> list[torch.Tensor]:
         """One CSR tensor per head with the values of ``values`` ``(H, E)``, or the fixed ones."""

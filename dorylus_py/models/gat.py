@@ -40,6 +40,25 @@ class AttentionGraph:
         return cls(a, a.transpose(), a.row_of_entry(), a.col)
 
 
+class _PerEdge(torch.autograd.Function):
+    """``x[dst]`` for edges sorted by destination: its backward is a segment sum over each destination's
+    edges, not the scatter-add of ``index_select``'s backward (3x the time on 4 M edges)."""
+
+    @staticmethod
+    def forward(ctx, x, indptr, dst):
+        ctx.save_for_backward(indptr)
+        return x.index_select(0, dst)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (indptr,) = ctx.saved_tensors
+        return torch.segment_reduce(grad, "sum", offsets=indptr, axis=0, unsafe=True), None, None
+
+
+def _per_edge(x: torch.Tensor, indptr: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    return _PerEdge.apply(x, indptr, dst)
+
+
 class GAT(nn.Module):
     def __init__(self, spec: ModelSpec, dropout: float = 0.6, attn_dropout: float = 0.6, seed: int = 0):
         super().__init__()
@@ -63,13 +82,15 @@ class GAT(nn.Module):
             s_src = (zh * self.params[f"att_src{l}"]).sum(-1)  # (N, H)
             s_dst = (zh * self.params[f"att_dst{l}"]).sum(-1)
             # per edge, (E, H): index_select and segment reductions along rows are the fast paths
-            e = F.leaky_relu(s_src.index_select(0, g.src) + s_dst.index_select(0, g.dst), self.spec.negative_slope)
+            e = F.leaky_relu(s_src.index_select(0, g.src) + _per_edge(s_dst, g.a.crow, g.dst), self.spec.negative_slope)
             top = torch.segment_reduce(e.detach(), "max", offsets=g.a.crow, axis=0, unsafe=True)
             ex = torch.exp(e - top.index_select(0, g.dst))
-            alpha = ex / torch.segment_reduce(ex, "sum", offsets=g.a.crow, axis=0, unsafe=True).index_select(0, g.dst)
-            if self.training and self.attn_dropout:
+            if self.training and self.attn_dropout:  # keyed by edge; the scale folded into the mask
                 keep = dropout_keep_mask(0, g.a.nnz, s.heads, self.attn_dropout, self.seed, epoch, l, EDGE)
-                alpha = alpha * (keep * (1.0 / (1.0 - self.attn_dropout)))
-            alpha = alpha.t().contiguous()  # (H, E): one head's values are one CSR's
+                ex_kept = ex * (keep * (1.0 / (1.0 - self.attn_dropout)))
+            else:
+                ex_kept = ex
+            den = torch.segment_reduce(ex, "sum", offsets=g.a.crow, axis=0, unsafe=True)
+            alpha = (ex_kept / _per_edge(den, g.a.crow, g.dst)).t().contiguous()  # (H, E): a head's values, one CSR's
             h = GatherHeads.apply(g.a, g.at, alpha, z, s.heads, s.concat) + self.params[f"b{l}"]
         return h
