@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from dorylus_py import __version__
-from dorylus_py.errors import DorylusError
+from dorylus_py.errors import ConfigError, DorylusError, interrupted_by_user
 
 DESCRIPTION = """\
 dorylus-py: train graph neural networks on CPU graph servers, with dense tensor work shipped to
@@ -42,22 +42,55 @@ Without split masks, a seeded random split of the labelled vertices is drawn (--
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s", stream=sys.stderr)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     try:
+        args = build_parser().parse_args(argv)
+        args.argv = argv
         return args.run(args) or 0
     except DorylusError as e:
+        _wind_up(e)
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        return 130 if interrupted_by_user(e) else 2
+    except KeyboardInterrupt as e:
+        where = _wind_up(e)
+        print("error: interrupted" + (f"; run record so far in {where[0]}" if where else ""), file=sys.stderr)
         return 130
+    except Exception as e:  # a bug: the run record says how it ended, the traceback says where
+        _wind_up(e)
+        raise
+
+
+def _wind_up(error: BaseException) -> list[Path]:
+    """Before the error line: close progress bars, end unfinished run records (``summary.json`` with
+    status ``interrupted`` or ``failed: ...``); return those records' folders. Modules not loaded yet
+    had no bar or record open."""
+    progress, record = sys.modules.get("dorylus_py.progress"), sys.modules.get("dorylus_py.training.record")
+    if progress is not None:
+        progress.close_bars()
+    return record.abort_unfinished(record.end_status(error)) if record is not None else []
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake reported as one line, not the usage block."""
+
+    def error(self, message: str):
+        raise ConfigError(f"{message} (see `{self.prog} --help`)")
+
+
+def given_flags(argv: list[str]) -> set[str]:
+    """The ``dest`` of every option given on the command line ``argv``, as opposed to defaulted."""
+    parser = build_parser()
+    todo = [parser]
+    while todo:
+        for action in todo.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+            action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="dorylus", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = Parser(prog="dorylus", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"dorylus-py {__version__}")
     sub = p.add_subparsers(title="commands", metavar="COMMAND", required=True)
     data = _data_parent()
@@ -106,7 +139,7 @@ def _sources(args):
 
 
 def _add_synth(sub) -> None:
-    from dorylus_py.data.synth import SynthConfig
+    from dorylus_py.config import SynthConfig
 
     d = SynthConfig()
     p = _command(
@@ -184,8 +217,6 @@ def _run_check(args) -> int:
 
 
 def _add_prepare(sub, data) -> None:
-    from dorylus_py.partition import PARTITIONERS
-
     p = _command(
         sub,
         "prepare",
@@ -198,7 +229,7 @@ def _add_prepare(sub, data) -> None:
     p.add_argument("--partitions", "-k", type=int, required=True, help="number of partitions (graph servers)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder, or s3://BUCKET/PREFIX (AWS credentials, "
                    "region and AWS_ENDPOINT_URL from the environment); must be empty unless --overwrite")
-    p.add_argument("--partitioner", choices=PARTITIONERS, default="metis", help="metis: minimum edge cut (default); hash: by vertex id")
+    p.add_argument("--partitioner", default="metis", help="metis: minimum edge cut (default); hash: by vertex id")
     p.add_argument("--seed", type=int, default=0, help="METIS seed (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(run=_run_prepare)
@@ -210,6 +241,9 @@ def _run_prepare(args) -> int:
     from dorylus_py.partition.s3 import is_s3
     from dorylus_py.progress import status
 
+    if args.partitions < 1:  # checked before anything is read or created
+        raise ConfigError(f"--partitions must be >= 1, got {args.partitions}")
+    _check_partitioner(args.partitioner)
     if not is_s3(args.out) and Path(args.out).exists() and not args.overwrite:
         raise DorylusError(f"{args.out}: already exists (pass --overwrite to replace it)")
     t0 = time.perf_counter()
@@ -244,7 +278,12 @@ def _add_train(sub, data) -> None:
                         "tensor work in emulated Lambdas; lambda: the same with AWS Lambda (see docs/aws.md); cpu/gpu: the same pipeline with tensor work inside the "
                         "graph servers, on the CPU or a CUDA device (default reference)")
     p.add_argument("--out", metavar="RUN_DIR", help="run record folder (default runs/DATE-TIME-BACKEND)")
-    p.add_argument("--overwrite", action="store_true", help="reuse a non-empty RUN_DIR")
+    p.add_argument("--overwrite", action="store_true", help="replace RUN_DIR if it holds a run record")
+    p.add_argument("--no-data-copy", action="store_true",
+                   help="keep no copy of the data in RUN_DIR: the partitions a distributed run makes when --data is "
+                        "not a prepared store of K parts (RUN_DIR/partitions), gossip's graph.npz and clusters.npy, "
+                        "are deleted when the run ends (so is its --resume point; pass a `dorylus prepare` store as "
+                        "--data to keep both out of the record)")
     m = p.add_argument_group("model and optimiser")
     m.add_argument("--layers", type=int, default=d.layers, help=f"GCN layers (default {d.layers})")
     m.add_argument("--hidden", type=int, default=d.hidden, help=f"hidden width (default {d.hidden})")
@@ -257,7 +296,7 @@ def _add_train(sub, data) -> None:
     m.add_argument("--threads", type=int, default=d.threads, help="torch threads (default: torch's choice)")
     m.add_argument("--target-acc", type=float, default=d.target_acc, help="stop once validation accuracy reaches this")
     c = p.add_argument_group("distributed backends (local, cpu, gpu)")
-    c.add_argument("--graph-servers", "-k", type=int, default=d.graph_servers, help=f"graph servers = partitions (default {d.graph_servers})")
+    c.add_argument("--graph-servers", "-k", type=int, default=d.graph_servers, help=f"graph servers = partitions (default: the prepared store's partitions, else {d.graph_servers})")
     c.add_argument("--weight-servers", type=int, default=d.weight_servers, help=f"weight servers; layer l on server l %% M (default {d.weight_servers})")
     c.add_argument("--chunks", type=int, default=d.chunks, help=f"vertex intervals per graph server (default {d.chunks})")
     c.add_argument("--mode", choices=MODES, default=d.mode,
@@ -272,11 +311,13 @@ def _add_train(sub, data) -> None:
     c.add_argument("--async-update", choices=("epoch", "chunk"), default=d.async_update,
                    help="async: one weight update per epoch's worth of chunk gradients, taken without a barrier "
                         "(default; Cora 81 %%), or one per chunk gradient (78 %%)")
-    c.add_argument("--partitioner", choices=("metis", "hash"), default="metis", help="when --data is not a prepared folder (default metis)")
+    c.add_argument("--partitioner", default=d.partitioner, help="metis or hash: how --data is partitioned when it is "
+                   "not a prepared store of --graph-servers parts (default metis)")
     c.add_argument("--lambdas", type=int, default=d.lambdas, help=f"local: concurrent emulated Lambdas in all (default {d.lambdas})")
     c.add_argument("--lambda-latency-ms", type=float, default=d.lambda_latency_ms, help="local: injected latency per invocation (default 0)")
     c.add_argument("--lambda-fail-rate", type=float, default=d.lambda_fail_rate, help="local: chance an invocation fails (default 0)")
-    c.add_argument("--lambda-memory-mb", type=int, default=d.lambda_memory_mb, help=f"billed Lambda memory (default {d.lambda_memory_mb})")
+    c.add_argument("--lambda-memory-mb", type=int, default=d.lambda_memory_mb, help=f"local: billed memory of an emulated Lambda (default {d.lambda_memory_mb}); "
+                   "lambda: read from the deployed function")
     c.add_argument("--lambda-timeout-s", type=float, default=d.lambda_timeout_s, help=f"a Lambda's time limit (default {d.lambda_timeout_s:.0f})")
     c.add_argument("--lambda-function", default=d.lambda_function, help="lambda: function name or ARN (default: the cluster file's)")
     c.add_argument("--aws-region", default=d.aws_region, help="lambda: AWS region (default: from the AWS environment)")
@@ -291,9 +332,11 @@ def _add_train(sub, data) -> None:
     c.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="N",
                    help="save weights, Adam state and epoch every N epochs and at the end, into the partition "
                         "store's checkpoints/ (a folder or s3://); default 0: never")
-    c.add_argument("--resume", action="store_true",
-                   help="continue from the newest checkpoint in the partition store's checkpoints/: weights, Adam "
-                        "state and epoch; training goes on to --epochs (needs --data to be a prepared store)")
+    c.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
+                   help="continue from the newest checkpoint in the partition store's checkpoints/ (weights, Adam "
+                        "state and epoch) on to --epochs: with RUN_DIR, that run, in its record and with its "
+                        "configuration (only --epochs, --checkpoint-every, --target-acc and the wait/relaunch "
+                        "timeouts may change); without, --data's store, into a new record")
     c.add_argument("--relaunch-min-s", type=float, default=d.relaunch_min_s, help=f"relaunch a task after max(this, factor x average) (default {d.relaunch_min_s})")
     c.add_argument("--relaunch-factor", type=float, default=d.relaunch_factor, help=f"(default {d.relaunch_factor})")
     c.add_argument("--wait-timeout-s", type=float, default=d.wait_timeout_s, help=f"give up on any single wait after this (default {d.wait_timeout_s:.0f})")
@@ -315,24 +358,24 @@ def _run_train(args) -> int:
     from dorylus_py.training import RunRecord, train_reference
     from dorylus_py.training.reference import resolve_feature_norm
 
+    given = given_flags(args.argv)
+    resumed = _resume_args(args, given) if isinstance(args.resume, str) else None
     cfg = _config_from_args(TrainConfig, args)
+    distributed = cfg.backend != "reference" and cfg.mode not in DECENTRAL_MODES
     cluster = None
     if args.cluster:
-        from dorylus_py.cluster.spec import ClusterSpec
+        cfg, cluster = _with_cluster(cfg, args.cluster, given)
+    elif distributed and "graph_servers" not in given and _is_prepared_store(cfg.data):
+        from dorylus_py.partition import PartitionStore
 
-        if cfg.backend == "reference":
-            raise DorylusError("--cluster needs a distributed backend (local, lambda, cpu or gpu)")
-        cluster = ClusterSpec.load(args.cluster)
-        if not _is_prepared_store(cfg.data):
-            raise DorylusError("--cluster needs --data to be a folder made by `dorylus prepare` (or its s3:// "
-                               "address), readable by the graph servers")
-        if cfg.backend == "lambda":
-            cfg = dataclasses.replace(cfg, lambda_function=cfg.lambda_function or cluster.lambda_function,
-                                      aws_region=cfg.aws_region or cluster.region)
+        cfg = dataclasses.replace(cfg, graph_servers=PartitionStore.open(cfg.data).num_parts)
     cfg.check()
+    _check_partitioner(cfg.partitioner)
     if cfg.backend == "lambda" and cluster is None and not cfg.lambda_run_here:
         raise DorylusError("--backend lambda needs --cluster FILE: Lambdas must reach the graph and weight servers at "
                            "addresses in that file (or --lambda-run-here, for tests against moto)")
+    if cfg.backend == "lambda":
+        cfg = _with_deployed_memory(cfg, given)
     if cfg.data is None:
         synth = SynthConfig()
         status(f"no --data: generating a graph ({synth.nodes:,} vertices, {synth.edges:,} edges, seed {synth.seed})")
@@ -341,6 +384,7 @@ def _run_train(args) -> int:
         status(f"loading {cfg.data}")
         graph = load_graph(cfg.data, _sources(args))
     norm = resolve_feature_norm(cfg, graph)
+    done = None
     if cfg.resume:  # checked before anything is written
         from dorylus_py.checkpoint import checkpoint_root, load_checkpoint
 
@@ -351,25 +395,43 @@ def _run_train(args) -> int:
             raise DorylusError(f"the newest checkpoint in {checkpoint_root(cfg.data)} is at epoch {done}; "
                                f"--epochs {cfg.epochs} leaves nothing to do")
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode if cfg.mode in DECENTRAL_MODES else cfg.backend}")
-    config = cfg.to_dict() | {"feature_norm": norm, "graph": graph.summary(), "graph_source": graph.source}
-    if cfg.mode in DECENTRAL_MODES:
-        from dorylus_py.decentral.launcher import train_decentral
+    store, copy = _store_for(cfg, run_dir) if distributed else (None, cfg.mode in DECENTRAL_MODES)
+    if args.no_data_copy and copy and cfg.checkpoint_every:
+        raise ConfigError("--checkpoint-every saves into the partition store, which --no-data-copy deletes at the end: "
+                          "make one with `dorylus prepare` and pass it as --data")
+    if args.overwrite and cfg.data and not _is_s3(cfg.data) and Path(cfg.data).resolve().is_relative_to(run_dir.resolve()):
+        raise ConfigError(f"--data {cfg.data} lies inside {run_dir}, which --overwrite would delete")
+    config = cfg.to_dict() | {"feature_norm": norm, "graph": graph.summary(), "graph_source": graph.source,
+                              "sources": dataclasses.asdict(_sources(args)), "cluster": args.cluster,
+                              "store": None if copy and args.no_data_copy else store}
+    if resumed is not None:  # the record's configuration, with what may change and when it was resumed
+        config = resumed | {k: config[k] for k in RESUME_OVERRIDES} | {
+            "resumed_after": [*resumed.get("resumed_after", []), done]}
+    try:
+        if cfg.mode in DECENTRAL_MODES:
+            from dorylus_py.decentral.launcher import train_decentral
 
-        result = train_decentral(cfg, graph, run_dir, config, args.overwrite, show_progress=not args.quiet)
-        if result is None:  # a torchrun rank other than 0: rank 0 writes the record
-            return 0
-        s = result.summary
-        print(f"{s['batches_trained']} batches trained by {s['workers']} workers, {s['gossip_rounds']} gossip exchanges"
-              + (f", workers lost: {s['worker_deaths']}" if s["worker_deaths"] else ""))
-    elif cfg.backend == "reference":
-        record = RunRecord(run_dir, config, overwrite=args.overwrite)
-        s = train_reference(graph, cfg, record, show_progress=not args.quiet).summary
-    else:
-        from dorylus_py.cluster.launcher import train_distributed
+            result = train_decentral(cfg, graph, run_dir, config, args.overwrite, show_progress=not args.quiet)
+            if result is None:  # a torchrun rank other than 0: rank 0 writes the record
+                return 0
+            s = result.summary
+            print(f"{s['batches_trained']} batches trained by {s['workers']} workers, {s['gossip_rounds']} gossip "
+                  f"exchanges" + (f", workers lost: {s['worker_deaths']}" if s["worker_deaths"] else ""))
+        elif cfg.backend == "reference":
+            record = RunRecord(run_dir, config, overwrite=args.overwrite)
+            s = train_reference(graph, cfg, record, show_progress=not args.quiet).summary
+        else:
+            from dorylus_py.cluster.launcher import train_distributed
 
-        record = RunRecord(run_dir, config, overwrite=args.overwrite)
-        parts = _partitions_for(cfg, graph, run_dir, args.partitioner)
-        s = train_distributed(cfg, parts, record, norm, show_progress=not args.quiet, cluster=cluster).summary
+            record = RunRecord(run_dir, config, overwrite=args.overwrite,
+                               continue_after=done if resumed is not None else None)
+            if copy:
+                _partition_into(cfg, graph, Path(store))
+            result = train_distributed(cfg, store, record, norm, show_progress=not args.quiet, cluster=cluster)
+            s = record.summary or result.summary
+    finally:
+        if args.no_data_copy and copy:
+            _drop_data_copy(run_dir)
     print(
         f"best validation accuracy {s['best_val_acc']:.4f} at epoch {s['best_epoch']}, "
         f"test accuracy there {s['test_acc_at_best_val']:.4f}; final loss {s['final_loss']:.4f}; "
@@ -377,6 +439,75 @@ def _run_train(args) -> int:
         f"run record in {run_dir}"
     )
     return 0
+
+
+# Flags that --resume RUN_DIR lets change; the rest of the configuration is the record's.
+RESUME_OVERRIDES = ("epochs", "checkpoint_every", "target_acc", "wait_timeout_s", "relaunch_min_s", "relaunch_factor")
+
+
+def _resume_args(args, given: set[str]) -> dict:
+    """``--resume RUN_DIR``: the run's flags from RUN_DIR/config.json (but RESUME_OVERRIDES given now),
+    --data its partition store, --out RUN_DIR. Returns the recorded configuration."""
+    from dorylus_py.config import DECENTRAL_MODES, TrainConfig
+    from dorylus_py.jsonfile import read_json
+
+    run_dir = Path(args.resume)
+    old = read_json(run_dir / "config.json", ConfigError, "missing: --resume RUN_DIR wants the record of a distributed run")
+    if old.get("backend", "reference") == "reference" or old.get("mode") in DECENTRAL_MODES:
+        raise ConfigError(f"--resume {run_dir}: only distributed runs (local, lambda, cpu, gpu) continue from a "
+                          "checkpoint; train this one again with --overwrite")
+    fixed = sorted(given - set(RESUME_OVERRIDES) - {"resume", "quiet"})
+    if fixed:
+        raise ConfigError(f"--{fixed[0].replace('_', '-')}: --resume {run_dir} continues the run as configured in its "
+                          f"config.json; only {', '.join('--' + k.replace('_', '-') for k in RESUME_OVERRIDES)} may change")
+    for name in TrainConfig.__dataclass_fields__:
+        if name in old and name not in given:
+            setattr(args, name, old[name])
+    store = old.get("store")
+    if "store" not in old:  # a record from before "store" was written: where that run kept its partitions
+        store = str(run_dir / "partitions") if (run_dir / "partitions").exists() else old.get("data")
+    if not _is_prepared_store(store):
+        raise ConfigError(f"{run_dir}: its partition store is gone (--no-data-copy?), and with it the checkpoints")
+    args.data, args.out, args.resume, args.cluster = store, str(run_dir), True, old.get("cluster")
+    return old
+
+
+def _with_cluster(cfg, path: str, given: set[str]):
+    """``--cluster FILE``: the graph- and weight-server counts are the file's (a flag that disagrees is an
+    error), and --data must be a prepared store with one partition per graph server."""
+    from dorylus_py.cluster.spec import ClusterSpec
+    from dorylus_py.partition import PartitionStore
+
+    if cfg.backend == "reference":
+        raise ConfigError("--cluster needs a distributed backend (local, lambda, cpu or gpu)")
+    cluster = ClusterSpec.load(path)
+    counts = {"graph_servers": len(cluster.graph_servers), "weight_servers": len(cluster.weight_servers)}
+    for name, n in counts.items():
+        if name in given and getattr(cfg, name) != n:
+            raise ConfigError(f"--{name.replace('_', '-')} {getattr(cfg, name)} disagrees with {path}, which lists "
+                              f"{n} {name.replace('_', ' ')}")
+    if not _is_prepared_store(cfg.data):
+        raise ConfigError("--cluster needs --data to be a folder made by `dorylus prepare` (or its s3:// "
+                          "address), readable by the graph servers")
+    parts = PartitionStore.open(cfg.data).num_parts
+    if parts != counts["graph_servers"]:
+        raise ConfigError(f"{cfg.data} holds {parts} partitions but {path} lists {counts['graph_servers']} graph "
+                          f"servers (dorylus prepare --partitions {counts['graph_servers']})")
+    if cfg.backend == "lambda":
+        counts |= {"lambda_function": cfg.lambda_function or cluster.lambda_function,
+                   "aws_region": cfg.aws_region or cluster.region}
+    return dataclasses.replace(cfg, **counts), cluster
+
+
+def _with_deployed_memory(cfg, given: set[str]):
+    """AWS bills the memory the function is deployed with: that is what the run records and reports price."""
+    from dorylus_py.platforms.aws import deployed_memory_mb
+
+    mb = deployed_memory_mb(cfg.lambda_function, cfg.aws_region, cfg.aws_profile, cfg.lambda_endpoint)
+    if "lambda_memory_mb" in given and cfg.lambda_memory_mb != mb:
+        raise ConfigError(f"--lambda-memory-mb {cfg.lambda_memory_mb} disagrees with {cfg.lambda_function}, deployed "
+                          f"with {mb} MB (what AWS bills); drop the flag, or redeploy the function")
+    return dataclasses.replace(cfg, lambda_memory_mb=mb)
 
 
 def _add_report(sub) -> None:
@@ -406,6 +537,9 @@ def _run_report(args) -> int:
     prices.hourly(args.as_instance)  # an unknown instance type is an error before any work
     rows = report_rows(args.runs, prices, args.as_instance, args.target_acc)
     print(text_table(rows))
+    for row in rows:
+        if row["_status"] != row["status"]:  # the failure's line did not fit in the table
+            print(f"{row['run']}: {row['_status']}")
     with tempfile.TemporaryDirectory() as tmp:
         images = []
         if args.plots or args.html:
@@ -602,31 +736,54 @@ def _run_server(args) -> int:
     return 0
 
 
-def _partitions_for(cfg, graph, run_dir: Path, partitioner: str) -> Path:
-    """A prepared folder with K partitions: --data itself when it is one, else made in RUN_DIR."""
-    from dorylus_py.partition import PartitionStore, prepare
-    from dorylus_py.partition.s3 import is_s3
-    from dorylus_py.progress import status
+def _store_for(cfg, run_dir: Path) -> tuple[str, bool]:
+    """The partition store a distributed run reads, and whether the run makes it: --data itself when it
+    is a store of K parts, else RUN_DIR/partitions (the record's copy of the data)."""
+    from dorylus_py.partition import PartitionStore
 
-    if cfg.data and is_s3(cfg.data):  # cannot be re-partitioned here: it must fit as it is
+    if cfg.data and _is_s3(cfg.data):  # cannot be re-partitioned here: it must fit as it is
         parts = PartitionStore.open(cfg.data).num_parts
         if parts != cfg.graph_servers:
             raise DorylusError(f"{cfg.data} holds {parts} partitions, not --graph-servers {cfg.graph_servers}")
-        return cfg.data
-    data = Path(cfg.data) if cfg.data else None
-    if data is not None and (data / "manifest.json").exists():
-        if PartitionStore.open(data).num_parts == cfg.graph_servers:
-            return data
-    status(f"partitioning into {cfg.graph_servers} parts ({partitioner})")
-    prepare(graph, run_dir / "partitions", cfg.graph_servers, partitioner, overwrite=True)
-    return run_dir / "partitions"
+        return cfg.data, False
+    if _is_prepared_store(cfg.data) and PartitionStore.open(cfg.data).num_parts == cfg.graph_servers:
+        return cfg.data, False
+    return str(run_dir / "partitions"), True
+
+
+def _partition_into(cfg, graph, store: Path) -> None:
+    from dorylus_py.partition import prepare
+    from dorylus_py.progress import status
+
+    status(f"partitioning into {cfg.graph_servers} parts ({cfg.partitioner})")
+    prepare(graph, store, cfg.graph_servers, cfg.partitioner, overwrite=True)
+
+
+def _drop_data_copy(run_dir: Path) -> None:
+    """--no-data-copy: what a run copied of its data into its record, gone once the run ends."""
+    import shutil
+
+    shutil.rmtree(run_dir / "partitions", ignore_errors=True)
+    for name in ("graph.npz", "clusters.npy"):  # gossip / all-reduce workers read these
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def _check_partitioner(name: str) -> None:
+    from dorylus_py.partition.partitioners import PARTITIONERS
+
+    if name not in PARTITIONERS:
+        raise ConfigError(f"--partitioner must be one of {', '.join(PARTITIONERS)}, got {name!r}")
 
 
 def _is_prepared_store(data: str | None) -> bool:
     """``data`` is a store made by `dorylus prepare`: a folder with a manifest, or an s3:// address."""
+    return bool(data) and (_is_s3(data) or (Path(data) / "manifest.json").exists())
+
+
+def _is_s3(path: str) -> bool:
     from dorylus_py.partition.s3 import is_s3
 
-    return bool(data) and (is_s3(data) or (Path(data) / "manifest.json").exists())
+    return is_s3(path)
 
 
 def _check_output_file(path: Path, overwrite: bool) -> None:

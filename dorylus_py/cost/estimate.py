@@ -87,8 +87,8 @@ class Calibration:
     @classmethod
     def from_record(cls, run_dir: str, instance: str) -> "Calibration":
         config, metrics, tasks, _ = read_record(run_dir)
-        if config.get("backend") not in ("local", "lambda", "cpu", "gpu") or not tasks:
-            raise DataError(f"{run_dir}: a calibration needs a run of a distributed backend (with tasks.jsonl)")
+        if config.get("backend") not in ("local", "lambda", "cpu", "gpu") or not tasks or not metrics:
+            raise DataError(f"{run_dir}: a calibration needs a run of a distributed backend (with tasks.jsonl and epochs)")
         setup = setup_of(config, instance)
         work = workload_of(config)
         epochs = len(metrics)
