@@ -80,13 +80,15 @@ class Parser(argparse.ArgumentParser):
 def given_flags(argv: list[str]) -> set[str]:
     """The ``dest`` of every option given on the command line ``argv``, as opposed to defaulted."""
     parser = build_parser()
-    todo = [parser]
+    todo, options = [parser], set()
     while todo:
         for action in todo.pop()._actions:
             if isinstance(action, argparse._SubParsersAction):
                 todo.extend(action.choices.values())
+            elif action.option_strings:
+                options.add(action.dest)
             action.default = argparse.SUPPRESS
-    return set(vars(parser.parse_args(argv)))
+    return set(vars(parser.parse_args(argv))) & options
 
 
 def build_parser() -> argparse.ArgumentParser:
