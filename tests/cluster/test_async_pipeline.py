@@ -110,7 +110,7 @@ def test_switch_to_sync_runs_later_epochs_with_barriers(parts, tmp_path):
     summary, tasks = run(parts, tmp_path, "switch", epochs=6, mode="async", staleness=1, target_acc=0.99,
                          switch_threshold=0.98)
     at = summary["switched_to_sync_at"]
-    assert at is not None and 2 <= at <= 4, at
+    assert at is not None and 2 <= at <= 5, at  # as soon as the servers can freeze; epochs 5 and 6 are sync at least
     assert summary["weight_updates"] == 6 * 2  # one per layer and epoch, before the switch and after
     after = [t for t in tasks if t["epoch"] >= at]
     assert after and not any(barrier_breaks(tasks, k, e) for k in (0, 1) for e in range(at, 7))
