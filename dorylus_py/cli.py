@@ -318,6 +318,9 @@ def _add_train(sub, data) -> None:
     c.add_argument("--lambdas", type=int, default=d.lambdas, help=f"local: concurrent emulated Lambdas in all (default {d.lambdas})")
     c.add_argument("--lambda-latency-ms", type=float, default=d.lambda_latency_ms, help="local: injected latency per invocation (default 0)")
     c.add_argument("--lambda-fail-rate", type=float, default=d.lambda_fail_rate, help="local: chance an invocation fails (default 0)")
+    c.add_argument("--lambda-cold-start-ms", type=float, default=d.lambda_cold_start_ms,
+                   help="local: the first invocation on each emulated Lambda (and on each replacement of a dead "
+                        "one) waits this long, as a cold container does (default 0)")
     c.add_argument("--lambda-memory-mb", type=int, default=d.lambda_memory_mb, help=f"local: billed memory of an emulated Lambda (default {d.lambda_memory_mb}); "
                    "lambda: read from the deployed function")
     c.add_argument("--lambda-timeout-s", type=float, default=d.lambda_timeout_s, help=f"a Lambda's time limit (default {d.lambda_timeout_s:.0f})")
@@ -332,13 +335,17 @@ def _add_train(sub, data) -> None:
     c.add_argument("--device", default=d.device, help="cpu/gpu backends and gossip/allreduce workers: torch device "
                    "(default cuda for --backend gpu, else cpu)")
     c.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="N",
-                   help="save weights, Adam state and epoch every N epochs and at the end, into the partition "
-                        "store's checkpoints/ (a folder or s3://); default 0: never")
-    c.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
-                   help="continue from the newest checkpoint in the partition store's checkpoints/ (weights, Adam "
-                        "state and epoch) on to --epochs: with RUN_DIR, that run, in its record and with its "
-                        "configuration (only --epochs, --checkpoint-every, --target-acc and the wait/relaunch "
-                        "timeouts may change); without, --data's store, into a new record")
+                   help="save every layer's weights and Adam state, all at the same epoch, every N epochs and at "
+                        "the end, into RUN_DIR/checkpoints/; a dead server is restarted from the newest "
+                        "(default 10; 0: never)")
+    c.add_argument("--max-restarts", type=int, default=d.max_restarts,
+                   help="restart the servers after one dies or goes silent at most this often, each time from "
+                        f"the newest checkpoint, before the job stops with the reason (default {d.max_restarts})")
+    c.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the distributed run recorded in RUN_DIR (interrupted, failed, or to go on to more "
+                        "--epochs) from its newest checkpoint, in that record and with its configuration; only "
+                        "--epochs, --checkpoint-every, --target-acc, --max-restarts and the wait/relaunch timeouts "
+                        "may change")
     c.add_argument("--relaunch-min-s", type=float, default=d.relaunch_min_s, help=f"relaunch a task after max(this, factor x average) (default {d.relaunch_min_s})")
     c.add_argument("--relaunch-factor", type=float, default=d.relaunch_factor, help=f"(default {d.relaunch_factor})")
     c.add_argument("--wait-timeout-s", type=float, default=d.wait_timeout_s, help=f"give up on any single wait after this (default {d.wait_timeout_s:.0f})")
@@ -361,7 +368,7 @@ def _run_train(args) -> int:
     from dorylus_py.training.reference import resolve_feature_norm
 
     given = given_flags(args.argv)
-    resumed = _resume_args(args, given) if isinstance(args.resume, str) else None
+    resumed = _resume_args(args, given) if args.resume else None
     cfg = _config_from_args(TrainConfig, args)
     distributed = cfg.backend != "reference" and cfg.mode not in DECENTRAL_MODES
     cluster = None
@@ -378,6 +385,8 @@ def _run_train(args) -> int:
                            "addresses in that file (or --lambda-run-here, for tests against moto)")
     if cfg.backend == "lambda":
         cfg = _with_deployed_memory(cfg, given)
+    run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode if cfg.mode in DECENTRAL_MODES else cfg.backend}")
+    done = _checkpoint_epoch(run_dir, cfg.epochs) if resumed is not None else None  # before anything is written
     if cfg.data is None:
         synth = SynthConfig()
         status(f"no --data: generating a graph ({synth.nodes:,} vertices, {synth.edges:,} edges, seed {synth.seed})")
@@ -386,26 +395,12 @@ def _run_train(args) -> int:
         status(f"loading {cfg.data}")
         graph = load_graph(cfg.data, _sources(args))
     norm = resolve_feature_norm(cfg, graph)
-    done = None
-    if cfg.resume:  # checked before anything is written
-        from dorylus_py.checkpoint import checkpoint_root, load_checkpoint
-
-        if not _is_prepared_store(cfg.data):
-            raise DorylusError("--resume needs --data to be the prepared store (folder or s3://) holding the checkpoints")
-        done = int(load_checkpoint(checkpoint_root(cfg.data))["epoch"])
-        if done >= cfg.epochs:
-            raise DorylusError(f"the newest checkpoint in {checkpoint_root(cfg.data)} is at epoch {done}; "
-                               f"--epochs {cfg.epochs} leaves nothing to do")
-    run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode if cfg.mode in DECENTRAL_MODES else cfg.backend}")
-    store, copy = _store_for(cfg, run_dir) if distributed else (None, cfg.mode in DECENTRAL_MODES)
-    if args.no_data_copy and copy and cfg.checkpoint_every:
-        raise ConfigError("--checkpoint-every saves into the partition store, which --no-data-copy deletes at the end: "
-                          "make one with `dorylus prepare` and pass it as --data")
+    store, copy = _store_for(cfg, run_dir, reuse=resumed is not None) if distributed else (None, cfg.mode in DECENTRAL_MODES)
     if args.overwrite and cfg.data and not _is_s3(cfg.data) and Path(cfg.data).resolve().is_relative_to(run_dir.resolve()):
         raise ConfigError(f"--data {cfg.data} lies inside {run_dir}, which --overwrite would delete")
     config = cfg.to_dict() | {"feature_norm": norm, "graph": graph.summary(), "graph_source": graph.source,
                               "sources": dataclasses.asdict(_sources(args)), "cluster": args.cluster,
-                              "store": None if copy and args.no_data_copy else store}
+                              "no_data_copy": args.no_data_copy, "store": None if copy and args.no_data_copy else store}
     if resumed is not None:  # the record's configuration, with what may change and when it was resumed
         config = resumed | {k: config[k] for k in RESUME_OVERRIDES} | {
             "resumed_after": [*resumed.get("resumed_after", []), done]}
@@ -425,11 +420,11 @@ def _run_train(args) -> int:
         else:
             from dorylus_py.cluster.launcher import train_distributed
 
-            record = RunRecord(run_dir, config, overwrite=args.overwrite,
-                               continue_after=done if resumed is not None else None)
+            record = RunRecord(run_dir, config, overwrite=args.overwrite, continue_after=done)
             if copy:
                 _partition_into(cfg, graph, Path(store))
-            result = train_distributed(cfg, store, record, norm, show_progress=not args.quiet, cluster=cluster)
+            result = train_distributed(cfg, store, record, norm, show_progress=not args.quiet, cluster=cluster,
+                                       resume_from=str(run_dir / "checkpoints") if resumed is not None else None)
             s = record.summary or result.summary
     finally:
         if args.no_data_copy and copy:
@@ -443,13 +438,14 @@ def _run_train(args) -> int:
     return 0
 
 
-# Flags that --resume RUN_DIR lets change; the rest of the configuration is the record's.
-RESUME_OVERRIDES = ("epochs", "checkpoint_every", "target_acc", "wait_timeout_s", "relaunch_min_s", "relaunch_factor")
+# What --resume RUN_DIR lets change; the rest of the configuration is the record's.
+RESUME_OVERRIDES = ("epochs", "checkpoint_every", "target_acc", "max_restarts", "wait_timeout_s", "relaunch_min_s",
+                    "relaunch_factor")
 
 
 def _resume_args(args, given: set[str]) -> dict:
-    """``--resume RUN_DIR``: the run's flags from RUN_DIR/config.json (but RESUME_OVERRIDES given now),
-    --data its partition store, --out RUN_DIR. Returns the recorded configuration."""
+    """``--resume RUN_DIR``: the run's flags and data from RUN_DIR/config.json (but RESUME_OVERRIDES given
+    now) and --out RUN_DIR. Returns the recorded configuration."""
     from dorylus_py.config import DECENTRAL_MODES, TrainConfig
     from dorylus_py.jsonfile import read_json
 
@@ -458,20 +454,30 @@ def _resume_args(args, given: set[str]) -> dict:
     if old.get("backend", "reference") == "reference" or old.get("mode") in DECENTRAL_MODES:
         raise ConfigError(f"--resume {run_dir}: only distributed runs (local, lambda, cpu, gpu) continue from a "
                           "checkpoint; train this one again with --overwrite")
-    fixed = sorted(given - set(RESUME_OVERRIDES) - {"resume", "quiet"})
+    fixed = sorted(given - set(RESUME_OVERRIDES) - {"resume", "quiet", "no_data_copy"})
     if fixed:
         raise ConfigError(f"--{fixed[0].replace('_', '-')}: --resume {run_dir} continues the run as configured in its "
                           f"config.json; only {', '.join('--' + k.replace('_', '-') for k in RESUME_OVERRIDES)} may change")
-    for name in TrainConfig.__dataclass_fields__:
-        if name in old and name not in given:
+    for name in [*TrainConfig.__dataclass_fields__, *old.get("sources", {})]:
+        if name in old.get("sources", {}):
+            setattr(args, name, old["sources"][name])
+        elif name in old and name not in given:
             setattr(args, name, old[name])
-    store = old.get("store")
-    if "store" not in old:  # a record from before "store" was written: where that run kept its partitions
-        store = str(run_dir / "partitions") if (run_dir / "partitions").exists() else old.get("data")
-    if not _is_prepared_store(store):
-        raise ConfigError(f"{run_dir}: its partition store is gone (--no-data-copy?), and with it the checkpoints")
-    args.data, args.out, args.resume, args.cluster = store, str(run_dir), True, old.get("cluster")
+    args.out, args.resume, args.cluster = str(run_dir), True, old.get("cluster")
+    if "no_data_copy" not in given:
+        args.no_data_copy = old.get("no_data_copy", False)
     return old
+
+
+def _checkpoint_epoch(run_dir: Path, epochs: int) -> int:
+    """The epoch of RUN_DIR's newest checkpoint, which --resume continues after."""
+    from dorylus_py.checkpoint import load_checkpoint
+
+    done = int(load_checkpoint(str(run_dir / "checkpoints"))["epoch"])
+    if done >= epochs:
+        raise ConfigError(f"the newest checkpoint in {run_dir / 'checkpoints'} is at epoch {done}; --epochs {epochs} "
+                          "leaves nothing to do (pass more)")
+    return done
 
 
 def _with_cluster(cfg, path: str, given: set[str]):
@@ -738,9 +744,10 @@ def _run_server(args) -> int:
     return 0
 
 
-def _store_for(cfg, run_dir: Path) -> tuple[str, bool]:
+def _store_for(cfg, run_dir: Path, reuse: bool = False) -> tuple[str, bool]:
     """The partition store a distributed run reads, and whether the run makes it: --data itself when it
-    is a store of K parts, else RUN_DIR/partitions (the record's copy of the data)."""
+    is a store of K parts, else RUN_DIR/partitions (the record's copy of the data; ``reuse``: a resumed
+    run's, if still there)."""
     from dorylus_py.partition import PartitionStore
 
     if cfg.data and _is_s3(cfg.data):  # cannot be re-partitioned here: it must fit as it is
@@ -750,7 +757,9 @@ def _store_for(cfg, run_dir: Path) -> tuple[str, bool]:
         return cfg.data, False
     if _is_prepared_store(cfg.data) and PartitionStore.open(cfg.data).num_parts == cfg.graph_servers:
         return cfg.data, False
-    return str(run_dir / "partitions"), True
+    copy = run_dir / "partitions"
+    kept = reuse and (copy / "manifest.json").exists() and PartitionStore.open(copy).num_parts == cfg.graph_servers
+    return str(copy), not kept
 
 
 def _partition_into(cfg, graph, store: Path) -> None:

@@ -64,6 +64,7 @@ def deployed_memory_mb(function: str, region: str = "", profile: str = "", endpo
 
 class AwsLambdaPlatform(Platform):
     name = "aws-lambda"
+    startup_hint_s = 1.0  # a warm invocation starts in tens of ms; a cold one is hedged after a few seconds
 
     def __init__(self, function: str, concurrency: int, memory_mb: int, region: str | None = None,
                  profile: str | None = None, endpoint_url: str | None = None, timeout_s: float = 60.0,

@@ -46,6 +46,7 @@ class RunRecord:
         else:
             self._reopen(continue_after)
         self._wall_offset = self.history[-1]["wall_s"] if self.history else 0.0
+        self._first_epoch = self.history[-1]["epoch"] + 1 if self.history else 1  # this run's first
         self._write_json("config.json", config)
         self._metrics = open(self.dir / "metrics.jsonl", "a")
         _unfinished.add(self)
@@ -68,15 +69,13 @@ class RunRecord:
         self._rewrite_lines("metrics.jsonl", self.history)
         if (self.dir / "tasks.jsonl").exists():
             self._rewrite_lines("tasks.jsonl", [t for t in read_lines(self.dir / "tasks.jsonl") if t["epoch"] <= after])
-        best_file = self.dir / "best_weights.npz"
         try:
             old_best = json.loads((self.dir / "summary.json").read_text()).get("best_epoch")
         except (OSError, ValueError):
             old_best = None
-        if best_file.exists() and self.history and old_best == self.best.best_epoch:
-            with np.load(best_file) as z:  # still the best of the epochs kept
-                self._best_weights = {k: z[k] for k in z.files}
-        for stale in ("summary.json", "weights.npz", "best_weights.npz"):
+        if not self.history or old_best != self.best.best_epoch:  # best_weights.npz is of an epoch dropped
+            (self.dir / "best_weights.npz").unlink(missing_ok=True)
+        for stale in ("summary.json", "weights.npz"):
             (self.dir / stale).unlink(missing_ok=True)
 
     # --- while the run goes on ---------------------------------------------------------------------
@@ -92,6 +91,18 @@ class RunRecord:
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
         return self.best.update(row["epoch"], row["val_acc"], row["test_acc"])
+
+    def rewind_metrics(self, history: list[dict]) -> None:
+        """Drop the epochs after ``history``'s last (a restarted job redoes the epochs after its
+        checkpoint); a resumed run's earlier epochs stay."""
+        last = history[-1]["epoch"] if history else (self._first_epoch - 1)
+        self._metrics.close()
+        self.history = [r for r in self.history if r["epoch"] <= last]
+        self.best = BestTracker()
+        for row in self.history:
+            self.best.update(row["epoch"], row["val_acc"], row["test_acc"])
+        self._rewrite_lines("metrics.jsonl", self.history)
+        self._metrics = open(self.dir / "metrics.jsonl", "a")
 
     def log_tasks(self, rows: list[dict]) -> None:
         if self._tasks is None:
