@@ -341,7 +341,7 @@ def _add_train(sub, data) -> None:
     c.add_argument("--max-restarts", type=int, default=d.max_restarts,
                    help="restart the servers after one dies or goes silent at most this often, each time from "
                         f"the newest checkpoint, before the job stops with the reason (default {d.max_restarts})")
-    c.add_argument("--resume", metavar="RUN_DIR",
+    c.add_argument("--resume", dest="resume_dir", metavar="RUN_DIR",
                    help="continue the distributed run recorded in RUN_DIR (interrupted, failed, or to go on to more "
                         "--epochs) from its newest checkpoint, in that record and with its configuration; only "
                         "--epochs, --checkpoint-every, --target-acc, --max-restarts and the wait/relaunch timeouts "
@@ -368,7 +368,7 @@ def _run_train(args) -> int:
     from dorylus_py.training.reference import resolve_feature_norm
 
     given = given_flags(args.argv)
-    resumed = _resume_args(args, given) if args.resume else None
+    resumed = _resume_args(args, given) if args.resume_dir else None
     cfg = _config_from_args(TrainConfig, args)
     distributed = cfg.backend != "reference" and cfg.mode not in DECENTRAL_MODES
     cluster = None
@@ -449,12 +449,12 @@ def _resume_args(args, given: set[str]) -> dict:
     from dorylus_py.config import DECENTRAL_MODES, TrainConfig
     from dorylus_py.jsonfile import read_json
 
-    run_dir = Path(args.resume)
+    run_dir = Path(args.resume_dir)
     old = read_json(run_dir / "config.json", ConfigError, "missing: --resume RUN_DIR wants the record of a distributed run")
     if old.get("backend", "reference") == "reference" or old.get("mode") in DECENTRAL_MODES:
         raise ConfigError(f"--resume {run_dir}: only distributed runs (local, lambda, cpu, gpu) continue from a "
                           "checkpoint; train this one again with --overwrite")
-    fixed = sorted(given - set(RESUME_OVERRIDES) - {"resume", "quiet", "no_data_copy"})
+    fixed = sorted(given - set(RESUME_OVERRIDES) - {"resume_dir", "quiet", "no_data_copy"})
     if fixed:
         raise ConfigError(f"--{fixed[0].replace('_', '-')}: --resume {run_dir} continues the run as configured in its "
                           f"config.json; only {', '.join('--' + k.replace('_', '-') for k in RESUME_OVERRIDES)} may change")

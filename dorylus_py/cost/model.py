@@ -106,5 +106,5 @@ def read_record(run_dir: str | Path) -> tuple[dict, list[dict], list[dict], dict
         best = BestTracker()
         for m in metrics:
             best.update(m["epoch"], m["val_acc"], m["test_acc"])
-        summary = {"status": "unknown (no summary.json: was the run killed?)", **epoch_summary(metrics, best)}
+        summary = {"status": "unknown: no summary.json (was the run killed?)", **epoch_summary(metrics, best)}
     return config, metrics, tasks, summary

@@ -39,6 +39,13 @@ def timeline(name: str, tasks: list[dict], path: Path) -> Path | None:
     """Tasks per (server, chunk) lane over time, coloured by kind; None if the run has no tasks."""
     if not tasks:
         return None
+    fig = timeline_figure(name, tasks)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def timeline_figure(name: str, tasks: list[dict]):
     t0 = min(t["start"] for t in tasks)
     lanes = sorted({(t["server"], -1 if t["chunk"] is None else t["chunk"]) for t in tasks})
     lane_of = {lane: i for i, lane in enumerate(lanes)}
@@ -58,6 +65,4 @@ def timeline(name: str, tasks: list[dict], path: Path) -> Path | None:
     ax.set_title(f"pipeline timeline: {name}")
     # outside the axes, above them: inside, it would cover the bars of the top rows
     fig.legend(handles=handles, loc="outside upper center", fontsize="small", ncol=len(handles), frameon=False)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return fig
