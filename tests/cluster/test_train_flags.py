@@ -5,7 +5,6 @@ file."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,18 +13,8 @@ import numpy as np
 import pytest
 
 from dorylus_py.cli import main
-from dorylus_py.data import write_npz
-
-
-@pytest.fixture()
-def data(small_graph, tmp_path):
-    write_npz(small_graph, tmp_path / "g.npz")
-    return tmp_path / "g.npz"
-
-
-def read(run_dir, name):
-    text = (run_dir / name).read_text()
-    return json.loads(text) if name.endswith(".json") else [json.loads(line) for line in text.splitlines()]
+from tests.cluster.test_cluster_file import free_ports
+from tests.training.test_run_records import read
 
 
 def newest_checkpoint(run_dir) -> int:
@@ -33,10 +22,10 @@ def newest_checkpoint(run_dir) -> int:
     return json.loads(latest.read_text())["epoch"] if latest.exists() else 0
 
 
-def test_resume_run_dir_after_ctrl_c_continues_exactly(data, tmp_path, capsys):
+def test_resume_run_dir_after_ctrl_c_continues_exactly(graph_npz, tmp_path, capsys):
     """Ctrl-C a run (its record says interrupted and is reportable); `--resume RUN_DIR --epochs N` goes on
     from its newest checkpoint in the same record, as if it had never stopped: same losses as a straight run."""
-    common = ["--backend", "cpu", "--data", str(data), "-k", "2", "--chunks", "2", "--checkpoint-every", "2", "--quiet"]
+    common = ["--backend", "cpu", "--data", str(graph_npz), "-k", "2", "--chunks", "2", "--checkpoint-every", "2", "--quiet"]
     b = tmp_path / "b"
     proc = subprocess.Popen([sys.executable, "-m", "dorylus_py", "train", *common, "--epochs", "100000", "--out", str(b)],
                             stderr=subprocess.PIPE, text=True)
@@ -73,9 +62,9 @@ def test_resume_run_dir_after_ctrl_c_continues_exactly(data, tmp_path, capsys):
     assert read(b, "summary.json")["epochs"] == done + 2  # refused before anything was written
 
 
-def test_no_data_copy_and_the_data_flags_in_config(data, tmp_path):
+def test_no_data_copy_and_the_data_flags_in_config(graph_npz, tmp_path):
     run = tmp_path / "run"
-    assert main(["train", "--backend", "cpu", "--data", str(data), "-k", "2", "--epochs", "2", "--partitioner", "hash",
+    assert main(["train", "--backend", "cpu", "--data", str(graph_npz), "-k", "2", "--epochs", "2", "--partitioner", "hash",
                  "--train-frac", "0.2", "--split-seed", "3", "--no-data-copy", "--quiet", "--out", str(run)]) == 0
     config = read(run, "config.json")
     assert config["partitioner"] == "hash" and config["no_data_copy"] and config["store"] is None
@@ -87,14 +76,14 @@ def test_no_data_copy_and_the_data_flags_in_config(data, tmp_path):
     assert [r["epoch"] for r in read(run, "metrics.jsonl")] == [1, 2, 3] and not (run / "partitions").exists()
 
     kept = tmp_path / "kept"
-    assert main(["train", "--backend", "cpu", "--data", str(data), "-k", "2", "--epochs", "1", "--quiet",
+    assert main(["train", "--backend", "cpu", "--data", str(graph_npz), "-k", "2", "--epochs", "1", "--quiet",
                  "--out", str(kept)]) == 0
     assert read(kept, "config.json")["store"] == str(kept / "partitions")
     assert json.loads((kept / "partitions" / "manifest.json").read_text())["partitioner"] == "metis"
 
 
-def test_graph_servers_default_to_the_prepared_stores_partitions(data, tmp_path):
-    assert main(["prepare", str(data), "-k", "3", "--out", str(tmp_path / "p3")]) == 0
+def test_graph_servers_default_to_the_prepared_stores_partitions(graph_npz, tmp_path):
+    assert main(["prepare", str(graph_npz), "-k", "3", "--out", str(tmp_path / "p3")]) == 0
     assert main(["train", "--backend", "cpu", "--data", str(tmp_path / "p3"), "--epochs", "1", "--quiet",
                  "--out", str(tmp_path / "run")]) == 0
     config = read(tmp_path / "run", "config.json")
@@ -102,22 +91,12 @@ def test_graph_servers_default_to_the_prepared_stores_partitions(data, tmp_path)
     assert not (tmp_path / "run" / "partitions").exists()  # no copy: the store itself was read
 
 
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def test_server_counts_come_from_the_cluster_file(data, tmp_path, capsys, monkeypatch):
+def test_server_counts_come_from_the_cluster_file(graph_npz, tmp_path, capsys, monkeypatch):
     """A one-graph-server cluster file with a one-partition store, and no count flags: the job runs on
     what the file lists. A count flag that disagrees with the file, or a store of another size, is an
     error before anything is written."""
-    assert main(["prepare", str(data), "-k", "1", "--out", str(tmp_path / "p1")]) == 0
-    assert main(["prepare", str(data), "-k", "2", "--out", str(tmp_path / "p2")]) == 0
+    assert main(["prepare", str(graph_npz), "-k", "1", "--out", str(tmp_path / "p1")]) == 0
+    assert main(["prepare", str(graph_npz), "-k", "2", "--out", str(tmp_path / "p2")]) == 0
     d, g0, w0 = free_ports(3)
     cluster = tmp_path / "cluster.json"
     cluster.write_text(json.dumps({"driver": f"tcp://127.0.0.1:{d}", "graph_servers": [f"tcp://127.0.0.1:{g0}"],

@@ -13,24 +13,18 @@ import numpy as np
 import pytest
 
 from dorylus_py.cli import main
-from dorylus_py.data import write_npz
 from dorylus_py.errors import DataError
 from dorylus_py.models.gcn import GCN
 
 
-@pytest.fixture()
-def data(small_graph, tmp_path):
-    write_npz(small_graph, tmp_path / "g.npz")
-    return tmp_path / "g.npz"
-
-
 def read(run_dir, name):
+    """A run record's JSON file, or the rows of a .jsonl one."""
     text = (run_dir / name).read_text()
     return json.loads(text) if name.endswith(".json") else [json.loads(line) for line in text.splitlines()]
 
 
-def test_target_acc_stops_the_reference_trainer_and_the_record_is_complete(data, tmp_path, capsys):
-    assert main(["train", "--data", str(data), "--epochs", "200", "--target-acc", "0.45", "--quiet",
+def test_target_acc_stops_the_reference_trainer_and_the_record_is_complete(graph_npz, tmp_path, capsys):
+    assert main(["train", "--data", str(graph_npz), "--epochs", "200", "--target-acc", "0.45", "--quiet",
                  "--out", str(tmp_path / "run")]) == 0
     metrics, summary = read(tmp_path / "run", "metrics.jsonl"), read(tmp_path / "run", "summary.json")
     assert metrics[-1]["val_acc"] >= 0.45 and all(m["val_acc"] < 0.45 for m in metrics[:-1]) and len(metrics) < 200
@@ -42,7 +36,7 @@ def test_target_acc_stops_the_reference_trainer_and_the_record_is_complete(data,
     assert sorted(best.files) == ["W0", "W1"] and all(np.array_equal(best[k], final[k]) for k in best.files)
 
 
-def test_a_failing_run_leaves_a_failed_summary_and_stays_reportable(data, tmp_path, capsys, monkeypatch):
+def test_a_failing_run_leaves_a_failed_summary_and_stays_reportable(graph_npz, tmp_path, capsys, monkeypatch):
     forward, calls = GCN.forward, []
 
     def failing_forward(self, *args, **kwargs):  # the fourth forward (epoch 2's evaluation) meets bad data
@@ -52,7 +46,7 @@ def test_a_failing_run_leaves_a_failed_summary_and_stays_reportable(data, tmp_pa
         return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(GCN, "forward", failing_forward)
-    assert main(["train", "--data", str(data), "--epochs", "5", "--quiet", "--out", str(tmp_path / "run")]) == 2
+    assert main(["train", "--data", str(graph_npz), "--epochs", "5", "--quiet", "--out", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err == "error: features.npy: row 17 is not finite\n"
     summary = read(tmp_path / "run", "summary.json")
     assert summary["status"] == "failed: features.npy: row 17 is not finite" and summary["epochs"] == 1
@@ -62,23 +56,23 @@ def test_a_failing_run_leaves_a_failed_summary_and_stays_reportable(data, tmp_pa
     assert "failed" in capsys.readouterr().out
 
 
-def test_overwrite_replaces_only_a_run_record(data, tmp_path, capsys):
+def test_overwrite_replaces_only_a_run_record(graph_npz, tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["train", "--data", str(data), "--epochs", "3", "--quiet", "--out", str(run)]) == 0
+    assert main(["train", "--data", str(graph_npz), "--epochs", "3", "--quiet", "--out", str(run)]) == 0
     (run / "stale.txt").write_text("from the old run")
-    assert main(["train", "--data", str(data), "--epochs", "2", "--quiet", "--out", str(run)]) == 2
+    assert main(["train", "--data", str(graph_npz), "--epochs", "2", "--quiet", "--out", str(run)]) == 2
     assert "--overwrite" in capsys.readouterr().err and len(read(run, "metrics.jsonl")) == 3
-    assert main(["train", "--data", str(data), "--epochs", "2", "--quiet", "--out", str(run), "--overwrite"]) == 0
+    assert main(["train", "--data", str(graph_npz), "--epochs", "2", "--quiet", "--out", str(run), "--overwrite"]) == 0
     assert len(read(run, "metrics.jsonl")) == 2 and not (run / "stale.txt").exists()
     other = tmp_path / "notes"
     other.mkdir()
     (other / "mine.txt").write_text("not a run record")
-    assert main(["train", "--data", str(data), "--epochs", "2", "--quiet", "--out", str(other), "--overwrite"]) == 2
+    assert main(["train", "--data", str(graph_npz), "--epochs", "2", "--quiet", "--out", str(other), "--overwrite"]) == 2
     assert "not a run record" in capsys.readouterr().err and (other / "mine.txt").exists()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pseudo-terminal test")
-def test_ctrl_c_on_a_terminal_ends_the_bar_then_one_error_line(data, tmp_path):
+def test_ctrl_c_on_a_terminal_ends_the_bar_then_one_error_line(graph_npz, tmp_path):
     """Under a terminal the bar is drawn; Ctrl-C closes it, then the error stands on its own line, and
     nothing is drawn after it. The record says `interrupted` and `dorylus report` reads it."""
     import fcntl
@@ -89,7 +83,7 @@ def test_ctrl_c_on_a_terminal_ends_the_bar_then_one_error_line(data, tmp_path):
     run = tmp_path / "run"
     pid, fd = pty.fork()
     if pid == 0:  # the child: the CLI on a terminal of 100 columns
-        os.execvp(sys.executable, [sys.executable, "-m", "dorylus_py", "train", "--data", str(data),
+        os.execvp(sys.executable, [sys.executable, "-m", "dorylus_py", "train", "--data", str(graph_npz),
                                    "--epochs", "1000000", "--out", str(run)])
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     out, deadline = b"", time.monotonic() + 120
