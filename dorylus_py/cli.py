@@ -406,6 +406,8 @@ def _add_report(sub) -> None:
     p.add_argument("--plots", metavar="DIR", help="also write PNG plots: accuracy vs time and vs cost, and one "
                    "pipeline timeline per run (its first epochs)")
     p.add_argument("--timeline-epochs", type=int, default=2, help="epochs shown in a timeline (default 2)")
+    p.add_argument("--servers", action="store_true", help="also show what each server did, from its log's start "
+                   "and end lines: partition, peers, Lambda pool, epochs, tasks, relaunches, bytes, peak memory")
     p.set_defaults(run=_run_report)
 
 
@@ -420,6 +422,11 @@ def _run_report(args) -> int:
     prices.hourly(args.as_instance)  # an unknown instance type is an error before any work
     rows = report_rows(args.runs, prices, args.as_instance, args.target_acc)
     print(text_table(rows))
+    if args.servers:
+        from dorylus_py.cost.server_logs import server_rows, server_table
+
+        for run in args.runs:
+            print(f"\nservers of {run}:\n{server_table(server_rows(run))}")
     with tempfile.TemporaryDirectory() as tmp:
         images = []
         if args.plots or args.html:
