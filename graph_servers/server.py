@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import torch
 import zmq
 
 from dorylus_py.cluster.job import JobSpec
@@ -58,6 +59,8 @@ class GraphServer:
         self.node = node
         self.spec = spec = JobSpec.from_wire(start["spec"])
         cfg = spec.config
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)  # --threads: the sparse products' intra-op threads
         self.k = node.rank
         part = PartitionStore.open(spec.data_dir).load(self.k)
         self.state = GraphState(part, spec.dims, spec.chunk_counts, spec.feature_norm)

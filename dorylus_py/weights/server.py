@@ -21,6 +21,7 @@ import json
 import logging
 
 import numpy as np
+import torch
 
 from dorylus_py.cluster.job import JobSpec
 from dorylus_py.cluster.node import Node, peak_rss_mb, serve_process
@@ -46,6 +47,8 @@ class WeightServer:
         self.node = node
         spec = JobSpec.from_wire(start["spec"])
         cfg = spec.config
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
         init = initial_weights(spec.dims, cfg.seed)
         mine = [l for l in range(len(init)) if shard(l, len(spec.weight_servers)) == node.rank]
         self.store = WeightStore(
