@@ -338,6 +338,9 @@ def _add_train(sub, data) -> None:
                    help="save every layer's weights and Adam state, all at the same epoch, every N epochs and at "
                         "the end, into RUN_DIR/checkpoints/; a dead server is restarted from the newest "
                         "(default 10; 0: never)")
+    c.add_argument("--checkpoint-dir", default=d.checkpoint_dir, metavar="DIR",
+                   help="write checkpoints here instead of RUN_DIR/checkpoints: a folder, or an s3:// prefix that "
+                        "outlives the driver's machine")
     c.add_argument("--max-restarts", type=int, default=d.max_restarts,
                    help="restart the servers after one dies or goes silent at most this often, each time from "
                         f"the newest checkpoint, before the job stops with the reason (default {d.max_restarts})")
@@ -386,7 +389,7 @@ def _run_train(args) -> int:
     if cfg.backend == "lambda":
         cfg = _with_deployed_memory(cfg, given)
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode if cfg.mode in DECENTRAL_MODES else cfg.backend}")
-    done = _checkpoint_epoch(run_dir, cfg.epochs) if resumed is not None else None  # before anything is written
+    done = _checkpoint_epoch(_checkpoints_of(cfg, run_dir), cfg.epochs) if resumed is not None else None
     if cfg.data is None:
         synth = SynthConfig()
         status(f"no --data: generating a graph ({synth.nodes:,} vertices, {synth.edges:,} edges, seed {synth.seed})")
@@ -423,8 +426,10 @@ def _run_train(args) -> int:
             record = RunRecord(run_dir, config, overwrite=args.overwrite, continue_after=done)
             if copy:
                 _partition_into(cfg, graph, Path(store))
+            checkpoints = _checkpoints_of(cfg, run_dir)
             result = train_distributed(cfg, store, record, norm, show_progress=not args.quiet, cluster=cluster,
-                                       resume_from=str(run_dir / "checkpoints") if resumed is not None else None)
+                                       resume_from=checkpoints if resumed is not None else None,
+                                       checkpoint_dir=checkpoints)
             s = record.summary or result.summary
     finally:
         if args.no_data_copy and copy:
@@ -469,14 +474,19 @@ def _resume_args(args, given: set[str]) -> dict:
     return old
 
 
-def _checkpoint_epoch(run_dir: Path, epochs: int) -> int:
-    """The epoch of RUN_DIR's newest checkpoint, which --resume continues after."""
+def _checkpoints_of(cfg, run_dir: Path) -> str:
+    """Where a distributed run keeps its checkpoints: --checkpoint-dir, else RUN_DIR/checkpoints."""
+    return cfg.checkpoint_dir or str(run_dir / "checkpoints")
+
+
+def _checkpoint_epoch(checkpoints: str, epochs: int) -> int:
+    """The epoch of the newest checkpoint, which --resume continues after (checked before anything is written)."""
     from dorylus_py.checkpoint import load_checkpoint
 
-    done = int(load_checkpoint(str(run_dir / "checkpoints"))["epoch"])
+    done = int(load_checkpoint(checkpoints)["epoch"])
     if done >= epochs:
-        raise ConfigError(f"the newest checkpoint in {run_dir / 'checkpoints'} is at epoch {done}; --epochs {epochs} "
-                          "leaves nothing to do (pass more)")
+        raise ConfigError(f"the newest checkpoint in {checkpoints} is at epoch {done}; --epochs {epochs} leaves "
+                          "nothing to do (pass more)")
     return done
 
 
@@ -531,6 +541,8 @@ def _add_report(sub) -> None:
     p.add_argument("--plots", metavar="DIR", help="also write PNG plots: accuracy vs time and vs cost, and one "
                    "pipeline timeline per run (its first epochs)")
     p.add_argument("--timeline-epochs", type=int, default=2, help="epochs shown in a timeline (default 2)")
+    p.add_argument("--servers", action="store_true", help="also show what each server did, from its log's start "
+                   "and end lines: partition, peers, Lambda pool, epochs, tasks, relaunches, bytes, peak memory")
     p.set_defaults(run=_run_report)
 
 
@@ -548,6 +560,11 @@ def _run_report(args) -> int:
     for row in rows:
         if row["_status"] != row["status"]:  # the failure's line did not fit in the table
             print(f"{row['run']}: {row['_status']}")
+    if args.servers:
+        from dorylus_py.cost.server_logs import server_rows, server_table
+
+        for run in args.runs:
+            print(f"\nservers of {run}:\n{server_table(server_rows(run))}")
     with tempfile.TemporaryDirectory() as tmp:
         images = []
         if args.plots or args.html:

@@ -119,7 +119,7 @@ def test_a_killed_server_is_restarted_from_the_checkpoint(parts, undisturbed, tm
 
 
 def test_an_async_run_recovers_too(parts, tmp_path):
-    job = Running(config(mode="async", staleness=1, epochs=6), parts, tmp_path / "run")
+    job = Running(config(mode="async", staleness=1, epochs=6, dropout=0.0), parts, tmp_path / "run")
     job.wait_for_epoch(3)
     os.kill(server("graph_servers", 0).pid, signal.SIGKILL)
     got = job.join()
