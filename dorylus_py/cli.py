@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from dorylus_py import __version__
+from dorylus_py import cli_train
 from dorylus_py.errors import ConfigError, DorylusError, interrupted_by_user
 
 DESCRIPTION = """\
@@ -92,6 +93,9 @@ def given_flags(argv: list[str]) -> set[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dorylus_py.cli_aws import add_aws
+    from dorylus_py.cli_cost import add_cost, add_report
+
     p = Parser(prog="dorylus", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"dorylus-py {__version__}")
     sub = p.add_subparsers(title="commands", metavar="COMMAND", required=True)
@@ -100,15 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check(sub, data)
     _add_prepare(sub, data)
     _add_train(sub, data)
-    _add_report(sub)
-    _add_cost(sub)
-    _add_aws(sub)
+    add_report(sub)
+    add_cost(sub)
+    add_aws(sub)
     _add_server(sub, "graph-server", "run one graph server of a multi-machine job, from a cluster file")
     _add_server(sub, "weight-server", "run one weight server of a multi-machine job, from a cluster file")
     return p
 
 
-def _command(sub, name: str, help: str, parents=(), epilog: str | None = None) -> argparse.ArgumentParser:
+def command(sub, name: str, help: str, parents=(), epilog: str | None = None) -> argparse.ArgumentParser:
     return sub.add_parser(
         name,
         help=help,
@@ -144,7 +148,7 @@ def _add_synth(sub) -> None:
     from dorylus_py.config import SynthConfig
 
     d = SynthConfig()
-    p = _command(
+    p = command(
         sub,
         "synth",
         "generate a graph: degree-corrected stochastic block model, power-law degrees, label-correlated features",
@@ -195,7 +199,7 @@ def _run_synth(args) -> int:
 
 
 def _add_check(sub, data) -> None:
-    p = _command(sub, "check", "validate a dataset and print its counts (JSON with --json)", [data], DATA_FORMATS)
+    p = command(sub, "check", "validate a dataset and print its counts (JSON with --json)", [data], DATA_FORMATS)
     p.add_argument("path", metavar="PATH", help="dataset (see formats below)")
     p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     p.set_defaults(run=_run_check)
@@ -219,7 +223,7 @@ def _run_check(args) -> int:
 
 
 def _add_prepare(sub, data) -> None:
-    p = _command(
+    p = command(
         sub,
         "prepare",
         "partition a dataset for K graph servers: per-partition Gather CSR over [local | ghost] "
@@ -240,13 +244,12 @@ def _add_prepare(sub, data) -> None:
 def _run_prepare(args) -> int:
     from dorylus_py.data import load_graph
     from dorylus_py.partition import prepare
-    from dorylus_py.partition.s3 import is_s3
     from dorylus_py.progress import status
 
     if args.partitions < 1:  # checked before anything is read or created
         raise ConfigError(f"--partitions must be >= 1, got {args.partitions}")
     _check_partitioner(args.partitioner)
-    if not is_s3(args.out) and Path(args.out).exists() and not args.overwrite:
+    if not cli_train.is_s3(args.out) and Path(args.out).exists() and not args.overwrite:
         raise DorylusError(f"{args.out}: already exists (pass --overwrite to replace it)")
     t0 = time.perf_counter()
     status(f"loading {args.input}")
@@ -267,7 +270,7 @@ def _add_train(sub, data) -> None:
     from dorylus_py.config import BACKENDS, FEATURE_NORMS, MODES, TrainConfig
 
     d = TrainConfig()
-    p = _command(
+    p = command(
         sub,
         "train",
         "train a GCN and write a run record (config.json, metrics.jsonl, summary.json, weights)",
@@ -371,13 +374,13 @@ def _run_train(args) -> int:
     from dorylus_py.training.reference import resolve_feature_norm
 
     given = given_flags(args.argv)
-    resumed = _resume_args(args, given) if args.resume_dir else None
+    resumed = cli_train.resume_args(args, given) if args.resume_dir else None
     cfg = _config_from_args(TrainConfig, args)
     distributed = cfg.backend != "reference" and cfg.mode not in DECENTRAL_MODES
     cluster = None
     if args.cluster:
-        cfg, cluster = _with_cluster(cfg, args.cluster, given)
-    elif distributed and "graph_servers" not in given and _is_prepared_store(cfg.data):
+        cfg, cluster = cli_train.with_cluster(cfg, args.cluster, given)
+    elif distributed and "graph_servers" not in given and cli_train.is_prepared_store(cfg.data):
         from dorylus_py.partition import PartitionStore
 
         cfg = dataclasses.replace(cfg, graph_servers=PartitionStore.open(cfg.data).num_parts)
@@ -387,9 +390,10 @@ def _run_train(args) -> int:
         raise DorylusError("--backend lambda needs --cluster FILE: Lambdas must reach the graph and weight servers at "
                            "addresses in that file (or --lambda-run-here, for tests against moto)")
     if cfg.backend == "lambda":
-        cfg = _with_deployed_memory(cfg, given)
+        cfg = cli_train.with_deployed_memory(cfg, given)
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode if cfg.mode in DECENTRAL_MODES else cfg.backend}")
-    done = _checkpoint_epoch(_checkpoints_of(cfg, run_dir), cfg.epochs) if resumed is not None else None
+    checkpoints = cli_train.checkpoints_of(cfg, run_dir)
+    done = cli_train.checkpoint_epoch(checkpoints, cfg.epochs) if resumed is not None else None  # before any write
     if cfg.data is None:
         synth = SynthConfig()
         status(f"no --data: generating a graph ({synth.nodes:,} vertices, {synth.edges:,} edges, seed {synth.seed})")
@@ -398,14 +402,15 @@ def _run_train(args) -> int:
         status(f"loading {cfg.data}")
         graph = load_graph(cfg.data, _sources(args))
     norm = resolve_feature_norm(cfg, graph)
-    store, copy = _store_for(cfg, run_dir, reuse=resumed is not None) if distributed else (None, cfg.mode in DECENTRAL_MODES)
-    if args.overwrite and cfg.data and not _is_s3(cfg.data) and Path(cfg.data).resolve().is_relative_to(run_dir.resolve()):
+    store, copy = (cli_train.store_for(cfg, run_dir, reuse=resumed is not None) if distributed
+                   else (None, cfg.mode in DECENTRAL_MODES))  # copy: the run writes the data into its record
+    if args.overwrite and cfg.data and not cli_train.is_s3(cfg.data) and Path(cfg.data).resolve().is_relative_to(run_dir.resolve()):
         raise ConfigError(f"--data {cfg.data} lies inside {run_dir}, which --overwrite would delete")
     config = cfg.to_dict() | {"feature_norm": norm, "graph": graph.summary(), "graph_source": graph.source,
                               "sources": dataclasses.asdict(_sources(args)), "cluster": args.cluster,
                               "no_data_copy": args.no_data_copy, "store": None if copy and args.no_data_copy else store}
     if resumed is not None:  # the record's configuration, with what may change and when it was resumed
-        config = resumed | {k: config[k] for k in RESUME_OVERRIDES} | {
+        config = resumed | {k: config[k] for k in cli_train.RESUME_OVERRIDES} | {
             "resumed_after": [*resumed.get("resumed_after", []), done]}
     try:
         if cfg.mode in DECENTRAL_MODES:
@@ -425,15 +430,14 @@ def _run_train(args) -> int:
 
             record = RunRecord(run_dir, config, overwrite=args.overwrite, continue_after=done)
             if copy:
-                _partition_into(cfg, graph, Path(store))
-            checkpoints = _checkpoints_of(cfg, run_dir)
+                cli_train.partition_into(cfg, graph, Path(store))
             result = train_distributed(cfg, store, record, norm, show_progress=not args.quiet, cluster=cluster,
                                        resume_from=checkpoints if resumed is not None else None,
                                        checkpoint_dir=checkpoints)
             s = record.summary or result.summary
     finally:
         if args.no_data_copy and copy:
-            _drop_data_copy(run_dir)
+            cli_train.drop_data_copy(run_dir)
     print(
         f"best validation accuracy {s['best_val_acc']:.4f} at epoch {s['best_epoch']}, "
         f"test accuracy there {s['test_acc_at_best_val']:.4f}; final loss {s['final_loss']:.4f}; "
@@ -443,300 +447,8 @@ def _run_train(args) -> int:
     return 0
 
 
-# What --resume RUN_DIR lets change; the rest of the configuration is the record's.
-RESUME_OVERRIDES = ("epochs", "checkpoint_every", "target_acc", "max_restarts", "wait_timeout_s", "relaunch_min_s",
-                    "relaunch_factor")
-
-
-def _resume_args(args, given: set[str]) -> dict:
-    """``--resume RUN_DIR``: the run's flags and data from RUN_DIR/config.json (but RESUME_OVERRIDES given
-    now) and --out RUN_DIR. Returns the recorded configuration."""
-    from dorylus_py.config import DECENTRAL_MODES, TrainConfig
-    from dorylus_py.jsonfile import read_json
-
-    run_dir = Path(args.resume_dir)
-    old = read_json(run_dir / "config.json", ConfigError, "missing: --resume RUN_DIR wants the record of a distributed run")
-    if old.get("backend", "reference") == "reference" or old.get("mode") in DECENTRAL_MODES:
-        raise ConfigError(f"--resume {run_dir}: only distributed runs (local, lambda, cpu, gpu) continue from a "
-                          "checkpoint; train this one again with --overwrite")
-    fixed = sorted(given - set(RESUME_OVERRIDES) - {"resume_dir", "quiet", "no_data_copy"})
-    if fixed:
-        raise ConfigError(f"--{fixed[0].replace('_', '-')}: --resume {run_dir} continues the run as configured in its "
-                          f"config.json; only {', '.join('--' + k.replace('_', '-') for k in RESUME_OVERRIDES)} may change")
-    for name in [*TrainConfig.__dataclass_fields__, *old.get("sources", {})]:
-        if name in old.get("sources", {}):
-            setattr(args, name, old["sources"][name])
-        elif name in old and name not in given:
-            setattr(args, name, old[name])
-    args.out, args.resume, args.cluster = str(run_dir), True, old.get("cluster")
-    if "no_data_copy" not in given:
-        args.no_data_copy = old.get("no_data_copy", False)
-    return old
-
-
-def _checkpoints_of(cfg, run_dir: Path) -> str:
-    """Where a distributed run keeps its checkpoints: --checkpoint-dir, else RUN_DIR/checkpoints."""
-    return cfg.checkpoint_dir or str(run_dir / "checkpoints")
-
-
-def _checkpoint_epoch(checkpoints: str, epochs: int) -> int:
-    """The epoch of the newest checkpoint, which --resume continues after (checked before anything is written)."""
-    from dorylus_py.checkpoint import load_checkpoint
-
-    done = int(load_checkpoint(checkpoints)["epoch"])
-    if done >= epochs:
-        raise ConfigError(f"the newest checkpoint in {checkpoints} is at epoch {done}; --epochs {epochs} leaves "
-                          "nothing to do (pass more)")
-    return done
-
-
-def _with_cluster(cfg, path: str, given: set[str]):
-    """``--cluster FILE``: the graph- and weight-server counts are the file's (a flag that disagrees is an
-    error), and --data must be a prepared store with one partition per graph server."""
-    from dorylus_py.cluster.spec import ClusterSpec
-    from dorylus_py.partition import PartitionStore
-
-    if cfg.backend == "reference":
-        raise ConfigError("--cluster needs a distributed backend (local, lambda, cpu or gpu)")
-    cluster = ClusterSpec.load(path)
-    counts = {"graph_servers": len(cluster.graph_servers), "weight_servers": len(cluster.weight_servers)}
-    for name, n in counts.items():
-        if name in given and getattr(cfg, name) != n:
-            raise ConfigError(f"--{name.replace('_', '-')} {getattr(cfg, name)} disagrees with {path}, which lists "
-                              f"{n} {name.replace('_', ' ')}")
-    if not _is_prepared_store(cfg.data):
-        raise ConfigError("--cluster needs --data to be a folder made by `dorylus prepare` (or its s3:// "
-                          "address), readable by the graph servers")
-    parts = PartitionStore.open(cfg.data).num_parts
-    if parts != counts["graph_servers"]:
-        raise ConfigError(f"{cfg.data} holds {parts} partitions but {path} lists {counts['graph_servers']} graph "
-                          f"servers (dorylus prepare --partitions {counts['graph_servers']})")
-    if cfg.backend == "lambda":
-        counts |= {"lambda_function": cfg.lambda_function or cluster.lambda_function,
-                   "aws_region": cfg.aws_region or cluster.region}
-    return dataclasses.replace(cfg, **counts), cluster
-
-
-def _with_deployed_memory(cfg, given: set[str]):
-    """AWS bills the memory the function is deployed with: that is what the run records and reports price."""
-    from dorylus_py.platforms.aws import deployed_memory_mb
-
-    mb = deployed_memory_mb(cfg.lambda_function, cfg.aws_region, cfg.aws_profile, cfg.lambda_endpoint)
-    if "lambda_memory_mb" in given and cfg.lambda_memory_mb != mb:
-        raise ConfigError(f"--lambda-memory-mb {cfg.lambda_memory_mb} disagrees with {cfg.lambda_function}, deployed "
-                          f"with {mb} MB (what AWS bills); drop the flag, or redeploy the function")
-    return dataclasses.replace(cfg, lambda_memory_mb=mb)
-
-
-def _add_report(sub) -> None:
-    p = _command(sub, "report", "accuracy, time and cost (as if on AWS) of runs, side by side, from their run records")
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run records written by `dorylus train --out`")
-    p.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type each graph/weight server is priced as (default c5.2xlarge)")
-    p.add_argument("--region", default="us-east-1", help="price region (default us-east-1)")
-    p.add_argument("--prices", metavar="FILE", help="price table JSON replacing the built-in one (same layout)")
-    p.add_argument("--arch", choices=("x86", "arm"), default="x86", help="Lambda architecture priced (default x86)")
-    p.add_argument("--target-acc", type=float, help="also report the wall time to reach this validation accuracy")
-    p.add_argument("--markdown", metavar="FILE.md", help="also write the report as Markdown")
-    p.add_argument("--html", metavar="FILE.html", help="also write a self-contained HTML report, plots inlined")
-    p.add_argument("--plots", metavar="DIR", help="also write PNG plots: accuracy vs time and vs cost, and one "
-                   "pipeline timeline per run (its first epochs)")
-    p.add_argument("--timeline-epochs", type=int, default=2, help="epochs shown in a timeline (default 2)")
-    p.add_argument("--servers", action="store_true", help="also show what each server did, from its log's start "
-                   "and end lines: partition, peers, Lambda pool, epochs, tasks, relaunches, bytes, peak memory")
-    p.set_defaults(run=_run_report)
-
-
-def _run_report(args) -> int:
-    import tempfile
-
-    from dorylus_py.atomic import atomic_file
-    from dorylus_py.cost.model import Prices
-    from dorylus_py.cost.report import html, markdown, report_rows, text_table
-
-    prices = Prices.load(args.prices, args.region, args.arch)
-    prices.hourly(args.as_instance)  # an unknown instance type is an error before any work
-    rows = report_rows(args.runs, prices, args.as_instance, args.target_acc)
-    print(text_table(rows))
-    for row in rows:
-        if row["_status"] != row["status"]:  # the failure's line did not fit in the table
-            print(f"{row['run']}: {row['_status']}")
-    if args.servers:
-        from dorylus_py.cost.server_logs import server_rows, server_table
-
-        for run in args.runs:
-            print(f"\nservers of {run}:\n{server_table(server_rows(run))}")
-    with tempfile.TemporaryDirectory() as tmp:
-        images = []
-        if args.plots or args.html:
-            images = _report_plots(args, rows, Path(args.plots or tmp))
-            if args.plots:
-                print("wrote " + ", ".join(str(p) for p in images))
-        if args.markdown:
-            with atomic_file(args.markdown) as out:
-                out.write_text(markdown(rows, prices, args.as_instance))
-            print(f"wrote {args.markdown}")
-        if args.html:
-            with atomic_file(args.html) as out:
-                out.write_text(html(rows, prices, args.as_instance, images))
-            print(f"wrote {args.html}")
-    return 0
-
-
-def _report_plots(args, rows: list[dict], out: Path) -> list[Path]:
-    from dorylus_py.cost.model import read_record
-    from dorylus_py.cost.plots import accuracy_plots, timeline
-
-    out.mkdir(parents=True, exist_ok=True)
-    runs, written = [], []
-    for d, row in zip(args.runs, rows):
-        _, metrics, tasks, _ = read_record(d)
-        runs.append((row["run"], metrics, row["total $"] / max(row["wall s"], 1e-9)))
-        shown = [t for t in tasks if t["epoch"] <= args.timeline_epochs]
-        written.append(timeline(row["run"], shown, out / f"timeline_{row['run']}.png"))
-    return accuracy_plots(runs, out) + [p for p in written if p is not None]
-
-
-def _add_cost(sub) -> None:
-    from dorylus_py.config import TrainConfig
-
-    d = TrainConfig()
-    p = _command(sub, "cost", "price a configuration before running it (see `dorylus cost estimate --help`)")
-    cost = p.add_subparsers(title="cost commands", metavar="COST_COMMAND", required=True)
-    e = _command(cost, "estimate", "estimate epoch time and cost of a configuration from a graph's size and a "
-                 "calibration (a previous run's record, or built-in numbers); --search lists the cheapest, the "
-                 "fastest and the best-value configurations of a grid",
-                 epilog="The estimate scales what the calibration run measured: Gather time with edges per server "
-                        "and the widths gathered, tensor time with vertices x layer sizes, spread over the Lambdas "
-                        "(or the servers' tensor threads), server speed with vCPUs relative to the calibration's "
-                        "instance. From its own calibration a run is reproduced; far from it, treat the numbers as "
-                        "a guide (dorylus_py/cost/estimate.py).")
-    g = e.add_argument_group("the graph (from --data, or given)")
-    g.add_argument("--data", metavar="PATH", help="dataset or prepared folder to read the counts from")
-    g.add_argument("--nodes", type=int, help="vertices")
-    g.add_argument("--edges", type=int, help="directed edges")
-    g.add_argument("--features", type=int, help="feature width")
-    g.add_argument("--classes", type=int, help="classes")
-    g.add_argument("--layers", type=int, default=d.layers, help=f"GCN layers (default {d.layers})")
-    g.add_argument("--hidden", type=int, default=d.hidden, help=f"hidden width (default {d.hidden})")
-    c = e.add_argument_group("the configuration")
-    c.add_argument("--backend", choices=("lambda", "local", "cpu", "gpu"), default="lambda", help="default lambda")
-    c.add_argument("--graph-servers", "-k", type=int, default=d.graph_servers, help=f"default {d.graph_servers}")
-    c.add_argument("--weight-servers", type=int, default=d.weight_servers, help=f"default {d.weight_servers}")
-    c.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type of every server (default c5.2xlarge)")
-    c.add_argument("--lambdas", type=int, default=32, help="Lambdas at once (default 32)")
-    c.add_argument("--lambda-memory-mb", type=int, default=d.lambda_memory_mb, help=f"default {d.lambda_memory_mb}")
-    c.add_argument("--chunks", type=int, default=d.chunks, help=f"default {d.chunks}")
-    c.add_argument("--tensor-threads", type=int, default=d.tensor_threads, help=f"cpu/gpu (default {d.tensor_threads})")
-    c.add_argument("--epochs", type=int, default=d.epochs, help=f"default {d.epochs}")
-    k = e.add_argument_group("calibration, prices and search")
-    k.add_argument("--calibration", metavar="RUN_DIR", help="a distributed run's record to scale from (default: built-in)")
-    k.add_argument("--calibration-instance", default="c5.2xlarge",
-                   help="the EC2 type the calibration run's servers count as (default c5.2xlarge, as `dorylus report`)")
-    k.add_argument("--region", default="us-east-1", help="price region (default us-east-1)")
-    k.add_argument("--prices", metavar="FILE", help="price table JSON replacing the built-in one")
-    k.add_argument("--arch", choices=("x86", "arm"), default="x86", help="Lambda architecture priced (default x86)")
-    k.add_argument("--search", action="store_true", help="estimate a grid (backend lambda/cpu x 1-16 graph servers x "
-                   "instance types x 16-256 Lambdas) and list the cheapest, fastest and best-value ones")
-    k.add_argument("--top", type=int, default=5, help="rows per list with --search (default 5)")
-    e.set_defaults(run=_run_cost_estimate)
-
-
-ESTIMATE_COLUMNS = [
-    ("backend", "{}"), ("graph servers", "{}"), ("instance", "{}"), ("lambdas", "{}"), ("epoch s", "{:.3f}"),
-    ("wall s", "{:.1f}"), ("GB-s", "{:.1f}"), ("requests", "{:,}"), ("servers $", "{:.5f}"), ("lambda $", "{:.5f}"),
-    ("total $", "{:.5f}"), ("value", "{:.4g}"),
-]  # fmt: skip
-
-
-def _run_cost_estimate(args) -> int:
-    from dorylus_py.cost.estimate import Calibration, Setup, Workload, search
-    from dorylus_py.cost.model import Prices
-    from dorylus_py.cost.report import text_table
-
-    prices = Prices.load(args.prices, args.region, args.arch)
-    prices.hourly(args.as_instance)
-    if args.data:
-        from dorylus_py.data import load_graph
-
-        s = load_graph(args.data).summary()
-        counts = {k: s[k] for k in ("nodes", "edges", "features", "classes")}
-    else:
-        counts = {k: getattr(args, k) for k in ("nodes", "edges", "features", "classes")}
-        missing = [k for k, v in counts.items() if v is None]
-        if missing:
-            raise DorylusError(f"give --data, or all of --nodes --edges --features --classes (missing --{missing[0]})")
-    if min(counts.values()) < 1 or args.layers < 1 or args.hidden < 1:
-        raise DorylusError("graph counts, --layers and --hidden must be >= 1")
-    if min(args.graph_servers, args.weight_servers, args.lambdas, args.chunks, args.epochs, args.tensor_threads) < 1:
-        raise DorylusError("--graph-servers, --weight-servers, --lambdas, --chunks, --epochs, --tensor-threads must be >= 1")
-    work = Workload(counts["nodes"], counts["edges"],
-                    [counts["features"]] + [args.hidden] * (args.layers - 1) + [counts["classes"]])
-    cal = (Calibration.from_record(args.calibration, args.calibration_instance) if args.calibration
-           else Calibration.default())
-    setup = Setup(args.backend, args.graph_servers, args.weight_servers, args.as_instance, args.lambdas,
-                  args.lambda_memory_mb, args.chunks, args.epochs, args.tensor_threads)
-    print(f"graph: {work.nodes:,} vertices, {work.edges:,} edges, layers {work.dims}; {args.epochs} epochs; "
-          f"prices {prices.region} ({prices.date}); calibration: {cal.source}")
-    if not args.search:
-        print(text_table([cal.estimate(work, setup, prices)], ESTIMATE_COLUMNS))
-        return 0
-    instances = [i for i in ("c5.xlarge", "c5.2xlarge", "c5.4xlarge", "c5n.2xlarge", "c5n.4xlarge", "m5.2xlarge",
-                             "r5.2xlarge") if i in prices.ec2_hourly]
-    rows = search(cal, work, setup, prices, instances)
-    for title, key, reverse in (("cheapest", "total $", False), ("fastest", "wall s", False), ("best value", "value", True)):
-        print(f"\n{title} of {len(rows)} configurations:")
-        print(text_table(sorted(rows, key=lambda r: r[key], reverse=reverse)[:args.top], ESTIMATE_COLUMNS))
-    return 0
-
-
-def _add_aws(sub) -> None:
-    p = _command(sub, "aws", "deploy on AWS: the Lambda image's build context, the cluster file from Terraform's "
-                 "outputs, updating the function's image (see docs/aws.md)")
-    aws = p.add_subparsers(title="aws commands", metavar="AWS_COMMAND", required=True)
-    b = _command(aws, "build-context", "lay out what `docker build` needs for the Lambda image: Dockerfile, the "
-                 "handler and the modules it imports")
-    b.add_argument("dir", metavar="DIR", help="output folder (replaced with --overwrite)")
-    b.add_argument("--overwrite", action="store_true", help="replace DIR if it is not empty")
-    b.set_defaults(run=_run_build_context)
-    c = _command(aws, "cluster-file", "write the cluster file the servers and the driver read, from `terraform output -json`")
-    c.add_argument("--terraform-output", required=True, metavar="TF.json", help="`terraform output -json` of infra/")
-    c.add_argument("--out", required=True, metavar="CLUSTER.json", help="cluster file to write")
-    c.set_defaults(run=_run_cluster_file)
-    u = _command(aws, "update-function", "point the Lambda function at a newly pushed image and wait until it is live")
-    u.add_argument("--function", required=True, help="function name or ARN (Terraform output lambda_function)")
-    u.add_argument("--image-uri", required=True, help="ECR image URI, e.g. ACCOUNT.dkr.ecr.REGION.amazonaws.com/dorylus-lambda:TAG")
-    u.add_argument("--region", default="", help="AWS region (default: from the AWS environment)")
-    u.add_argument("--profile", default="", help="AWS credentials profile (default: from the AWS environment)")
-    u.set_defaults(run=_run_update_function)
-
-
-def _run_build_context(args) -> int:
-    from dorylus_py.deploy import build_context
-
-    files = build_context(Path(args.dir), args.overwrite)
-    print(f"wrote {len(files)} files to {args.dir}; next: docker build -t dorylus-lambda {args.dir} (see docs/aws.md)")
-    return 0
-
-
-def _run_cluster_file(args) -> int:
-    from dorylus_py.deploy import write_cluster_file
-
-    c = write_cluster_file(Path(args.terraform_output), Path(args.out))
-    print(f"wrote {args.out}: driver {c['driver']}, {len(c['graph_servers'])} graph servers, "
-          f"{len(c['weight_servers'])} weight servers, function {c['lambda_function']} in {c['region']}")
-    return 0
-
-
-def _run_update_function(args) -> int:
-    from dorylus_py.deploy import update_function_image
-
-    sha = update_function_image(args.function, args.image_uri, args.region, args.profile)
-    print(f"{args.function} now runs {args.image_uri} (code sha256 {sha})")
-    return 0
-
-
 def _add_server(sub, role: str, help: str) -> None:
-    p = _command(sub, role, help, epilog="The job token is read from the environment variable DORYLUS_TOKEN; "
+    p = command(sub, role, help, epilog="The job token is read from the environment variable DORYLUS_TOKEN; "
                  "the driver (`dorylus train --cluster FILE`) must have the same one.")
     p.add_argument("--cluster", required=True, metavar="FILE", help="cluster file: driver, graph_servers, weight_servers addresses")
     p.add_argument("--rank", type=int, required=True, help="which graph/weight server of the file this is")
@@ -761,57 +473,11 @@ def _run_server(args) -> int:
     return 0
 
 
-def _store_for(cfg, run_dir: Path, reuse: bool = False) -> tuple[str, bool]:
-    """The partition store a distributed run reads, and whether the run makes it: --data itself when it
-    is a store of K parts, else RUN_DIR/partitions (the record's copy of the data; ``reuse``: a resumed
-    run's, if still there)."""
-    from dorylus_py.partition import PartitionStore
-
-    if cfg.data and _is_s3(cfg.data):  # cannot be re-partitioned here: it must fit as it is
-        parts = PartitionStore.open(cfg.data).num_parts
-        if parts != cfg.graph_servers:
-            raise DorylusError(f"{cfg.data} holds {parts} partitions, not --graph-servers {cfg.graph_servers}")
-        return cfg.data, False
-    if _is_prepared_store(cfg.data) and PartitionStore.open(cfg.data).num_parts == cfg.graph_servers:
-        return cfg.data, False
-    copy = run_dir / "partitions"
-    kept = reuse and (copy / "manifest.json").exists() and PartitionStore.open(copy).num_parts == cfg.graph_servers
-    return str(copy), not kept
-
-
-def _partition_into(cfg, graph, store: Path) -> None:
-    from dorylus_py.partition import prepare
-    from dorylus_py.progress import status
-
-    status(f"partitioning into {cfg.graph_servers} parts ({cfg.partitioner})")
-    prepare(graph, store, cfg.graph_servers, cfg.partitioner, overwrite=True)
-
-
-def _drop_data_copy(run_dir: Path) -> None:
-    """--no-data-copy: what a run copied of its data into its record, gone once the run ends."""
-    import shutil
-
-    shutil.rmtree(run_dir / "partitions", ignore_errors=True)
-    for name in ("graph.npz", "clusters.npy"):  # gossip / all-reduce workers read these
-        (run_dir / name).unlink(missing_ok=True)
-
-
 def _check_partitioner(name: str) -> None:
     from dorylus_py.partition.partitioners import PARTITIONERS
 
     if name not in PARTITIONERS:
         raise ConfigError(f"--partitioner must be one of {', '.join(PARTITIONERS)}, got {name!r}")
-
-
-def _is_prepared_store(data: str | None) -> bool:
-    """``data`` is a store made by `dorylus prepare`: a folder with a manifest, or an s3:// address."""
-    return bool(data) and (_is_s3(data) or (Path(data) / "manifest.json").exists())
-
-
-def _is_s3(path: str) -> bool:
-    from dorylus_py.partition.s3 import is_s3
-
-    return is_s3(path)
 
 
 def _check_output_file(path: Path, overwrite: bool) -> None:
