@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130 if interrupted_by_user(e) else 2
     except KeyboardInterrupt as e:
         where = _wind_up(e)
-        print("error: interrupted" + (f"; run record so far in {where[0]}" if where else ""), file=sys.stderr)
+        print("error: interrupted" + (f"; run record so far in {where[-1]}" if where else ""), file=sys.stderr)
         return 130
     except Exception as e:  # a bug: the run record says how it ended, the traceback says where
         _wind_up(e)

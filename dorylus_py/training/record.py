@@ -169,10 +169,12 @@ class RunRecord:
 
 def abort_unfinished(status: str) -> list[Path]:
     """End every record of this process that has no summary yet (the CLI's last word on an error);
-    return the folders of all records of this process that ended without completing."""
+    return the folders of the records that ended without completing since the last call, oldest first."""
     for record in list(_unfinished):
         record.abort(status)
-    return list(_stopped)
+    stopped = list(_stopped)
+    _stopped.clear()
+    return stopped
 
 
 def end_status(error: BaseException) -> str:

@@ -75,7 +75,6 @@ def train_reference(
     opt = torch.optim.Adam(groups, lr=cfg.lr)
 
     best = BestTracker()
-    best_weights = None
     start = time.perf_counter()
     bar = progress_bar(range(1, cfg.epochs + 1), desc="train", unit="epoch", enabled=show_progress)
     history: list[dict] = []
@@ -103,10 +102,8 @@ def train_reference(
                 "wall_s": now - start,
             }
             history.append(row)
-            if best.update(epoch, acc["val"], acc["test"]):
-                best_weights = model_weights(model)
-                if record is not None:
-                    record.keep_best_weights(best_weights)
+            if best.update(epoch, acc["val"], acc["test"]) and record is not None:
+                record.keep_best_weights(model_weights(model))
             if record is not None:
                 record.log_epoch(row)
             bar.set_postfix(loss=f"{row['loss']:.4f}", val=f"{acc['val']:.3f}", refresh=False)
