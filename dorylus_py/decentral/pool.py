@@ -6,8 +6,10 @@ each other through a simulated network, with random delays and deaths.
 
 Epoch ``e``'s batches ``0 .. B-1`` (already shuffled from the shared seed by ``ClusterBatches.epoch_plan``)
 are dealt round-robin among the workers alive, as this worker knows them, when it first touches the
-epoch. A worker trains its share from the head. Once it is gone, it asks a random peer that may still
-have work (:class:`Steal`); the peer's receive thread answers at once from the *tail* of its queue
+epoch. A worker trains its share from the head. When it takes its last batch, it asks a random peer
+that may still have work (:class:`Steal`, answered while that batch trains; :meth:`WorkPool.steal_ahead`),
+and if that peer had nothing, all the others at once, training its share of the next epoch while the
+answers come; a peer's receive thread answers at once from the *tail* of its queue
 (:meth:`WorkPool.serve_steal`), with as many batches as make the two finish soonest given their speeds
 (:func:`steal_count`). When no live peer has anything for it, the worker reports the epoch
 (:class:`Report`: the batches it trained) and starts the next: nobody waits for anybody. A batch of an
@@ -34,8 +36,15 @@ class Train:
 
 @dataclass(frozen=True)
 class Steal:
-    peer: int
+    """Ask ``peers`` (all at once) for batches of ``epoch``; sent without waiting for the answers."""
+
+    peers: tuple[int, ...]
     epoch: int
+
+
+@dataclass(frozen=True)
+class AwaitSteal:
+    """Nothing to train until an answer to the steals already out comes (or does not)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,7 @@ class WorkPool:
         self.epoch = 1  # the epoch this worker is in
         self.finished = False  # the last epoch left
         self.nothing_for_me: set[int] = set()  # peers with no batch for this worker in this epoch
+        self.stealing_from: set[int] = set()  # the peers a steal request is out to
         self.unreported: dict[int, list[int]] = {}  # epoch -> batches trained, not yet reported
         self.stopped = False
 
@@ -110,6 +120,7 @@ class WorkPool:
         self.dead.add(rank)
         if rank == self.rank:
             self.stopped = True
+        self.stealing_from.discard(rank)  # its answer will not come
         return True
 
     def stop(self) -> None:
@@ -117,19 +128,23 @@ class WorkPool:
 
     # --- the main thread ---------------------------------------------------------------------------
 
-    def next_action(self) -> Train | Steal | Report | Idle | Stop:
+    def next_action(self) -> Train | Steal | AwaitSteal | Report | Idle | Stop:
+        """What to do next. A :class:`Steal` is sent without waiting for its answer (which
+        :meth:`on_steal_reply` takes); :class:`AwaitSteal` then says to wait for it."""
         if self.stopped:
             return Stop()
         for e in sorted(self.unreported):
             if self._has_left(e):  # late batches of an epoch already left: report them on their own
                 return Report(e, tuple(self.unreported.pop(e)), left=False)
-        if (item := self._take()) is not None:
+        if (item := self._take(ahead=False)) is not None:
             return Train(*item)
         if self.finished:
             return Idle()
-        candidates = [p for p in self.live() if p != self.rank and p not in self.nothing_for_me]
-        if candidates:
-            return Steal(self.rng.choice(candidates), self.epoch)
+        if self.stealing_from:  # while the answers come, train ahead: this worker's share of the next epoch
+            item = self._take(ahead=True)
+            return AwaitSteal() if item is None else Train(*item)
+        if (steal := self._steal(everyone=True)) is not None:
+            return steal
         report = Report(self.epoch, tuple(self.unreported.pop(self.epoch, ())), left=True)
         if self.epoch < self.epochs:
             self.epoch += 1
@@ -138,18 +153,33 @@ class WorkPool:
             self.finished = True
         return report
 
+    def steal_ahead(self) -> Steal | None:
+        """Once this worker holds no batch beyond the one it trains: a steal from one random peer to send
+        now, so that its answer comes while that batch trains (None: one is out already, or no peer has
+        work). Should that peer have nothing, :meth:`next_action` asks all the others at once."""
+        if self.stopped or self.finished or self.stealing_from or self._head(ahead=False) is not None:
+            return None
+        return self._steal(everyone=False)
+
+    def _steal(self, everyone: bool) -> Steal | None:
+        candidates = [p for p in self.live() if p != self.rank and p not in self.nothing_for_me]
+        if not candidates:
+            return None
+        peers = candidates if everyone else [self.rng.choice(candidates)]
+        self.stealing_from.update(peers)
+        return Steal(tuple(peers), self.epoch)
+
     def peek(self) -> tuple[int, int] | None:
         """The batch :meth:`next_action` would train next, if any (to build it ahead)."""
-        for e in sorted(self.queues):
-            if e <= self.epoch and self._queue(e):
-                return e, self.queues[e][0]
-        return None
+        return self._head(ahead=False) or (self._head(ahead=True) if self.stealing_from else None)
 
     def trained(self, epoch: int, batch: int) -> None:
         self.unreported.setdefault(epoch, []).append(batch)
 
     def on_steal_reply(self, peer: int, epoch: int, items: list[tuple[int, int]]) -> None:
-        """A peer's answer to :class:`Steal` (``items``: (epoch, batch) pairs, maybe none)."""
+        """A peer's answer to :class:`Steal` (``items``: (epoch, batch) pairs, maybe none). Batches are
+        taken even from an answer that came too late: they left the peer's queue."""
+        self.stealing_from.discard(peer)
         if not items:
             if epoch == self.epoch:
                 self.nothing_for_me.add(peer)
@@ -157,9 +187,6 @@ class WorkPool:
         for e, b in items:
             self.queues.setdefault(e, deque()).append(b)
 
-    def on_steal_timeout(self, peer: int) -> bool:
-        """A peer did not answer a steal in time: it is dead (see :meth:`on_peer_dead`)."""
-        return self.on_peer_dead(peer)
 
     def adopt(self, epoch: int, batches: list[int]) -> None:
         """Batches the recorder found missing (a dead worker's): trained here, before new work."""
@@ -169,17 +196,16 @@ class WorkPool:
     # --- the receive thread ------------------------------------------------------------------------
 
     def serve_steal(self, thief: int, epoch: int, thief_s: float | None, my_s: float | None) -> list[tuple[int, int]]:
-        """A peer with no work of ``epoch`` (or earlier) asks for some: batches from the tail of this
-        worker's oldest non-empty queue up to that epoch, as many as :func:`steal_count` says."""
+        """A peer with no work left in ``epoch`` asks for some: batches of that epoch from the tail of this
+        worker's queue, as many as :func:`steal_count` says. Only of that epoch, which the thief cannot
+        leave before it has trained and reported them: so an epoch every live worker has left has no
+        batch in flight."""
         if epoch >= self.epoch:
             self.nothing_for_me.add(thief)  # it has nothing up to its epoch, so nothing for this one
-        for e in range(self.epoch, min(epoch, self.epochs) + 1):
-            self._queue(e)  # a slower worker's share of an epoch it has not reached yet can be taken too
-        for e in sorted(self.queues):
-            if e <= epoch and self.queues[e]:
-                queue = self.queues[e]
-                return [(e, queue.pop()) for _ in range(steal_count(len(queue), my_s, thief_s))][::-1]
-        return []
+        if not 1 <= epoch <= self.epochs:
+            return []
+        queue = self._queue(epoch)  # a slower worker's share of an epoch it has not reached yet can go too
+        return [(epoch, queue.pop()) for _ in range(steal_count(len(queue), my_s, thief_s))][::-1]
 
     # --- helpers -----------------------------------------------------------------------------------
 
@@ -192,10 +218,22 @@ class WorkPool:
             self.queues[epoch] = deque() if self._has_left(epoch) else deal(self.per_epoch, self.live(), self.rank)
         return self.queues[epoch]
 
-    def _take(self) -> tuple[int, int] | None:
-        if not self.finished:
-            self._queue(self.epoch)
+    def _head(self, ahead: bool) -> tuple[int, int] | None:
+        """The oldest batch held up to this epoch (``ahead``: up to the next one, so long as this one is
+        not over for want of work elsewhere), its share dealt on first touch."""
+        if self.finished:
+            upto = self.epochs
+        else:
+            upto = min(self.epoch + ahead, self.epochs)
+            for e in range(self.epoch, upto + 1):
+                self._queue(e)
         for e in sorted(self.queues):
-            if e <= self.epoch and self.queues[e]:
-                return e, self.queues[e].popleft()
+            if e <= upto and self.queues[e]:
+                return e, self.queues[e][0]
         return None
+
+    def _take(self, ahead: bool) -> tuple[int, int] | None:
+        item = self._head(ahead)
+        if item is not None:
+            self.queues[item[0]].popleft()
+        return item

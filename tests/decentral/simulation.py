@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from dorylus_py.decentral.ledger import EpochLedger
-from dorylus_py.decentral.pool import Idle, Report, Steal, Stop, Train, WorkPool, watched
+from dorylus_py.decentral.pool import AwaitSteal, Idle, Report, Steal, Stop, Train, WorkPool, watched
 
 TIMEOUT = 5.0  # a peer that does not answer within this is dead (peer_timeout_s)
 PING_EVERY = 1.0
@@ -27,7 +27,8 @@ class SimWorker:
     ledger: EpochLedger
     speed: float
     alive: bool = True
-    waiting: int | None = None  # id of the steal request the main thread waits on
+    waiting: set = field(default_factory=set)  # ids of the steal requests out
+    awaiting: bool = False  # the main thread waits for an answer
     idle: bool = False
     busy: bool = False  # the main thread has an event scheduled
     wrote_final: bool = False
@@ -118,10 +119,14 @@ class Job:
             took = w.speed * self.rng.uniform(0.5, 1.5)
             w.cycle = took if w.cycle is None else 0.5 * (w.cycle + took)
             self.at(self.now + took, self.trained_one, r, action.epoch, action.batch)
+            if (ahead := w.pool.steal_ahead()) is not None:
+                self.post_steal(r, ahead)
         elif isinstance(action, Steal):
-            w.waiting = rid = next(self.ids)
-            self.send(r, action.peer, self.on_steal, r, action.epoch, w.cycle, rid)
-            self.at(self.now + TIMEOUT, self.steal_timeout, r, action.peer, rid)
+            self.post_steal(r, action)
+            w.busy = True
+            self.at(self.now, self.main, r)
+        elif isinstance(action, AwaitSteal):
+            w.awaiting = True
         elif isinstance(action, Report):
             w.ledger.add(r, action.epoch, list(action.batches), action.left)
             self.broadcast(r, self.on_report, action.epoch, list(action.batches), action.left)
@@ -136,6 +141,24 @@ class Job:
 
     def exit(self, r: int) -> None:
         self.workers[r].alive = False
+
+    def post_steal(self, r: int, steal: Steal) -> None:
+        w = self.workers[r]
+        for peer in steal.peers:
+            rid = next(self.ids)
+            w.waiting.add(rid)
+            self.send(r, peer, self.on_steal, r, steal.epoch, w.cycle, rid)
+            self.at(self.now + TIMEOUT, self.steal_timeout, r, peer, steal.epoch, rid)
+
+    def answered(self, r: int, rid: int | None) -> None:
+        """A steal's answer came or timed out (None: all given up): a main thread that awaited one goes on."""
+        w = self.workers[r]
+        if rid is None:
+            w.waiting.clear()
+        w.waiting.discard(rid)
+        if w.awaiting:
+            w.awaiting = False
+            self.main(r)
 
     def trained_one(self, r: int, epoch: int, batch: int) -> None:
         w = self.workers[r]
@@ -153,18 +176,17 @@ class Job:
 
     def on_steal_reply(self, thief: int, victim: int, epoch: int, items, rid: int) -> None:
         w = self.workers[thief]
-        if w.waiting == rid:
-            w.waiting = None
-            w.pool.on_steal_reply(victim, epoch, items)
-            self.main(thief)
+        w.pool.on_steal_reply(victim, epoch, items)  # even a late answer's batches are taken (node.py)
+        if rid in w.waiting:
+            self.answered(thief, rid)
 
-    def steal_timeout(self, thief: int, victim: int, rid: int) -> None:
+    def steal_timeout(self, thief: int, victim: int, epoch: int, rid: int) -> None:
         w = self.workers[thief]
-        if w.alive and w.waiting == rid:
-            w.waiting = None
+        if w.alive and rid in w.waiting:
             if not w.pool.stopped:
                 self.declare_dead(thief, victim)
-            self.main(thief)
+            w.pool.on_steal_reply(victim, epoch, [])
+            self.answered(thief, rid)
 
     def declare_dead(self, r: int, dead: int) -> None:
         w = self.workers[r]
@@ -189,9 +211,8 @@ class Job:
     def on_stop(self, r: int, src: int) -> None:
         w = self.workers[r]
         w.pool.stop()
-        if w.waiting is not None:  # a stopped worker gives up waiting at once (node.py: ``give_up``)
-            w.waiting = None
-            self.main(r)
+        if w.waiting:  # a stopped worker gives up waiting at once
+            self.answered(r, None)
 
     def ping(self, r: int) -> None:
         """The liveness monitor (node.py, ``watched``): each worker pings the next live rank; the recorder
