@@ -32,11 +32,11 @@ OPS = frozenset(
         # graph server <-> graph server
         "ghosts", "progress",
         # driver <-> servers
-        "hello", "start", "switch", "epoch_stats", "tasks", "stop", "ping",
+        "hello", "start", "switch", "epoch_stats", "tasks", "stop", "ping", "heartbeat",
         # decentralised worker <-> worker (dorylus_py/decentral; also ping and stop)
         "steal", "mix", "snapshot", "report", "dead", "row", "average",
         # replies
-        "batches", "params", "state", "ok", "rows", "weights", "duplicate", "error",
+        "batches", "params", "state", "ok", "rows", "weights", "duplicate", "cancel", "error",
     }
 )  # fmt: skip
 
