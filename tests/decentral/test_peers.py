@@ -124,6 +124,11 @@ def test_a_workers_handlers_answer_from_its_state(node):
     node._handle(0, Message("report", {"epoch": 1, "batches": [0, 3], "left": True, "loss_sum": 2.0, "count": 4,
                                        "exchanges": 2}, {"tasks": tasks}))
     assert node.ledger.epoch[1].trained == {0, 3} and node.ledger.batches_per_worker == [2, 0, 0]
+    node.mailbox.clear()
+    snap = node._handle(0, Message("snapshot", {"epoch": 2, "keep": True}))  # --average-every: kept ...
+    node._handle(0, Message("average", {"epoch": 2}, {"params": np.full(4, 5.0, np.float32)}))
+    node._handle(0, Message("average", {"epoch": 3}, {"params": np.zeros(4, np.float32)}))  # ... no snapshot: ignored
+    assert len(node.mailbox) == 1 and np.allclose(node.mailbox[0][1], 5.0 - snap.tensors["params"])
     node._handle(0, Message("dead", {"dead": 2, "why": "test"}))
     assert node.pool.dead == {2}
     refused = node._handle(2, Message("ping", {}))
