@@ -14,6 +14,7 @@ stop rides in the all-reduce, so every worker stops at the same step.
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -72,6 +73,9 @@ class Trainer:
         self.grad_step = 0
         self.logs: dict[int, EpochLog] = {}  # epoch -> what this worker did in it, until reported
         self.prefetch = ThreadPoolExecutor(1, thread_name_prefix="prefetch")  # builds the next batch ahead
+        # All-reduce builds its next batch while the all-reduce waits. Gossip never waits, so a build
+        # thread only helps where a core is free for it; on a busy CPU it only fights for the GIL.
+        self.build_ahead = cfg.mode == "allreduce" or device.startswith("cuda") or (os.cpu_count() or 1) >= 2 * world
         self.ahead: tuple[tuple[int, int], Future] | None = None  # ((epoch, batch), its build)
 
     def params(self) -> np.ndarray:
@@ -139,7 +143,7 @@ class Trainer:
             upcoming, ahead = node.pool.peek(), node.pool.steal_ahead()
         if ahead is not None:
             node.post_steal(ahead)
-        if upcoming is not None:
+        if upcoming is not None and self.build_ahead:
             self._build_ahead(*upcoming)
         if self.steps % self.cfg.gossip_every == 0:
             with node.lock:
