@@ -24,7 +24,6 @@ import torch
 from dorylus_py.config import TrainConfig
 from dorylus_py.data.graph import Graph
 from dorylus_py.decentral.batches import enhanced_adjacency
-from dorylus_py.decentral.ledger import EpochLedger
 from dorylus_py.models.gcn import GCN
 from dorylus_py.protocol import ProtocolError
 from dorylus_py.training.record import BestTracker, RunRecord, run_summary
@@ -61,11 +60,12 @@ class Recorder:
         self.record = RunRecord(run_dir, config, overwrite=True)  # the launcher (or rank 0) checked the folder
         self.best, self.best_params = BestTracker(), None
 
-    def catch_up(self, ledger: EpochLedger, best_params: np.ndarray | None) -> None:
-        """Taking over from a dead recorder: write what it had recorded, as every worker's ledger holds it."""
-        for row in ledger.rows:
+    def catch_up(self, rows: list[dict], tasks: list[list[dict]], best_params: np.ndarray | None) -> None:
+        """Taking over from a dead recorder: write what it had recorded (its rows, each with its epoch's
+        task rows), as every worker's ledger holds it."""
+        for row, epoch_tasks in zip(rows, tasks):
             self.record.log_epoch(row)
-            self.record.log_tasks(ledger.epoch[row["epoch"]].tasks)
+            self.record.log_tasks(epoch_tasks)
             self.best.update(row["epoch"], row["val_acc"], row["test_acc"])
         self.best_params = best_params
 
@@ -89,11 +89,11 @@ class Recorder:
             self.best_params = params
         return row, best
 
-    def finish(self, ledger: EpochLedger, params: np.ndarray, **fields) -> dict:
+    def finish(self, rows: list[dict], batches_per_worker: list[int], params: np.ndarray, **fields) -> dict:
         """Write the summary and the weights (the last averaged model, and the best); return the summary."""
-        summary = run_summary(ledger.rows, self.best, round(time.perf_counter() - self.start, 3), backend="decentral",
-                              mode=self.cfg.mode, batches_trained=sum(ledger.batches_per_worker),
-                              batches_per_worker=list(ledger.batches_per_worker), recorded_by=self.rank, **fields)
+        summary = run_summary(rows, self.best, round(time.perf_counter() - self.start, 3), backend="decentral",
+                              mode=self.cfg.mode, batches_trained=sum(batches_per_worker),
+                              batches_per_worker=batches_per_worker, recorded_by=self.rank, **fields)
         summary["median_epoch_s"] = round(summary["median_epoch_s"], 4)
         set_flat(self.model, torch.from_numpy(params))
         self.record.save_weights("weights.npz", model_weights(self.model))
@@ -112,9 +112,11 @@ class RecorderDuty:
     def __init__(self, node, recorder: Recorder):
         self.node, self.recorder, self.cfg = node, recorder, node.cfg
         recorder.start = node.start_time
-        with node.lock:
-            recorder.catch_up(node.ledger, node.best_params)
-            self.snapshotted = node.ledger.recorded  # the last epoch whose snapshot is taken
+        with node.lock:  # copied under the lock, written outside it
+            rows, best = list(node.ledger.rows), node.best_params
+            tasks = [list(node.ledger.epoch[r["epoch"]].tasks) for r in rows]
+        recorder.catch_up(rows, tasks, best)
+        self.snapshotted = rows[-1]["epoch"] if rows else 0  # the last epoch whose snapshot is taken
         self.last_average: np.ndarray | None = None
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._evaluator, name="evaluator", daemon=True)
@@ -194,11 +196,11 @@ class RecorderDuty:
 
     def _finish(self) -> None:
         node = self.node
-        with node.lock:
-            live = node.pool.live()
-            deaths = sorted(node.deaths.values(), key=lambda d: d["noticed_at"])
-            final = self.last_average if self.last_average is not None else node.params()
-            node.summary = self.recorder.finish(
-                node.ledger, final, workers=node.world, workers_at_end=len(live), worker_deaths=sorted(node.deaths),
-                deaths=deaths, gossip_rounds=node.ledger.exchanges, average_every=self.cfg.average_every)
+        with node.lock:  # copied under the lock, written outside it
+            ledger, final = node.ledger, self.last_average if self.last_average is not None else node.params()
+            rows, per_worker, exchanges = list(ledger.rows), list(ledger.batches_per_worker), ledger.exchanges
+            fields = {"workers": node.world, "workers_at_end": len(node.pool.live()), "worker_deaths": sorted(node.deaths),
+                      "deaths": sorted(node.deaths.values(), key=lambda d: d["noticed_at"])}
+        node.summary = self.recorder.finish(rows, per_worker, final, **fields, gossip_rounds=exchanges,
+                                            average_every=self.cfg.average_every)
         node.stop_all(None)
