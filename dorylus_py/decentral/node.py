@@ -136,10 +136,7 @@ class Node:
             if now - sent > self.timeout:
                 del self.pending[request_id]
                 self.sent.pop(request_id, None)
-                self.answered(None, peer, f"a {op} request", self.main_links)
-                if op == "steal":
-                    with self.lock:
-                        self.pool.on_steal_reply(peer, epoch, [])
+                self._unanswered(op, peer, epoch, None)
 
     def await_steal(self) -> None:
         """Nothing to train before a steal that is out is answered: wait for one answer (bounded)."""
@@ -151,10 +148,7 @@ class Node:
         """Send a request; its id, or None if it could not even be queued (the peer stopped reading)."""
         request_id = self.main_links.post(peer, op, fields, tensors)
         if request_id < 0:
-            self.answered(None, peer, f"a {op} request", self.main_links)
-            if op == "steal":
-                with self.lock:
-                    self.pool.on_steal_reply(peer, epoch, [])
+            self._unanswered(op, peer, epoch, None)
             return None
         self.pending[request_id] = (op, peer, epoch, time.monotonic())
         return request_id
@@ -163,9 +157,7 @@ class Node:
         op, _, epoch, _ = self.pending.pop(reply.get("id"), ("late", peer, 0, 0.0))
         sent = self.sent.pop(reply.get("id"), None)
         if not self.answered(reply, peer, f"a {op} request", self.main_links):
-            if op == "steal":
-                with self.lock:
-                    self.pool.on_steal_reply(peer, epoch, [])
+            self._unanswered(op, peer, epoch, reply)
             return
         if reply.op == "batches":  # even a late answer's batches are taken: they left the peer's queue
             items = reply.get("items")
@@ -184,6 +176,14 @@ class Node:
                 return
             with self.lock:
                 self.mailbox.extend(mail)
+
+    def _unanswered(self, op: str, peer: int, epoch: int, reply: Message | None) -> None:
+        """A request got no answer in time (``reply`` None: the peer is dead), or a refusal."""
+        if reply is None:
+            self.answered(None, peer, f"a {op} request", self.main_links)
+        if op == "steal":  # nothing from that peer
+            with self.lock:
+                self.pool.on_steal_reply(peer, epoch, [])
 
     def report(self, action: Report, loss_sum: float, count: int, tasks: list[dict], exchanges: int) -> None:
         """Record this worker's report and broadcast it to every live peer."""

@@ -130,15 +130,7 @@ class Trainer:
         self._gradient(epoch, index, self._built(epoch, index))
         node.poll()
         with node.lock:
-            mail = node.take_mailbox()
-            own = torch.cat([w.grad.reshape(-1) for w in self.model.weights])
-            grads = [torch.from_numpy(g).to(self.device) for kind, g in mail if kind == "grad"]
-            self.opt.step()
-            for g in grads:  # each gradient a partner sent: a step of its own, as if trained here
-                self._set_grads(g)
-                self.opt.step()
-            self.last_grad, self.grad_step = own.cpu().numpy(), self.steps
-            self._apply([m for m in mail if m[0] != "grad"])
+            self._step(node.take_mailbox())
             node.pool.trained(epoch, index)
             upcoming, ahead = node.pool.peek(), node.pool.steal_ahead()
         if ahead is not None:
@@ -152,6 +144,18 @@ class Trainer:
             log = self._log(epoch)
             log.exchanges += partner >= 0
             log.task("gossip", epoch, self.rank, time.time(), partner=partner)
+
+    def _step(self, mail: list[tuple[str, np.ndarray]]) -> None:
+        """The Adam step on our gradient; one more for each gradient a partner sent, as if trained here;
+        then the partners' shifts and the recorder's averages."""
+        own = torch.cat([w.grad.reshape(-1) for w in self.model.weights])
+        self.opt.step()
+        for kind, g in mail:
+            if kind == "grad":
+                self._set_grads(torch.from_numpy(g).to(self.device))
+                self.opt.step()
+        self.last_grad, self.grad_step = own.cpu().numpy(), self.steps
+        self._apply([m for m in mail if m[0] != "grad"])
 
     def share(self) -> tuple[dict[str, np.ndarray], dict]:
         """What a gossip partner gets: the parameters and the latest gradient, with its step number
@@ -167,7 +171,8 @@ class Trainer:
             at += w.numel()
 
     def _apply(self, mail: list[tuple[str, np.ndarray]]) -> None:
-        """Peers' parameters (``mix``: take the mean) and the recorder's averages (``average``: add the shift)."""
+        """Add the partners' shifts (half-way to each; k of them count 1/k each, so never past their mean)
+        and the recorder's averages (all of each)."""
         if not mail:
             return
         flat = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
@@ -227,10 +232,7 @@ class Trainer:
                     raise DorylusError(node.error or f"worker {self.rank}: the all-reduce failed: {e}") from None
                 self._log(epoch).task("allreduce", epoch, self.rank, t0)
                 if flat[n] > 0:
-                    at = 0
-                    for w in self.model.weights:
-                        w.grad.copy_(flat[at:at + w.numel()].view_as(w).to(self.device) / flat[n].item())
-                        at += w.numel()
+                    self._set_grads((flat[:n] / flat[n]).to(self.device))
                     with node.lock:
                         self.opt.step()
                 if flat[n + 1] > 0:  # some worker heard the recorder's stop: all stop at this step
