@@ -309,7 +309,7 @@ def _add_train(sub, data) -> None:
     g.add_argument("--clusters", type=int, default=d.clusters, help=f"METIS clusters of the graph (default {d.clusters})")
     g.add_argument("--clusters-per-batch", type=int, default=d.clusters_per_batch, help=f"clusters joined into one batch (default {d.clusters_per_batch})")
     g.add_argument("--diag-lambda", type=float, default=d.diag_lambda, help=f"diagonal enhancement of the batch adjacency (default {d.diag_lambda})")
-    g.add_argument("--gossip-every", type=int, default=d.gossip_every, help=f"gossip: average parameters with a random peer every k local steps (default {d.gossip_every})")
+    g.add_argument("--gossip-every", type=int, default=d.gossip_every, help=f"gossip: swap parameters and the latest gradient with a random peer every k local steps (default {d.gossip_every})")
     g.add_argument("--average-every", type=int, default=d.average_every, metavar="E", help="gossip: every E epochs every worker adopts the average of all models, without stopping (default 0: never)")
     g.add_argument("--peer-timeout-s", type=float, default=d.peer_timeout_s, help=f"a worker that does not answer a peer within this is dead; its batches go to the others (default {d.peer_timeout_s:g})")
     g.add_argument("--straggler", default=d.straggler, metavar="RANK:FACTOR", help="slow worker RANK down FACTOR times (experiments)")

@@ -58,7 +58,7 @@ class TrainConfig:
     clusters: int = 40  # Cluster-GCN: METIS parts of the graph
     clusters_per_batch: int = 4  # Cluster-GCN: clusters joined into one batch
     diag_lambda: float = 1.0  # Cluster-GCN diagonal enhancement: Ã + λ diag(Ã)
-    gossip_every: int = 1  # gossip: average parameters with a random peer every k local steps
+    gossip_every: int = 1  # gossip: swap parameters and the latest gradient with a random peer every k steps
     straggler: str = ""  # RANK:FACTOR: that worker's compute takes FACTOR times as long (experiments)
     peer_timeout_s: float = 5.0  # gossip/allreduce: a peer silent this long to a request is dead
     average_every: int = 0  # gossip: every E epochs all workers adopt the recorder's average (0: never)
