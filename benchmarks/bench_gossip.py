@@ -50,8 +50,7 @@ def run(cmd: list[str]) -> None:
 def train(graph: Path, out: Path, mode: str, workers: int, straggler: str, extra: list[str], seed: int, args) -> dict:
     cmd = [sys.executable, "-m", "dorylus_py", "train", "--data", str(graph), "--mode", mode, "--workers", str(workers),
            "--epochs", str(args.epochs), "--clusters", str(args.clusters), "--clusters-per-batch", str(args.per_batch),
-           "--seed", str(seed), "--out", str(out), "--quiet", *(["--straggler", straggler] if straggler else []),
-           *(extra if mode == "gossip" else [])]
+           "--seed", str(seed), "--out", str(out), "--quiet", *(["--straggler", straggler] if straggler else []), *extra]
     run(cmd)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((out / "summary.json").read_text())
@@ -91,11 +90,11 @@ def main() -> None:
         ratios = []
         for name in args.only:
             workers, straggler, extra, target = CONFIGS[name]
-            base = "gossip" if extra else "allreduce"  # --average-every is compared with plain gossip
+            labels = ("gossip", "gossip+avg") if extra else ("allreduce", "gossip")  # --average-every: against gossip
             res = {}
             for seed in range(args.repeats):
-                for mode in (base, "gossip"):
-                    label = mode if mode != "gossip" or not extra else "gossip+avg"
+                for label in labels:
+                    mode = "allreduce" if label == "allreduce" else "gossip"
                     out = tmp / f"{name}-{label}-{seed}"
                     res.setdefault(label, []).append(train(graph, out, mode, workers, straggler,
                                                            extra if label == "gossip+avg" else [], seed, args))
@@ -105,7 +104,7 @@ def main() -> None:
                 print(f"{name + ', ' + label:<30}{med['time']:>12.2f}{epochs:>16}{med['epoch_s']:>9.3f}"
                       f"{100 * med['test']:>9.2f}%  {runs[0]['batches']}")
                 res[label] = med | {"batches": runs[0]["batches"]}
-            new, old = res["gossip+avg" if extra else "gossip"], res[base]
+            old, new = (res[label] for label in labels)
             ratio, gap = new["time"] / old["time"], 100 * (new["test"] - old["test"])
             vs = "gossip --average-every 1 / gossip" if extra else "gossip / all-reduce"
             goal = f" (target <= {target}x)" if target else ""
