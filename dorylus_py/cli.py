@@ -365,7 +365,7 @@ def _run_train(args) -> int:
         from dorylus_py.decentral.launcher import train_decentral
 
         result = train_decentral(cfg, graph, run_dir, config, args.overwrite, show_progress=not args.quiet)
-        if result is None:  # a torchrun rank other than 0: rank 0 writes the record
+        if result is None:  # a torchrun rank that did not write the record (the lowest live rank does)
             return 0
         s = result.summary
         lost = s["worker_deaths"]

@@ -6,16 +6,17 @@ Three threads share the state under one lock, each holding it only briefly:
   exchanges without waiting (:meth:`Node.post_steal`, :meth:`Node.post_mix`), takes their answers when
   they come (:meth:`Node.poll`), and broadcasts its epoch reports (:meth:`Node.report`);
 - the receive thread (``peers.Inbox``) answers peers at once from the state: steals from the tail of the
-  queue, mixes with this worker's current parameters, snapshots, pings; and applies notices (reports,
-  deaths, the recorder's rows, averages, stop);
-- the service thread watches peers (``pool.watched``: the next live rank; the recorder watches all)
-  and, in the lowest live rank, does the recorder's duty: adopt a dead worker's missing batches,
-  evaluate each complete epoch from a snapshot, stop the job at the end (``recorder.py``).
+  queue, gossip exchanges with this worker's current parameters and gradient, snapshots, pings; and
+  applies notices (reports, deaths, the recorder's rows, averages, stop);
+- the service thread watches peers (``pool.watched``: the next live rank; the recorder watches all),
+  sends the notices other threads leave it, and, in the lowest live rank, does the recorder's duty
+  (``recorder.RecorderDuty``: adopt a dead worker's missing batches, snapshot and evaluate each complete
+  epoch, stop the job at the end).
 
 A peer that does not answer a steal, a gossip exchange, a snapshot or a ping within ``--peer-timeout-s``
-is dead:
-every live worker is told (and told again by whoever hears it first), it is dropped from pairing and
-stealing, and what it held is trained by others. A worker told it was declared dead leaves the job.
+is dead: every live worker is told (and told again by whoever hears it first), it is dropped from
+pairing and stealing, and what it held is trained by others. A worker told it was declared dead leaves
+the job with one line.
 """
 
 from __future__ import annotations
