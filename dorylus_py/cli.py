@@ -360,7 +360,9 @@ def _add_train(sub, data) -> None:
     g.add_argument("--clusters", type=int, default=d.clusters, help=f"METIS clusters of the graph (default {d.clusters})")
     g.add_argument("--clusters-per-batch", type=int, default=d.clusters_per_batch, help=f"clusters joined into one batch (default {d.clusters_per_batch})")
     g.add_argument("--diag-lambda", type=float, default=d.diag_lambda, help=f"diagonal enhancement of the batch adjacency (default {d.diag_lambda})")
-    g.add_argument("--gossip-every", type=int, default=d.gossip_every, help=f"gossip: average gradients with a partner every k local steps (default {d.gossip_every})")
+    g.add_argument("--gossip-every", type=int, default=d.gossip_every, help=f"gossip: swap parameters and the latest gradient with a random peer every k local steps (default {d.gossip_every})")
+    g.add_argument("--average-every", type=int, default=d.average_every, metavar="E", help="gossip: every E epochs every worker adopts the average of all models, without stopping (default 0: never)")
+    g.add_argument("--peer-timeout-s", type=float, default=d.peer_timeout_s, help=f"a worker that does not answer a peer within this is dead; its batches go to the others (default {d.peer_timeout_s:g})")
     g.add_argument("--straggler", default=d.straggler, metavar="RANK:FACTOR", help="slow worker RANK down FACTOR times (experiments)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_run_train)
@@ -417,11 +419,13 @@ def _run_train(args) -> int:
             from dorylus_py.decentral.launcher import train_decentral
 
             result = train_decentral(cfg, graph, run_dir, config, args.overwrite, show_progress=not args.quiet)
-            if result is None:  # a torchrun rank other than 0: rank 0 writes the record
+            if result is None:  # a torchrun rank that did not write the record (the lowest live rank does)
                 return 0
             s = result.summary
-            print(f"{s['batches_trained']} batches trained by {s['workers']} workers, {s['gossip_rounds']} gossip "
-                  f"exchanges" + (f", workers lost: {s['worker_deaths']}" if s["worker_deaths"] else ""))
+            lost = s["worker_deaths"]
+            print(f"{s['batches_trained']} batches trained by {s['workers']} workers ({s['batches_per_worker']} by "
+                  f"rank), {s['gossip_rounds']} gossip exchanges" + (f"; lost worker(s) {lost}: the job finished with "
+                                                                   f"{s['workers_at_end']} workers" if lost else ""))
         elif cfg.backend == "reference":
             record = RunRecord(run_dir, config, overwrite=args.overwrite)
             s = train_reference(graph, cfg, record, show_progress=not args.quiet).summary

@@ -72,8 +72,10 @@ class TrainConfig:
     clusters: int = 40  # Cluster-GCN: METIS parts of the graph
     clusters_per_batch: int = 4  # Cluster-GCN: clusters joined into one batch
     diag_lambda: float = 1.0  # Cluster-GCN diagonal enhancement: Ã + λ diag(Ã)
-    gossip_every: int = 1  # gossip: exchange gradients with a partner every k local steps
+    gossip_every: int = 1  # gossip: swap parameters and the latest gradient with a random peer every k steps
     straggler: str = ""  # RANK:FACTOR: that worker's compute takes FACTOR times as long (experiments)
+    peer_timeout_s: float = 5.0  # gossip/allreduce: a peer silent this long to a request is dead
+    average_every: int = 0  # gossip: every E epochs all workers adopt the recorder's average (0: never)
 
     def check(self) -> None:
         if self.backend not in BACKENDS:
@@ -151,6 +153,11 @@ class TrainConfig:
             if not ok:
                 raise ConfigError(f"--straggler wants RANK:FACTOR with 0 <= RANK < --workers and FACTOR >= 1, got {self.straggler!r}")
         above("--wait-timeout-s", self.wait_timeout_s, 0)
+        above("--peer-timeout-s", self.peer_timeout_s, 0)
+        at_least("--average-every", self.average_every, 0)
+        if self.average_every and self.mode != "gossip":
+            raise ConfigError(f"--average-every is for --mode gossip (all-reduce workers always hold one model), "
+                              f"got {self.average_every} with --mode {self.mode}")
         self.check_device()
 
     def check_device(self) -> None:
