@@ -57,7 +57,9 @@ class Recorder:
         self.y = torch.from_numpy(graph.labels)
         self.masks = {s: torch.from_numpy(graph.mask(s)) for s in ("train", "val", "test")}
         self.model = GCN(model_dims(cfg, graph), 0.0)
-        self.record = RunRecord(run_dir, config, overwrite=True)  # the launcher (or rank 0) checked the folder
+        # The launcher (or rank 0) checked the folder and put the data and logs in it: start the record
+        # afresh there (a recorder taking over rewrites it all) without touching those.
+        self.record = RunRecord(run_dir, config, continue_after=0)
         self.best, self.best_params = BestTracker(), None
 
     def catch_up(self, rows: list[dict], tasks: list[list[dict]], best_params: np.ndarray | None) -> None:

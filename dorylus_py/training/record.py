@@ -62,6 +62,7 @@ class RunRecord:
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def _reopen(self, after: int) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
         old = read_lines(self.dir / "metrics.jsonl") if (self.dir / "metrics.jsonl").exists() else []
         for row in (r for r in old if r["epoch"] <= after):
             self.history.append(row)
