@@ -5,8 +5,8 @@ Weight servers and graph servers are separate OS processes (``python -m dorylus_
 stops them all. Each epoch, every graph server sends its statistics and task records; the driver adds
 them up into ``metrics.jsonl`` and ``tasks.jsonl``, keeps the best epoch's weights, and every
 ``checkpoint_interval()`` epochs takes a checkpoint: every tensor's weights and Adam state at the
-version that ended that epoch, put together from the weight servers' row blocks (the weight servers keep epoch snapshots, so the checkpoint is
-consistent while training runs on). It is written to ``RUN_DIR/checkpoints`` and kept in memory.
+version that ended that epoch, joined from the weight servers' row blocks (the weight servers keep
+epoch snapshots, so the checkpoint is consistent while training runs on). It is written to ``RUN_DIR/checkpoints`` and kept in memory.
 
 Recovery: when a server process dies or goes silent (:class:`ServerLost`, noticed within seconds), the
 driver kills the job's remaining servers, starts a new set and resumes from the last checkpoint,
@@ -127,7 +127,7 @@ class _Run:
     def __init__(self, cfg: TrainConfig, plan: JobPlan, record: RunRecord, checkpoint_dir: str,
                  cluster: ClusterSpec | None, checkpoint: dict | None, show_progress: bool):
         self.cfg, self.plan, self.record, self.checkpoint_dir, self.cluster = cfg, plan, record, checkpoint_dir, cluster
-        self.checkpoint = checkpoint  # the newest: arrays W0, adam_m0, ... and epoch
+        self.checkpoint = checkpoint  # the newest: arrays TENSOR:FIELD (W0:W, W0:adam_m, ...) and epoch
         self.history: list[dict] = []
         self.best = BestTracker()
         self.restarts = 0
@@ -245,8 +245,8 @@ class _Run:
         self.last = now
         self.current = {"relaunches": sum(p["relaunches"] for p in parts), "duplicates": sum(p["duplicates"] for p in parts)}
         self.history.append(row)
-        self.record.log_epoch(row)
-        if self.best.update(epoch, acc[1], acc[2]):
+        self.best.update(epoch, acc[1], acc[2])
+        if self.record.log_epoch(row):  # the best of the whole record (a resumed run's earlier epochs too)
             self.record.save_weights("best_weights.npz", self.weights(link, epoch))
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{row['loss']:.4f}", val=f"{acc[1]:.3f}", refresh=False)

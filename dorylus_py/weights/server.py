@@ -20,14 +20,20 @@ would need every replica to apply every gradient.
 
 from __future__ import annotations
 
+import json
+import logging
+
 import numpy as np
+import torch
 
 from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import Node, serve_process
+from dorylus_py.cluster.node import Node, peak_rss_mb, serve_process
 from dorylus_py.models import ModelSpec, build_module, spec_of
 from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.weights.blocks import split, weight_blocks
 from dorylus_py.weights.store import STATE_FIELDS, WeightError, WeightStore
+
+log = logging.getLogger("dorylus.weight_server")
 
 
 def initial_weights(spec: ModelSpec, seed: int) -> dict[str, np.ndarray]:
@@ -40,6 +46,8 @@ class WeightServer:
         self.node = node
         spec = JobSpec.from_wire(start["spec"])
         cfg = spec.config
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
         model = spec_of(cfg, spec.dims)
         mine = [b for b in weight_blocks(model.tensors(), len(spec.weight_servers)) if b.server == node.rank]
         arrays = split(mine, initial_weights(model, cfg.seed))
@@ -58,8 +66,13 @@ class WeightServer:
                                            for f in STATE_FIELDS if f"{b.name}:{f}" in start.tensors})
         self.waiting: list[tuple[bytes, Message]] = []
         self.duplicates = 0
+        self.bytes = {"sent": 0, "received": 0}
+        log.info("weight server %d start %s", node.rank, json.dumps({
+            "rank": node.rank, "layers": self.layers, "blocks": len(mine), "parameters": int(sum(arrays[b.name].size for b in mine)),
+            "peers": len(spec.graph_servers), "first_epoch": spec.first_epoch, "restart": spec.restart}))
 
     def handle(self, identity: bytes, msg: Message) -> None:
+        self.bytes["received"] += sum(t.nbytes for t in msg.tensors.values())
         if msg.op == "pull_weights":
             require(msg, "layer", "version")
             if not self._try_pull(identity, msg):
@@ -85,6 +98,15 @@ class WeightServer:
         while True:
             self.node.serve_once(self.handle, timeout_ms=200)
 
+    def close(self) -> None:
+        log.info("weight server %d end %s", self.node.rank, json.dumps({
+            "rank": self.node.rank, "updates": self.store.updates, "duplicates": self.duplicates,
+            "bytes_sent": self.bytes["sent"], "bytes_received": self.bytes["received"], "peak_rss_mb": peak_rss_mb()}))
+
+    def _reply(self, identity: bytes, msg: Message) -> None:
+        self.bytes["sent"] += sum(t.nbytes for t in msg.tensors.values())
+        self.node.reply(identity, msg)
+
     def _retry_waiting(self) -> None:
         """Answer the deferred pulls an update made possible; one that can no longer be served gets
         its own error reply (with its request id), and the rest go on waiting."""
@@ -105,14 +127,14 @@ class WeightServer:
             states = [self.store.state(layer, version) for layer in self.layers]
             if any(s is None for s in states):
                 return False
-            self.node.reply(identity, Message("state", {"req": msg.get("req")}, {k: v for s in states for k, v in s.items()}))
+            self._reply(identity, Message("state", {"req": msg.get("req")}, {k: v for s in states for k, v in s.items()}))
             return True
         layer = int(msg["layer"])
         got = self.store.pull(layer, version, msg.get("hold"))
         if got is None:
             return False
         v, arrays = got
-        self.node.reply(identity, Message("weights", {"layer": layer, "version": v, "req": msg.get("req")}, arrays))
+        self._reply(identity, Message("weights", {"layer": layer, "version": v, "req": msg.get("req")}, arrays))
         return True
 
 

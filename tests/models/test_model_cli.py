@@ -32,7 +32,7 @@ def test_train_each_model_and_report_it(graph_file, tmp_path, capsys):
 
 @pytest.mark.parametrize("flags, message", [
     (["--model", "gat", "--attn-dropout", "1.5"], "--attn-dropout must be in [0, 1)"),
-    (["--model", "gat", "--heads", "0"], "--heads and --out-heads must be >= 1"),
+    (["--model", "gat", "--heads", "0"], "--heads must be >= 1"),
     (["--model", "sage", "--mode", "gossip"], "trains gcn only"),
 ])
 def test_bad_model_flags_are_one_line_errors(graph_file, tmp_path, capsys, flags, message):
