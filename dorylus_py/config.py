@@ -150,9 +150,6 @@ class TrainConfig:
         above("--wait-timeout-s", self.wait_timeout_s, 0)
 
     def check_decentral(self) -> None:
-        if self.model != "gcn":
-            raise ConfigError(f"--mode {self.mode} trains gcn only for now; --model {self.model} runs with --backend "
-                              "reference, local, lambda, cpu or gpu")
         if self.backend != "reference":
             raise ConfigError(f"--mode {self.mode} starts its own workers (--workers, --device); drop --backend {self.backend}")
         at_least("--workers", self.workers, 1)

@@ -55,7 +55,7 @@ def run_worker(cfg: TrainConfig, graph: Graph, owner: np.ndarray | None, rank: i
                                 timeout=timedelta(seconds=cfg.wait_timeout_s))
     try:
         batches = ClusterBatches(graph, input_features(cfg, graph), cfg.clusters, cfg.clusters_per_batch,
-                                 cfg.diag_lambda, cfg.seed, device, owner=owner)
+                                 cfg.diag_lambda, cfg.seed, device, owner=owner, model=cfg.model)
         trainer = Trainer(cfg, batches, model_dims(cfg, graph), rank, world, device,
                           device if backend == "nccl" else "cpu")
         node = Node(cfg, rank, world, token, trainer.params, trainer.share,

@@ -38,8 +38,12 @@ class EdgeCSR:
 
     @classmethod
     def from_csr(cls, indptr, indices, num_cols: int) -> "EdgeCSR":
-        crow = torch.as_tensor(np.asarray(indptr), dtype=torch.int64)
-        return cls(crow, torch.as_tensor(np.asarray(indices), dtype=torch.int64), (len(crow) - 1, num_cols))
+        crow = torch.from_numpy(np.array(indptr, dtype=np.int64))  # copies: the partition's arrays are read-only maps
+        return cls(crow, torch.from_numpy(np.array(indices, dtype=np.int64)), (len(crow) - 1, num_cols))
+
+    def to(self, device) -> "EdgeCSR":
+        edge = None if self.edge is None else self.edge.to(device)
+        return EdgeCSR(self.crow.to(device), self.col.to(device), self.shape, edge, self.edge_start)
 
     @property
     def nnz(self) -> int:
@@ -55,18 +59,19 @@ class EdgeCSR:
 
     def row_of_entry(self) -> torch.Tensor:
         """``(nnz,)``: the row of every entry."""
-        return torch.repeat_interleave(torch.arange(self.shape[0]), self.crow.diff())
+        return torch.repeat_interleave(torch.arange(self.shape[0], device=self.crow.device), self.crow.diff())
 
     def edges(self) -> torch.Tensor:
         """``(nnz,)``: the edge of every entry."""
         if self.edge is None:
-            return torch.arange(self.edge_start, self.edge_start + self.nnz)
+            return torch.arange(self.edge_start, self.edge_start + self.nnz, device=self.crow.device)
         return self.edge
 
     def transpose(self) -> "EdgeCSR":
         """``Aᵀ`` (``C x R``) over the same edges; rows of the transpose list their entries by row of ``A``."""
         order = torch.argsort(self.col, stable=True)
-        crow = torch.cat([torch.zeros(1, dtype=torch.int64), torch.bincount(self.col, minlength=self.shape[1]).cumsum(0)])
+        crow = torch.cat([torch.zeros(1, dtype=torch.int64, device=self.col.device),
+                          torch.bincount(self.col, minlength=self.shape[1]).cumsum(0)])
         return EdgeCSR(crow, self.row_of_entry()[order], (self.shape[1], self.shape[0]), self.edges()[order])
 
     def pick(self, values: torch.Tensor) -> torch.Tensor:
@@ -133,10 +138,10 @@ def gather_heads_backward(at: EdgeCSR, values: torch.Tensor, d_out: torch.Tensor
 def edge_value_grad(a: EdgeCSR, d_out: torch.Tensor, z: torch.Tensor, heads: int, concat: bool = True) -> torch.Tensor:
     """``(H, nnz)``: the gradient of Gather's entries, ``<dOut_h[row], Z_h[col]>`` (mean: ``/ H``)."""
     f = z.shape[1] // heads
-    out = torch.zeros((heads, a.nnz), dtype=z.dtype)
+    out = torch.zeros((heads, a.nnz), dtype=z.dtype, device=z.device)
     if a.nnz == 0:
         return out
-    pattern = a.matrix(torch.zeros(a.nnz, dtype=z.dtype))
+    pattern = a.matrix(torch.zeros(a.nnz, dtype=z.dtype, device=z.device))
     for h in range(heads):
         left = _head(d_out, h, f).contiguous() if concat else d_out.contiguous() / heads
         out[h] = torch.sparse.sampled_addmm(pattern, left, _head(z, h, f).t(), beta=0.0).values()
@@ -148,7 +153,7 @@ def row_sums(a: EdgeCSR, values: torch.Tensor) -> torch.Tensor:
     vals = a.pick(values)
     heads = vals.shape[0]
     if a.nnz == 0:
-        return torch.zeros((a.shape[0], heads), dtype=values.dtype)
+        return torch.zeros((a.shape[0], heads), dtype=values.dtype, device=values.device)
     offsets = a.crow.expand(heads, -1).contiguous()
     return torch.segment_reduce(vals.contiguous(), "sum", offsets=offsets, axis=1, unsafe=True).t()
 

@@ -34,9 +34,9 @@ class AttentionGraph:
     src: torch.Tensor  # (E,) source (column) of each edge
 
     @classmethod
-    def for_graph(cls, graph) -> "AttentionGraph":
+    def for_graph(cls, graph, device="cpu") -> "AttentionGraph":
         indptr, indices, _ = gcn_norm_weights(graph.indptr, graph.indices)
-        a = EdgeCSR.from_csr(indptr, indices, graph.num_nodes)
+        a = EdgeCSR.from_csr(indptr, indices, graph.num_nodes).to(device)
         return cls(a, a.transpose(), a.row_of_entry(), a.col)
 
 
@@ -86,7 +86,7 @@ class GAT(nn.Module):
             top = torch.segment_reduce(e.detach(), "max", offsets=g.a.crow, axis=0, unsafe=True)
             ex = torch.exp(e - top.index_select(0, g.dst))
             if self.training and self.attn_dropout:  # keyed by edge; the scale folded into the mask
-                keep = dropout_keep_mask(0, g.a.nnz, s.heads, self.attn_dropout, self.seed, epoch, l, EDGE)
+                keep = dropout_keep_mask(0, g.a.nnz, s.heads, self.attn_dropout, self.seed, epoch, l, EDGE).to(ex.device)
                 ex_kept = ex * (keep * (1.0 / (1.0 - self.attn_dropout)))
             else:
                 ex_kept = ex

@@ -18,11 +18,11 @@ from dorylus_py.models.gcn import glorot_parameters
 from dorylus_py.models.spec import ModelSpec
 
 
-def mean_adjacency(graph) -> NormalizedAdjacency:
+def mean_adjacency(graph, device="cpu") -> NormalizedAdjacency:
     """``M = D⁻¹A`` over the pattern of ``A + I`` with zero on the diagonal (the graph servers' pattern)."""
     indptr, indices, _ = gcn_norm_weights(graph.indptr, graph.indices)
     n = graph.num_nodes
-    return NormalizedAdjacency.from_csr(indptr, indices, mean_weights(indptr, indices), (n, n))
+    return NormalizedAdjacency.from_csr(indptr, indices, mean_weights(indptr, indices), (n, n), device)
 
 
 class SAGE(nn.Module):
