@@ -45,11 +45,17 @@ class ProtocolError(DorylusError):
     """A message that is malformed, unauthenticated or inconsistent; it is rejected, never used."""
 
 
+class AuthError(ProtocolError):
+    """A message not provably from a key holder, or one seen before: dropped unanswered (the sender
+    cannot be trusted with even an error)."""
+
+
 @dataclass
 class Message:
     op: str
     fields: dict = field(default_factory=dict)
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    sender: bytes = b""  # the verified sender's session id (set by Session.decode); a reply goes to it
 
     def __getitem__(self, key):
         return self.fields[key]
