@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from dorylus_py import __version__
+from dorylus_py import __version__, keys
 from dorylus_py.errors import DorylusError
 
 DESCRIPTION = """\
@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report(sub)
     _add_cost(sub)
     _add_aws(sub)
+    keys.add_keys_command(sub, _command)
     _add_server(sub, "graph-server", "run one graph server of a multi-machine job, from a cluster file")
     _add_server(sub, "weight-server", "run one weight server of a multi-machine job, from a cluster file")
     return p
@@ -200,7 +201,9 @@ def _add_prepare(sub, data) -> None:
                    "region and AWS_ENDPOINT_URL from the environment); must be empty unless --overwrite")
     p.add_argument("--partitioner", choices=PARTITIONERS, default="metis", help="metis: minimum edge cut (default); hash: by vertex id")
     p.add_argument("--seed", type=int, default=0, help="METIS seed (default 0)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (refused if its "
+                   "checkpoints/ holds files, unless --delete-checkpoints)")
+    p.add_argument("--delete-checkpoints", action="store_true", help="with --overwrite: delete the store's checkpoints too")
     p.set_defaults(run=_run_prepare)
 
 
@@ -215,7 +218,8 @@ def _run_prepare(args) -> int:
     t0 = time.perf_counter()
     status(f"loading {args.input}")
     graph = load_graph(args.input, _sources(args))
-    m = prepare(graph, args.out, args.partitions, args.partitioner, args.seed, args.overwrite, progress=status)
+    m = prepare(graph, args.out, args.partitions, args.partitioner, args.seed, args.overwrite, progress=status,
+                delete_checkpoints=args.delete_checkpoints)
     print(
         f"wrote {args.out}: {m['partitions']} partitions of {m['nodes']:,} vertices ({m['partitioner']}); "
         f"edge cut {m['edge_cut']:,} of {m['edges']:,} edges ({100 * m['edge_cut_fraction']:.1f} %); "
@@ -549,6 +553,7 @@ def _add_aws(sub) -> None:
     u.add_argument("--region", default="", help="AWS region (default: from the AWS environment)")
     u.add_argument("--profile", default="", help="AWS credentials profile (default: from the AWS environment)")
     u.set_defaults(run=_run_update_function)
+    keys.add_put_secret_command(aws, _command)
 
 
 def _run_build_context(args) -> int:

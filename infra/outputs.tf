@@ -5,10 +5,9 @@ output "cluster" {
   value       = local.cluster
 }
 
-output "job_token" {
-  description = "The shared job token: export DORYLUS_TOKEN=... where the driver runs"
-  value       = random_password.job_token.result
-  sensitive   = true
+output "job_key_secret" {
+  description = "ARN of the job key's secret (no value: store one with `dorylus aws put-secret --secret-id ARN`)"
+  value       = aws_secretsmanager_secret.job_key.arn
 }
 
 output "bucket" {
@@ -17,13 +16,8 @@ output "bucket" {
 }
 
 output "dataset_uri" {
-  description = "Prefix to prepare datasets into (dorylus prepare ... --out DATASET_URI/NAME)"
+  description = "Prefix to prepare datasets into (dorylus prepare ... --out DATASET_URI/NAME); checkpoints go to DATASET_URI/NAME/checkpoints/"
   value       = "s3://${aws_s3_bucket.data.bucket}/${var.dataset_prefix}"
-}
-
-output "checkpoint_uri" {
-  description = "Prefix checkpoints go to"
-  value       = "s3://${aws_s3_bucket.data.bucket}/${var.checkpoint_prefix}"
 }
 
 output "graph_server_public_ips" {

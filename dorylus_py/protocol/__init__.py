@@ -2,6 +2,6 @@
 multipart messages (:class:`Session`), checked before anything in them is parsed."""
 
 from dorylus_py.protocol.messages import AuthError, Message, ProtocolError, decode, encode, require
-from dorylus_py.protocol.session import Limits, Sealed, Session
+from dorylus_py.protocol.session import Limits, Session
 
-__all__ = ["AuthError", "Limits", "Message", "ProtocolError", "Sealed", "Session", "decode", "encode", "require"]
+__all__ = ["AuthError", "Limits", "Message", "ProtocolError", "Session", "decode", "encode", "require"]

@@ -63,8 +63,9 @@ def parse_header(raw: bytes) -> dict:
     """The JSON object in ``raw``, or :class:`ProtocolError` naming what is wrong with it."""
     if len(raw) > MAX_HEADER_BYTES:
         raise ProtocolError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
-    depth = nesting_depth(raw)
-    if depth > MAX_DEPTH:
+    # Every opening bracket bounds the depth from above: most headers have a few and skip the scan.
+    depth = raw.count(b"[") + raw.count(b"{")
+    if depth > MAX_DEPTH and (depth := nesting_depth(raw)) > MAX_DEPTH:
         raise ProtocolError(f"header nested {depth} deep (at most {MAX_DEPTH})")
     try:
         header = json.loads(raw, parse_int=_int, parse_float=_float, parse_constant=_constant)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from dorylus_py.protocol.messages import AuthError
 
 WINDOW = 1024
+_MASK = (1 << WINDOW) - 1
 
 
 @dataclass
@@ -62,7 +63,7 @@ class ReplayGuard:
                 return
             if seq > state.top:
                 shift = seq - state.top
-                state.seen = ((state.seen << shift) | 1) & ((1 << WINDOW) - 1) if shift < WINDOW else 1
+                state.seen = ((state.seen << shift) | 1) & _MASK if shift < WINDOW else 1
                 state.top = seq
             else:
                 back = state.top - seq

@@ -76,3 +76,33 @@ def test_cluster_job_needs_a_prepared_store(small_graph, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--cluster needs --data to be a folder made by `dorylus prepare`" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_keys_gen_and_curve_settings_in_the_cluster_file(tmp_path, capsys):
+    from dorylus_py.keys import load_curve_secret
+
+    keys = tmp_path / "keys"
+    assert main(["keys", "gen", str(keys)]) == 0
+    out = capsys.readouterr().out
+    public = out.split('"curve_public_key": "')[1].split('"')[0]
+    assert (keys / "job.key").read_text().strip() not in out  # secrets are written, never printed
+    assert oct(keys.stat().st_mode & 0o777) == "0o700"
+    assert all(oct((keys / f).stat().st_mode & 0o777) == "0o600" for f in ("server.key_secret", "job.key"))
+    assert len(bytes.fromhex((keys / "job.key").read_text())) == 32
+    assert len(load_curve_secret(str(keys / "server.key_secret"), public)) == 40
+    with pytest.raises(ConfigError, match="another key pair"):
+        load_curve_secret(str(keys / "server.key_secret"), "x" * 40)
+    with pytest.raises(ConfigError, match="no secret key"):
+        load_curve_secret(str(keys / "server.key"), public)
+    assert main(["keys", "gen", str(keys)]) == 2  # never overwritten by accident
+    base = {"driver": "tcp://10.0.0.1:7000", "graph_servers": ["tcp://10.0.0.2:7100"], "weight_servers": ["tcp://10.0.0.3:7200"]}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(base | {"curve_public_key": public, "curve_secret_key_file": str(keys / "server.key_secret"),
+                                       "key_secret": "arn:aws:secretsmanager:us-east-1:1:secret:k"}))
+    spec = ClusterSpec.load(path)
+    assert spec.curve_public_key == public and spec.key_secret.endswith(":k")
+    for bad, message in [({"curve_public_key": public}, "go together"), ({"curve_public_key": "short", "curve_secret_key_file": "f"},
+                                                                       "not a CurveZMQ public key"), ({"key_secret": 7}, "must be strings")]:
+        path.write_text(json.dumps(base | bad))
+        with pytest.raises(ConfigError, match=message):
+            ClusterSpec.load(path)
