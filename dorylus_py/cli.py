@@ -592,26 +592,31 @@ def _run_update_function(args) -> int:
 
 
 def _add_server(sub, role: str, help: str) -> None:
-    p = _command(sub, role, help, epilog="The job token is read from the environment variable DORYLUS_TOKEN; "
-                 "the driver (`dorylus train --cluster FILE`) must have the same one.")
+    p = _command(sub, role, help, epilog="The job key comes from DORYLUS_KEY (hex), or from the Secrets Manager "
+                 "secret the cluster file names (key_secret); the driver (`dorylus train --cluster FILE`) reads the "
+                 "same one. With curve_public_key in the cluster file, every connection is encrypted (CurveZMQ).")
     p.add_argument("--cluster", required=True, metavar="FILE", help="cluster file: driver, graph_servers, weight_servers addresses")
     p.add_argument("--rank", type=int, required=True, help="which graph/weight server of the file this is")
-    p.add_argument("--bind", default="0.0.0.0", help="interface to listen on (default all; the file's address is advertised)")
+    p.add_argument("--bind", default="", help="interface to listen on (default: the host of this server's address in "
+                   "the file; 0.0.0.0 for all); the file's address is what peers are told")
     p.set_defaults(run=_run_server, role=role)
 
 
 def _run_server(args) -> int:
+    from dorylus_py.cluster.driver_link import cluster_curve
     from dorylus_py.cluster.node import Stopped, serve
     from dorylus_py.cluster.spec import ClusterSpec
+    from dorylus_py.jobkey import load_job_key
 
     cluster = ClusterSpec.load(args.cluster)
     host, port = ClusterSpec.host_port(cluster.address(args.role, args.rank))
+    key, curve = load_job_key(cluster.key_secret, cluster.region), cluster_curve(cluster)
     if args.role == "graph-server":
         from graph_servers.server import GraphServer as build
     else:
         from dorylus_py.weights.server import WeightServer as build
     try:
-        serve(args.role, build, cluster.driver, args.rank, host, port, bind_host=args.bind)
+        serve(args.role, build, cluster.driver, args.rank, host, port, bind_host=args.bind or None, key=key, curve=curve)
     except Stopped:
         pass
     return 0

@@ -10,16 +10,18 @@ from __future__ import annotations
 from dorylus_py.cluster.job import JobSpec
 from dorylus_py.pipeline.events import TASK_KINDS, Invoke, TaskKey
 from dorylus_py.protocol import Message, ProtocolError, require
+from dorylus_py.protocol.transport import Curve
 
 MAX_INT = 2**53  # JSON integers beyond this are not exact in every reader
 
 
-def task_event(spec: JobSpec, rank: int, address: str, token: str, inv: Invoke) -> dict:
-    """The event a tensor worker gets for a copy of a task (the same for every copy but ``attempt``)."""
+def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, inv: Invoke) -> dict:
+    """The event a tensor worker gets for a copy of a task (the same for every copy but ``attempt``). No
+    secret: the worker has the job key from its own environment; the CURVE key here is the public one."""
     cfg = spec.config
     key = inv.key
     return {
-        "token": token,
+        "curve_public_key": curve.server_public.decode() if curve else None,
         "graph_server": address,
         "weight_servers": spec.weight_servers,
         "dropout": cfg.dropout,

@@ -12,7 +12,12 @@ A copy of a task that the graph server no longer wants (another copy finished fi
 moved on) is told so in the reply to its first request (``cancel``) and stops at once; every reply,
 errors included, carries the request id, so no copy waits out a timeout for an answer that came.
 
-Event: ``{"token", "graph_server", "weight_servers", "dropout", "seed", "num_train", "device",
+Every message is signed with the job key, which the worker reads at its cold start from its own
+environment (``DORYLUS_KEY``; on AWS the Secrets Manager secret named by ``DORYLUS_KEY_SECRET``,
+through the function's role), or is handed directly (``session``) when it runs inside a graph server.
+The event carries no secret.
+
+Event: ``{"curve_public_key", "graph_server", "weight_servers", "dropout", "seed", "num_train", "device",
 "task": {"kind": fwd|bwd|loss|eval, "epoch", "layer", "chunk", "server", "version", "train", "attempt"}}``.
 Sockets are cached per process (and per thread), as a warm Lambda container keeps them.
 """
@@ -29,13 +34,18 @@ import zmq
 
 from dorylus_py.kernels.dropout import dropout_keep_mask
 from dorylus_py.kernels.gcn_ops import apply_vertex_backward, apply_vertex_forward, correct_counts, softmax_cross_entropy
-from dorylus_py.protocol import Message, ProtocolError, decode, encode
+from dorylus_py.jobkey import load_job_key
+from dorylus_py.protocol import Message, ProtocolError, Session
+from dorylus_py.protocol.transport import Curve, dealer
 
 REQUEST_TIMEOUT_MS = 30_000  # no single answer takes longer (a dead server: the task is relaunched)
 SAFETY_MARGIN_MS = 500  # give up (and let the graph server relaunch) this close to the Lambda timeout
 
 _local = threading.local()
 _req_ids = itertools.count()
+_addresses: dict[zmq.Socket, str] = {}  # each cached socket's server address
+_container: dict[str, Session] = {}  # this container's session, made at its cold start
+_container_lock = threading.Lock()
 
 
 class TaskAborted(RuntimeError):
@@ -46,21 +56,28 @@ class TaskCancelled(Exception):
     """The graph server does not want this copy (already done, or no longer running): stop."""
 
 
-def handler(event: dict, context=None) -> dict:
+def handler(event: dict, context=None, session: Session | None = None) -> dict:
     t0 = time.perf_counter()
     try:
-        return _run(event, context) | {"seconds": time.perf_counter() - t0}
+        return _run(event, context, session or _container_session()) | {"seconds": time.perf_counter() - t0}
     except TaskCancelled as e:
         return {"status": "cancelled", "reason": str(e), "seconds": time.perf_counter() - t0}
 
 
-def _run(event: dict, context) -> dict:
+def _container_session() -> Session:
+    with _container_lock:
+        if "session" not in _container:
+            _container["session"] = Session(load_job_key())
+        return _container["session"]
+
+
+def _run(event: dict, context, session: Session) -> dict:
     task = event["task"]
     device = torch.device(event.get("device", "cpu"))
-    token = event["token"]
-    gs = _socket(event["graph_server"])
+    curve = Curve(event["curve_public_key"].encode()) if event.get("curve_public_key") else None
+    gs = _socket(event["graph_server"], curve)
     _check_time(context)
-    rows = _request(gs, Message("pull_rows", {"task": task}), token, context)
+    rows = _request(gs, Message("pull_rows", {"task": task}), session, context)
     start, stop, id_start = rows["start"], rows["stop"], rows["id_start"]
     t = {k: torch.from_numpy(np.array(v, copy=False)).to(device) for k, v in rows.tensors.items()}
     kind, layer = task["kind"], task["layer"]
@@ -73,10 +90,10 @@ def _run(event: dict, context) -> dict:
     out: dict[str, np.ndarray] = {}
     fields: dict = {"task": task}
     if kind in ("fwd", "bwd"):
-        ws = _socket(event["weight_servers"][layer % len(event["weight_servers"])])
+        ws = _socket(event["weight_servers"][layer % len(event["weight_servers"])], curve)
         _check_time(context)
         got = _request(ws, Message("pull_weights", {"layer": layer, "version": task["version"], "hold": task.get("hold")}),
-                       token, context)
+                       session, context)
         w = torch.from_numpy(np.array(got.tensors["W"])).to(device)
         fields["version"] = got["version"]
         if kind == "fwd":
@@ -96,7 +113,7 @@ def _run(event: dict, context) -> dict:
         raise ProtocolError(f"unknown task kind {kind!r}")
 
     _check_time(context)
-    ack = _request(gs, Message("push_result", fields, {k: _np(v) for k, v in out.items()}), token, context)
+    ack = _request(gs, Message("push_result", fields, {k: _np(v) for k, v in out.items()}), session, context)
     return {"status": ack.op}
 
 
@@ -109,25 +126,23 @@ def _check_time(context) -> None:
         raise TaskAborted("too little time left; leaving the task to a relaunch")
 
 
-def _socket(address: str) -> zmq.Socket:
+def _socket(address: str, curve: Curve | None) -> zmq.Socket:
     cache = getattr(_local, "sockets", None)
     if cache is None:
         cache = _local.sockets = {}
-    sock = cache.get(address)
+    sock = cache.get((address, curve))
     if sock is None:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(address)
-        cache[address] = sock
+        sock = cache[(address, curve)] = dealer(zmq.Context.instance(), address, curve)
+        _addresses[sock] = address  # what its requests are signed for
     return sock
 
 
-def _request(sock: zmq.Socket, msg: Message, token: str, context=None) -> Message:
+def _request(sock: zmq.Socket, msg: Message, session: Session, context=None) -> Message:
     """Send and wait for the reply with the same request id (stale replies of an earlier,
     abandoned invocation on this warm socket are skipped), no longer than the Lambda has left."""
     req = f"{id(threading.current_thread())}-{next(_req_ids)}"
     msg.fields["req"] = req
-    sock.send_multipart(encode(msg, token), copy=False)
+    sock.send_multipart(session.encode(msg, _addresses[sock]), copy=False)
     wait_ms = REQUEST_TIMEOUT_MS
     if context is not None:
         wait_ms = min(wait_ms, context.get_remaining_time_in_millis() - SAFETY_MARGIN_MS)
@@ -136,7 +151,7 @@ def _request(sock: zmq.Socket, msg: Message, token: str, context=None) -> Messag
         if not sock.poll(int(left * 1000) + 1):
             break
         try:
-            reply = decode(sock.recv_multipart(copy=False), token)
+            reply = session.decode(sock.recv_multipart(copy=False), session.id)
         except ProtocolError:
             continue  # not a reply we can trust: keep waiting for ours
         if reply.get("req") != req:

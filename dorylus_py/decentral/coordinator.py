@@ -42,23 +42,24 @@ from collections import deque
 import numpy as np
 import zmq
 
-from dorylus_py.cluster.node import bind
+from dorylus_py.cluster.node import REJECTED, bind
 from dorylus_py.errors import DorylusError
-from dorylus_py.protocol import Message, ProtocolError, decode, encode, require
+from dorylus_py.protocol import AuthError, Message, ProtocolError, Session, require
 
 log = logging.getLogger(__name__)
 
 RUNNING, HELLO, CLAIM, PAIR, EPOCH, DEAD = "running", "hello", "claim", "pair", "epoch", "dead"
+AUDIENCE = "coordinator"  # what requests are signed for (workers reach it by more than one address)
 
 
 class Coordinator:
-    def __init__(self, world: int, batches_per_epoch: int, token: str, epochs: int, on_epoch, alive=None,
+    def __init__(self, world: int, batches_per_epoch: int, key: bytes, epochs: int, on_epoch, alive=None,
                  seed: int = 0, wait_timeout_s: float = 300.0, host: str = "127.0.0.1", port: int = 0, on_start=None):
         """``on_epoch(epoch, params, stats, tasks) -> bool`` records an epoch; False stops the job early.
 
         ``batches_per_epoch`` = 0: no work pool (all-reduce deals batches out itself).
         """
-        self.world, self.batches_per_epoch, self.token = world, batches_per_epoch, token
+        self.world, self.batches_per_epoch, self.session = world, batches_per_epoch, Session(key)
         self.on_epoch, self.on_start, self.alive, self.wait_timeout_s = on_epoch, on_start, alive, wait_timeout_s
         self.started = False
         self.epochs = epochs
@@ -73,7 +74,7 @@ class Coordinator:
         port = bind(self.router, "*" if host == "0.0.0.0" else host, port, "coordinator")
         self.address = f"tcp://{'127.0.0.1' if host in ('*', '0.0.0.0') else host}:{port}"
         self.state = [RUNNING] * world
-        self.ident: list[bytes | None] = [None] * world
+        self.ident: list[tuple[bytes, bytes] | None] = [None] * world  # ROUTER identity, session id
         self.last_heard = [time.monotonic()] * world
         self.epoch = 1
         self.last_epoch = 0  # set once the job's final epoch is known
@@ -145,7 +146,16 @@ class Coordinator:
 
     def _receive(self, identity: bytes, body) -> None:
         try:
-            msg = decode(body, self.token)
+            msg = self.session.decode(body, AUDIENCE)
+        except AuthError as e:  # not from the job: dropped unanswered
+            self.rejected += 1
+            log.warning("coordinator dropped a message: %s", e)
+            return
+        except ProtocolError as e:
+            msg = Message("error", {}, {}, e.sender)  # authentic, but not parsed: answered below
+            self._refuse(identity, msg, e)
+            return
+        try:
             require(msg, "rank")
             rank = msg["rank"]
             if not isinstance(rank, int) or not 0 <= rank < self.world:
@@ -154,7 +164,7 @@ class Coordinator:
                 raise ProtocolError(f"worker {rank} was declared dead; its work went back to the pool")
             if self.state[rank] != RUNNING:
                 raise ProtocolError(f"worker {rank} sent {msg.op} while its {self.state[rank]} request is pending")
-            self.ident[rank], self.last_heard[rank] = identity, time.monotonic()
+            self.ident[rank], self.last_heard[rank] = (identity, msg.sender), time.monotonic()
             handlers = {"hello": self._on_hello, "claim": self._on_claim, "pair": self._on_pair,
                         "epoch_end": self._on_epoch_end}
             if msg.op not in handlers:
@@ -162,10 +172,13 @@ class Coordinator:
             if (msg.op == "hello") == self.started:
                 raise ProtocolError(f"worker {rank}: {msg.op} " + ("after the start" if self.started else "before the start"))
             handlers[msg.op](rank, msg)
-        except (DorylusError, KeyError, TypeError, ValueError) as e:
-            self.rejected += 1
-            log.warning("coordinator rejected a message: %s", e)
-            self._send(identity, Message("error", {"reason": str(e)}))
+        except REJECTED as e:
+            self._refuse(identity, msg, e)
+
+    def _refuse(self, identity: bytes, msg: Message, error: Exception) -> None:
+        self.rejected += 1
+        log.warning("coordinator rejected a message: %s", error)
+        self._send((identity, msg.sender), Message("error", {"reason": str(error)[:300]}))
 
     # --- requests ----------------------------------------------------------------------------------
 
@@ -337,9 +350,9 @@ class Coordinator:
         self.last_heard[rank] = time.monotonic()
         self._send(self.ident[rank], msg)
 
-    def _send(self, identity: bytes, msg: Message) -> None:
+    def _send(self, to: tuple[bytes, bytes], msg: Message) -> None:
         try:
-            self.router.send_multipart([identity, *encode(msg, self.token)], copy=False)
+            self.router.send_multipart([to[0], *self.session.encode(msg, to[1])], copy=False)
         except zmq.ZMQError as e:
             log.debug("reply to a gone worker dropped: %s", e)
 
@@ -347,17 +360,18 @@ class Coordinator:
 class CoordinatorClient:
     """A worker's side: one DEALER, one request at a time, every wait bounded."""
 
-    def __init__(self, address: str, token: str, rank: int, wait_timeout_s: float = 300.0):
-        self.token, self.rank, self.wait_timeout_s = token, rank, wait_timeout_s
+    def __init__(self, address: str, key: bytes, rank: int, wait_timeout_s: float = 300.0):
+        self.session, self.rank, self.wait_timeout_s = Session(key), rank, wait_timeout_s
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(address)
 
     def ask(self, op: str, fields: dict | None = None, tensors: dict | None = None) -> Message:
-        self.sock.send_multipart(encode(Message(op, {"rank": self.rank, **(fields or {})}, tensors or {}), self.token), copy=False)
+        msg = Message(op, {"rank": self.rank, **(fields or {})}, tensors or {})
+        self.sock.send_multipart(self.session.encode(msg, AUDIENCE), copy=False)
         if not self.sock.poll(int(self.wait_timeout_s * 1000)):
             raise DorylusError(f"worker {self.rank}: no answer from the coordinator to {op} within {self.wait_timeout_s:.0f} s")
-        reply = decode(self.sock.recv_multipart(copy=False), self.token)
+        reply = self.session.decode(self.sock.recv_multipart(copy=False), self.session.id)
         if reply.op == "error":
             raise DorylusError(f"worker {self.rank}: coordinator refused {op}: {reply.get('reason')}")
         return reply

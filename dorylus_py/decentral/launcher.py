@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import socket
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from dorylus_py.decentral.batches import ClusterBatches, batch_count, enhanced_a
 from dorylus_py.decentral.coordinator import Coordinator, CoordinatorClient
 from dorylus_py.decentral.worker import Worker
 from dorylus_py.errors import DorylusError
+from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
 from dorylus_py.models.gcn import GCN
 from dorylus_py.partition.partitioners import assign
 from dorylus_py.progress import progress_bar, status
@@ -102,7 +102,7 @@ def pool_size(cfg: TrainConfig) -> int:
 
 
 def run_worker(cfg: TrainConfig, graph: Graph, owner: np.ndarray | None, rank: int, world: int, coordinator: str,
-               init_method: str, token: str) -> int:
+               init_method: str, key: bytes) -> int:
     """One worker: join the process group, train until the coordinator says stop, leave it."""
     device = cfg.resolved_device()
     # NCCL needs one GPU per rank; with more workers than GPUs they share them and talk through gloo.
@@ -111,7 +111,7 @@ def run_worker(cfg: TrainConfig, graph: Graph, owner: np.ndarray | None, rank: i
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank)) % torch.cuda.device_count()}"
     torch.distributed.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                                          timeout=timedelta(seconds=cfg.wait_timeout_s))
-    client = CoordinatorClient(coordinator, token, rank, cfg.wait_timeout_s)
+    client = CoordinatorClient(coordinator, key, rank, cfg.wait_timeout_s)
     try:
         batches = ClusterBatches(graph, input_features(cfg, graph), cfg.clusters, cfg.clusters_per_batch,
                                  cfg.diag_lambda, cfg.seed, device, owner=owner)
@@ -132,14 +132,14 @@ def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict,
     np.save(run_dir / "clusters.npy", assign(graph, cfg.clusters, "metis", cfg.seed))
     write_npz(graph, run_dir / "graph.npz")
     (run_dir / "logs").mkdir(exist_ok=True)
-    token = secrets.token_hex(16)
+    key = new_key()
     procs: list[subprocess.Popen] = []
     recorder = EpochRecorder(cfg, graph, record, show_progress)
-    coord = Coordinator(cfg.workers, pool_size(cfg), token, cfg.epochs, recorder, alive=lambda r: procs[r].poll() is None,
+    coord = Coordinator(cfg.workers, pool_size(cfg), key, cfg.epochs, recorder, alive=lambda r: procs[r].poll() is None,
                         seed=cfg.seed, wait_timeout_s=cfg.wait_timeout_s, on_start=recorder.started)
     init = f"tcp://127.0.0.1:{_free_port()}"
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.workers)
-    env = dict(os.environ, DORYLUS_TOKEN=token, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), **{KEY_ENV: key.hex()})
     try:
         for r in range(cfg.workers):
             with open(run_dir / "logs" / f"worker-{r}.log", "w") as log:
@@ -186,9 +186,8 @@ def worker_process(argv=None) -> int:
         saved = json.loads((run / "config.json").read_text())
         cfg = TrainConfig(**{k: v for k, v in saved.items() if k in TrainConfig.__dataclass_fields__})
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        token = os.environ.get("DORYLUS_TOKEN", "")
         run_worker(cfg, read_npz(run / "graph.npz"), np.load(run / "clusters.npy"), args.rank, args.world,
-                   args.coordinator, args.init, token)
+                   args.coordinator, args.init, load_job_key())
 
     return run_main(main)
 
@@ -196,22 +195,23 @@ def worker_process(argv=None) -> int:
 def _under_torchrun(cfg, graph, run_dir, config, overwrite, show_progress) -> TrainResult | None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
-    token = os.environ.get("DORYLUS_TOKEN") or os.environ.get("TORCHELASTIC_RUN_ID", "")
-    if not token:
-        raise DorylusError("under torchrun, set DORYLUS_TOKEN (the same in every process) or use --rdzv-id")
+    if not os.environ.get(KEY_ENV):  # not the rendezvous id: anyone who can see the command line knows that
+        raise DorylusError(f"under torchrun, export {KEY_ENV} (the same in every process; `dorylus keys gen DIR` "
+                           "writes one)")
+    key = load_job_key()
     cfg = TrainConfig(**(cfg.to_dict() | {"workers": world}))
     owner = assign(graph, cfg.clusters, "metis", cfg.seed)  # deterministic: the same in every process
     coord_addr = f"tcp://{host}:{port + 1}"
     if rank != 0:
-        run_worker(cfg, graph, owner, rank, world, coord_addr, "env://", token)
+        run_worker(cfg, graph, owner, rank, world, coord_addr, "env://", key)
         return None
     record = RunRecord(run_dir, config | {"workers": world}, overwrite=overwrite)
     recorder = EpochRecorder(cfg, graph, record, show_progress)
-    coord = Coordinator(world, pool_size(cfg), token, cfg.epochs, recorder, seed=cfg.seed,
+    coord = Coordinator(world, pool_size(cfg), key, cfg.epochs, recorder, seed=cfg.seed,
                         wait_timeout_s=cfg.wait_timeout_s, host="0.0.0.0", port=port + 1,
                         on_start=recorder.started).start()
     try:
-        run_worker(cfg, graph, owner, 0, world, coord_addr.replace(host, "127.0.0.1"), "env://", token)
+        run_worker(cfg, graph, owner, 0, world, coord_addr.replace(host, "127.0.0.1"), "env://", key)
         coord.done.wait(cfg.wait_timeout_s)
         if coord.error is not None:
             raise DorylusError(str(coord.error))

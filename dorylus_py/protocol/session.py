@@ -75,6 +75,10 @@ class Session:
     def __repr__(self) -> str:  # never the key
         return f"Session(id={self.id.hex()})"
 
+    def sibling(self) -> "Session":
+        """Another party with the same key (a worker thread of this process), without exposing the key."""
+        return Session(self._key, self.limits)
+
     def _mac(self, fixed: bytes, audience: str | bytes, header, frames: list) -> bytes:
         parts = [fixed, _audience(audience), struct.pack(">IH", len(header), len(frames)), header]
         gmac = AESGCM(hmac.digest(self._key, b"frames" + fixed, "sha256")) if frames else None
@@ -121,7 +125,11 @@ class Session:
         if not hmac.compare_digest(expected, mac):
             raise AuthError("bad MAC: not signed with this job's key, not meant for this process, or altered")
         self.replay.accept(sender, seq, ts_us)
-        return _parse(bufs, sender)
+        try:
+            return _parse(bufs, sender)
+        except ProtocolError as e:
+            e.sender = sender  # authentic: an error reply may go back to it
+            raise
 
 
 def _parse(bufs: list[memoryview], sender: bytes) -> Message:

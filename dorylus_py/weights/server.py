@@ -20,12 +20,13 @@ from __future__ import annotations
 import numpy as np
 
 from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import Node, serve_process
+from dorylus_py.cluster.node import REJECTED, Node, Peer, serve_process
 from dorylus_py.models.gcn import GCN
 from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.weights.store import WeightError, WeightStore
 
 STATE_NAMES = ("W", "adam_m", "adam_v", "adam_step", "version")
+MAX_WAITING = 4096  # deferred pulls: far more than tasks in flight
 
 
 def initial_weights(dims: list[int], seed: int) -> list[np.ndarray]:
@@ -56,16 +57,18 @@ class WeightServer:
             names = [f"{k}{layer}" for k in STATE_NAMES]
             if all(n in start.tensors for n in names):
                 self.store.restore(layer, {k: start.tensors[f"{k}{layer}"] for k in STATE_NAMES})
-        self.waiting: list[tuple[bytes, Message]] = []
+        self.waiting: list[tuple[Peer, Message]] = []
         self.duplicates = 0
 
-    def handle(self, identity: bytes, msg: Message) -> None:
+    def handle(self, identity: Peer, msg: Message) -> None:
         if msg.op == "pull_weights":
             require(msg, "layer", "version")
+            _check_hold(msg.get("hold"))
             if not self._try_pull(identity, msg):
-                self.waiting.append((identity, msg))
+                self._wait(identity, msg)
         elif msg.op == "push_grad":
             require(msg, "layer", "version", "key", "grad")
+            _check_gradient(msg)
             applied = self.store.push(int(msg["layer"]), int(msg["version"]), tuple(msg["key"]), msg.tensors["grad"])
             self.duplicates += not applied
             self.node.reply(identity, Message("ok" if applied else "duplicate", {"req": msg.get("req")}))
@@ -74,7 +77,7 @@ class WeightServer:
         elif msg.op == "pull_state":
             require(msg, "layer")
             if not self._try_pull(identity, msg):
-                self.waiting.append((identity, msg))
+                self._wait(identity, msg)
         elif msg.op == "ping":
             self.node.reply(identity, Message("ok", {"updates": self.store.updates, "duplicates": self.duplicates,
                                                      "req": msg.get("req")}))
@@ -93,11 +96,17 @@ class WeightServer:
             try:
                 if not self._try_pull(identity, msg):
                     still.append((identity, msg))
-            except WeightError as e:
+            except REJECTED as e:
                 self.node.reply(identity, Message("error", {"reason": str(e), "req": msg.get("req")}))
         self.waiting = still
 
-    def _try_pull(self, identity: bytes, msg: Message) -> bool:
+    def _wait(self, identity: Peer, msg: Message) -> None:
+        """Defer a pull of a version still to come; a bounded number, so no peer can pile them up."""
+        if len(self.waiting) >= MAX_WAITING:
+            raise WeightError(f"{MAX_WAITING} pulls are already waiting for versions to come")
+        self.waiting.append((identity, msg))
+
+    def _try_pull(self, identity: Peer, msg: Message) -> bool:
         """Answer a pull of weights or state; False while the version asked for is still to come."""
         version, layer = msg.get("version"), int(msg["layer"])
         version = None if version is None else int(version)
@@ -112,6 +121,19 @@ class WeightServer:
         v, w = got
         self.node.reply(identity, Message("weights", {"layer": layer, "version": v, "req": msg.get("req")}, {"W": w}))
         return True
+
+
+def _check_hold(hold) -> None:
+    if hold is not None and not (isinstance(hold, list) and len(hold) == 3 and all(type(x) is int for x in hold)):
+        raise ProtocolError("hold must be null or [epoch, server, chunk]")
+
+
+def _check_gradient(msg: Message) -> None:
+    grad, key = msg.tensors.get("grad"), msg["key"]
+    if grad is None or grad.dtype != np.float32 or not np.isfinite(grad).all():
+        raise ProtocolError("grad must be a finite float32 tensor")
+    if not (isinstance(key, list) and len(key) == 3 and all(type(x) is int for x in key)):
+        raise ProtocolError("key must be [epoch, server, chunk]")
 
 
 def main(argv=None) -> int:

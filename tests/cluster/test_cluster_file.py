@@ -33,19 +33,19 @@ def test_servers_from_a_cluster_file(small_graph, tmp_path, capsys):
     cluster = {"driver": f"tcp://127.0.0.1:{d}", "graph_servers": [f"tcp://127.0.0.1:{g0}", f"tcp://127.0.0.1:{g1}"],
                "weight_servers": [f"tcp://127.0.0.1:{w0}"]}
     (tmp_path / "cluster.json").write_text(json.dumps(cluster))
-    env = dict(os.environ, DORYLUS_TOKEN="shared-secret")
+    env = dict(os.environ, DORYLUS_KEY="ab" * 32)
     servers = [subprocess.Popen([sys.executable, "-m", "dorylus_py", role, "--cluster", str(tmp_path / "cluster.json"),
                                  "--rank", str(rank), "--bind", "127.0.0.1"], env=env, stderr=subprocess.PIPE, text=True)
                for role, rank in [("graph-server", 0), ("graph-server", 1), ("weight-server", 0)]]
     try:
-        os.environ["DORYLUS_TOKEN"] = "shared-secret"
+        os.environ["DORYLUS_KEY"] = "ab" * 32
         code = main(["train", "--data", str(tmp_path / "parts"), "--backend", "cpu", "--cluster", str(tmp_path / "cluster.json"),
                      "--epochs", "3", "--out", str(tmp_path / "run"), "--quiet", "--dropout", "0"])
         assert code == 0, capsys.readouterr().err
         for p in servers:
             assert p.wait(timeout=30) == 0, p.stderr.read()
     finally:
-        os.environ.pop("DORYLUS_TOKEN", None)
+        os.environ.pop("DORYLUS_KEY", None)
         for p in servers:
             p.kill()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import zmq
 
-from dorylus_py.decentral.coordinator import Coordinator, CoordinatorClient
-from dorylus_py.protocol import Message, decode, encode
+from dorylus_py.decentral.coordinator import AUDIENCE, Coordinator, CoordinatorClient
+from dorylus_py.protocol import Message, Session
 
-TOKEN = "t" * 32
+TOKEN = b"t" * 32  # the job key
 BATCHES = 7
 EPOCHS = 3
 
@@ -143,29 +143,35 @@ def test_bad_messages_are_rejected_and_the_coordinator_keeps_serving():
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(coord.address)
 
+    session = Session(TOKEN)
+
+    def encode(msg, key=TOKEN):
+        return (session if key == TOKEN else Session(key)).encode(msg, AUDIENCE)
+
     def ask(frames):
         sock.send_multipart(frames)
         assert sock.poll(5000)
-        return decode(sock.recv_multipart(), TOKEN)
+        return session.decode(sock.recv_multipart(), session.id)
 
     try:
-        assert ask(encode(Message("claim", {"rank": 0, "epoch": 1}), TOKEN)).op == "error"  # before hello
-        assert ask(encode(Message("hello", {"rank": 0}), TOKEN)).op == "ok"
+        assert ask(encode(Message("claim", {"rank": 0, "epoch": 1}))).op == "error"  # before hello
+        assert ask(encode(Message("hello", {"rank": 0}))).op == "ok"
+        for frames in [[b"not json"], encode(Message("claim", {"rank": 0, "epoch": 1}), b"another key, 32 bytes long......")]:
+            sock.send_multipart(frames)  # not from the job: dropped, unanswered
+            assert not sock.poll(300)
         bad = [
-            [b"not json"],
-            encode(Message("claim", {"rank": 0, "epoch": 1}), "wrong-token"),
-            encode(Message("stop", {"rank": 0}), TOKEN),  # known op, not the coordinator's
-            encode(Message("claim", {"rank": 9, "epoch": 1}), TOKEN),  # rank out of range
-            encode(Message("claim", {"rank": 0, "epoch": 5}), TOKEN),  # wrong epoch
-            encode(Message("claim", {"rank": 0, "epoch": 1, "finished": 3}), TOKEN),  # not held
-            encode(Message("epoch_end", {"rank": 0, "epoch": 1}), TOKEN),  # no params
+            encode(Message("stop", {"rank": 0})),  # known op, not the coordinator's
+            encode(Message("claim", {"rank": 9, "epoch": 1})),  # rank out of range
+            encode(Message("claim", {"rank": 0, "epoch": 5})),  # wrong epoch
+            encode(Message("claim", {"rank": 0, "epoch": 1, "finished": 3})),  # not held
+            encode(Message("epoch_end", {"rank": 0, "epoch": 1})),  # no params
         ]
         for frames in bad:
             assert ask(frames).op == "error"
-        assert coord.rejected == len(bad) + 1
-        reply = ask(encode(Message("claim", {"rank": 0, "epoch": 1}), TOKEN))
+        assert coord.rejected == len(bad) + 3
+        reply = ask(encode(Message("claim", {"rank": 0, "epoch": 1})))
         assert reply.op == "batch" and reply["batch"] == 0
-        alone = ask(encode(Message("pair", {"rank": 0, "epoch": 1, "finished": 0}), TOKEN))  # told at once: no partner
+        alone = ask(encode(Message("pair", {"rank": 0, "epoch": 1, "finished": 0})))  # told at once: no partner
         assert alone.op == "partner" and alone["partner"] == -1 and alone["batch"] == 1  # and leased the next batch
     finally:
         sock.close(0)
@@ -179,13 +185,15 @@ def test_pair_answers_lease_the_next_batch():
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(coord.address)
 
+    sessions = [Session(TOKEN) for _ in socks]
+
     def both(*fields):
         for rank, (sock, f) in enumerate(zip(socks, fields)):
-            sock.send_multipart(encode(Message(f.pop("op"), {"rank": rank, **f}), TOKEN))
+            sock.send_multipart(sessions[rank].encode(Message(f.pop("op"), {"rank": rank, **f}), AUDIENCE))
         replies = []
-        for sock in socks:
+        for sock, session in zip(socks, sessions):
             assert sock.poll(5000)
-            replies.append(decode(sock.recv_multipart(), TOKEN))
+            replies.append(session.decode(sock.recv_multipart(), session.id))
         return replies
 
     try:

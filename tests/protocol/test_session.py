@@ -2,14 +2,14 @@
 
 import json
 import struct
-import time
 
 import numpy as np
 import pytest
 import zmq
 
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
-from dorylus_py.protocol.session import _FIXED, ENVELOPE_BYTES, MAGIC
+from dorylus_py.protocol.session import _FIXED, ENVELOPE_BYTES
+from tests.protocol import forge
 
 KEY = bytes(range(32))
 ADDR = "tcp://127.0.0.1:7100"
@@ -65,9 +65,7 @@ def test_the_key_travels_in_no_frame():
 
 
 def signed(session: Session, header: bytes, *data: bytes, me=ADDR) -> list:
-    """Frames carrying an arbitrary (hostile) header, correctly signed with the job key."""
-    fixed = _FIXED.pack(MAGIC, session.id, next(session._seq), time.time_ns() // 1000)
-    return [fixed + session._mac(fixed, me, header, list(data)), header, *data]
+    return forge.signed(session, header, *data, to=me)
 
 
 @pytest.mark.parametrize(
