@@ -1,7 +1,6 @@
 # Least privilege. Lambda: write its own logs, the ENI calls AWS requires of any function in a VPC,
-# read the job key's secret. Servers: read the dataset prefix, write checkpoints under a dataset
-# (DATASET/checkpoints/, the layout dorylus_py/checkpoint.py writes), invoke that one function, read the
-# job key's secret.
+# read the job key's secret. Servers: read the dataset prefix, invoke that one function, read the job
+# key's secret. They write nothing to S3: checkpoints go to the run folder on the driver's machine.
 
 data "aws_iam_policy_document" "lambda_assume" {
   statement {
@@ -74,14 +73,9 @@ data "aws_iam_policy_document" "server" {
     }
   }
   statement {
-    sid       = "ReadDatasetsAndCheckpoints"
+    sid       = "ReadDatasets"
     actions   = ["s3:GetObject"]
     resources = ["${aws_s3_bucket.data.arn}/${var.dataset_prefix}/*"]
-  }
-  statement {
-    sid       = "WriteCheckpoints"
-    actions   = ["s3:PutObject"]
-    resources = ["${aws_s3_bucket.data.arn}/${var.dataset_prefix}/*/checkpoints/*"]
   }
   statement {
     sid       = "ReadJobKey"

@@ -11,12 +11,12 @@ output "job_key_secret" {
 }
 
 output "bucket" {
-  description = "Bucket for datasets and checkpoints"
+  description = "Bucket for prepared datasets"
   value       = aws_s3_bucket.data.bucket
 }
 
 output "dataset_uri" {
-  description = "Prefix to prepare datasets into (dorylus prepare ... --out DATASET_URI/NAME); checkpoints go to DATASET_URI/NAME/checkpoints/"
+  description = "Prefix to prepare datasets into (dorylus prepare ... --out DATASET_URI/NAME)"
   value       = "s3://${aws_s3_bucket.data.bucket}/${var.dataset_prefix}"
 }
 

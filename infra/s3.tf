@@ -1,5 +1,5 @@
-# Datasets (dorylus prepare --out s3://BUCKET/datasets/NAME) and their checkpoints (.../NAME/checkpoints/):
-# encrypted, versioned, never public. The same KMS key encrypts the job key's secret (secrets.tf).
+# Datasets (dorylus prepare --out s3://BUCKET/datasets/NAME): encrypted, versioned, never public.
+# (Checkpoints live in the driver's run folder.) The same KMS key encrypts the job key's secret (secrets.tf).
 
 resource "aws_s3_bucket" "data" {
   # checkov:skip=CKV_AWS_144: cross-region replication doubles storage cost; datasets can be re-prepared
@@ -21,7 +21,7 @@ resource "aws_s3_bucket_server_side_encryption_configuration" "data" {
 }
 
 resource "aws_kms_key" "data" {
-  description             = "${var.name} datasets and checkpoints"
+  description             = "${var.name} datasets and the job key"
   enable_key_rotation     = true
   deletion_window_in_days = 7
   policy                  = data.aws_iam_policy_document.kms.json

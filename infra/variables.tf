@@ -97,13 +97,13 @@ variable "package_spec" {
 }
 
 variable "dataset_prefix" {
-  description = "Key prefix of prepared datasets (dorylus prepare --out s3://BUCKET/PREFIX/NAME); a dataset's checkpoints are under PREFIX/NAME/checkpoints/"
+  description = "Key prefix of prepared datasets (dorylus prepare --out s3://BUCKET/PREFIX/NAME)"
   type        = string
   default     = "datasets"
 }
 
 variable "force_destroy" {
-  description = "Let `terraform destroy` delete the bucket with every dataset and checkpoint in it (default: refuse while it holds objects)"
+  description = "Let `terraform destroy` delete the bucket with every dataset in it (default: refuse while it holds objects)"
   type        = bool
   default     = false
 }
