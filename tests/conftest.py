@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from dorylus_py.data import Graph, SynthConfig, generate, load_graph
 
-DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or Path(__file__).resolve().parents[2] / "shared" / "datasets")
 
 
 @pytest.fixture(scope="session")

@@ -119,6 +119,8 @@ class DriverLink:
         self._forget_servers()
 
     def stop(self) -> None:
+        if sum(self.rejections.counts.values()):
+            log.warning("driver refused messages: %s", self.rejections)
         for ident in self.identities.values():
             try:
                 self.router.send_multipart([ident, *self.session.encode(Message("stop"), self.senders[ident])],
@@ -187,17 +189,19 @@ class DriverLink:
             if name in self.expected:
                 self.heard[name] = time.monotonic()
                 self._to(ident, Message("heartbeat"), msg.sender)
-            return None
-        if msg.op == "hello":
+                return None
+        elif msg.op == "hello":
             name = f"{msg.get('role')}-{msg.get('rank')}"
-            if name not in self.expected or name in self.identities or not isinstance(msg.get("address"), str):
-                return None  # a second hello for a server of this start is not believed
-            self.identities[name], self.names[ident], self.senders[ident] = ident, name, msg.sender
-            return name, msg
-        name = self.names.get(ident)
-        if name is None or msg.sender != self.senders.get(ident):
-            return None
-        return name, msg
+            if name in self.expected and name not in self.identities and isinstance(msg.get("address"), str):
+                self.identities[name], self.names[ident], self.senders[ident] = ident, name, msg.sender
+                return name, msg
+        else:
+            name = self.names.get(ident)
+            if name is not None and msg.sender == self.senders.get(ident):
+                return name, msg
+        # a stranger, a server of an earlier start, or a second hello for a server (not believed)
+        self.rejections.add("invalid", ProtocolError(f"{msg.op} from no server of this start"))
+        return None
 
     def send(self, name: str, msg: Message) -> None:
         ident = self.identities[name]
@@ -205,7 +209,7 @@ class DriverLink:
 
     def _to(self, ident: bytes, msg: Message, sender: bytes) -> None:
         try:
-            self.router.send_multipart([ident, *self.session.encode(msg, sender)], copy=False)
+            self.router.send_multipart([ident, *self.session.encode(msg, sender)], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as e:  # the peer is gone: its death is noticed by the checks above
             log.debug("message to a gone peer dropped: %s", e)
 

@@ -207,8 +207,9 @@ class Node:
 
     def reply(self, identity: Peer, msg: Message) -> None:
         try:
-            self.router.send_multipart([identity.route, *self.session.encode(msg, identity.sender)], copy=False)
-        except zmq.ZMQError as e:  # the requester went away (EHOSTUNREACH): nothing to answer
+            self.router.send_multipart([identity.route, *self.session.encode(msg, identity.sender)], zmq.NOBLOCK,
+                                       copy=False)
+        except zmq.ZMQError as e:  # gone (EHOSTUNREACH), or not reading its replies (EAGAIN): never wait on it
             log.debug("reply to a gone peer dropped: %s", e)
 
     def serve_once(self, handle, timeout_ms: int = 100) -> bool:

@@ -352,7 +352,7 @@ class Coordinator:
 
     def _send(self, to: tuple[bytes, bytes], msg: Message) -> None:
         try:
-            self.router.send_multipart([to[0], *self.session.encode(msg, to[1])], copy=False)
+            self.router.send_multipart([to[0], *self.session.encode(msg, to[1])], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as e:
             log.debug("reply to a gone worker dropped: %s", e)
 
