@@ -299,6 +299,9 @@ def _add_train(sub, data) -> None:
                    help="save every layer's weights and Adam state, all at the same epoch, every N epochs and at "
                         "the end, into RUN_DIR/checkpoints/; a dead server is restarted from the newest "
                         "(default 10; 0: never)")
+    c.add_argument("--checkpoint-dir", default=d.checkpoint_dir, metavar="DIR",
+                   help="write checkpoints here instead of RUN_DIR/checkpoints: a folder, or an s3:// prefix that "
+                        "outlives the driver's machine")
     c.add_argument("--max-restarts", type=int, default=d.max_restarts,
                    help="restart the servers after one dies or goes silent at most this often, each time from "
                         f"the newest checkpoint, before the job stops with the reason (default {d.max_restarts})")
@@ -383,7 +386,8 @@ def _run_train(args) -> int:
         from dorylus_py.checkpoint import checkpoint_root
 
         s = train_distributed(cfg, parts, record, norm, show_progress=not args.quiet, cluster=cluster,
-                              resume_from=checkpoint_root(cfg.data) if cfg.resume else None).summary
+                              resume_from=checkpoint_root(cfg.data) if cfg.resume else None,
+                              checkpoint_dir=cfg.checkpoint_dir or None).summary
     print(
         f"best validation accuracy {s['best_val_acc']:.4f} at epoch {s['best_epoch']}, "
         f"test accuracy there {s['test_acc_at_best_val']:.4f}; final loss {s['final_loss']:.4f}; "
@@ -406,6 +410,8 @@ def _add_report(sub) -> None:
     p.add_argument("--plots", metavar="DIR", help="also write PNG plots: accuracy vs time and vs cost, and one "
                    "pipeline timeline per run (its first epochs)")
     p.add_argument("--timeline-epochs", type=int, default=2, help="epochs shown in a timeline (default 2)")
+    p.add_argument("--servers", action="store_true", help="also show what each server did, from its log's start "
+                   "and end lines: partition, peers, Lambda pool, epochs, tasks, relaunches, bytes, peak memory")
     p.set_defaults(run=_run_report)
 
 
@@ -420,6 +426,11 @@ def _run_report(args) -> int:
     prices.hourly(args.as_instance)  # an unknown instance type is an error before any work
     rows = report_rows(args.runs, prices, args.as_instance, args.target_acc)
     print(text_table(rows))
+    if args.servers:
+        from dorylus_py.cost.server_logs import server_rows, server_table
+
+        for run in args.runs:
+            print(f"\nservers of {run}:\n{server_table(server_rows(run))}")
     with tempfile.TemporaryDirectory() as tmp:
         images = []
         if args.plots or args.html:

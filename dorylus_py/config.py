@@ -51,6 +51,7 @@ class TrainConfig:
     relaunch_factor: float = 3.0
     wait_timeout_s: float = 300.0  # any single wait (a peer, a task, the driver) gives up after this
     checkpoint_every: int | None = None  # distributed: checkpoint every N epochs and at the end (None: 10; 0: never)
+    checkpoint_dir: str = ""  # distributed: where checkpoints go, a folder or s3:// prefix ("": RUN_DIR/checkpoints)
     max_restarts: int = 3  # distributed: restart dead servers from the last checkpoint at most this often
     resume: bool = False  # distributed: continue from the newest checkpoint in the partition store
     # --- decentralised modes (gossip, allreduce) ---

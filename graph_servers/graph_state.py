@@ -102,8 +102,13 @@ class GraphState:
     def gather_backward(self, layer: int, chunk: int | None) -> None:
         """``dZ_l`` of the chunk's rows: our own chunks' ``dG_l`` through ``Âᵀ``, plus the peers' parts."""
         dg = torch.from_numpy(self.dG[layer])
-        if chunk is None:
-            self.dZ[layer][:] = torch.sparse.mm(self.adj.transpose, dg)[: self.n].numpy() + self.remote_dz[layer]
+        if chunk is None:  # sync: the peers' parts summed afresh in a fixed order (the same bits every run)
+            remote = self.remote_dz[layer]
+            remote[:] = 0
+            for key in sorted(k for k in self.remote_parts if k[0] == layer):
+                rows, part = self.remote_parts[key]
+                remote[rows] += part
+            self.dZ[layer][:] = torch.sparse.mm(self.adj.transpose, dg)[: self.n].numpy() + remote
         else:
             a, b = self.chunk(chunk)
             self.dZ[layer][a:b] = torch.sparse.mm(self.local_t[chunk], dg).numpy() + self.remote_dz[layer][a:b]

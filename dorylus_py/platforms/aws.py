@@ -46,6 +46,7 @@ def billed_from_log(log_result: str | None) -> int | None:
 
 class AwsLambdaPlatform(Platform):
     name = "aws-lambda"
+    startup_hint_s = 1.0  # a warm invocation starts in tens of ms; a cold one is hedged after a few seconds
 
     def __init__(self, function: str, concurrency: int, memory_mb: int, region: str | None = None,
                  profile: str | None = None, endpoint_url: str | None = None, timeout_s: float = 60.0,
