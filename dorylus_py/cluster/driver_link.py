@@ -170,8 +170,11 @@ class DriverLink:
         raise DorylusError(f"no word from the servers for {timeout_s:.0f} s (logs: {self.run_dir / 'logs'})")
 
     def serve_heartbeats(self) -> None:
-        """Answer what has queued up while the driver does something else (a request, a checkpoint)."""
-        while self.router.poll(0):
+        """Answer what has queued up while the driver does something else (a request, a checkpoint); a
+        bounded number per call, so that a peer flooding the port cannot keep the driver here."""
+        for _ in range(256):
+            if not self.router.poll(0):
+                return
             got = self._one()
             if got is not None:
                 self._held.append(got)
