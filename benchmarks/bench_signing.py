@@ -10,7 +10,9 @@ Variants, each in every process of a job (the driver, servers and emulated Lambd
   construction the issue first suggested; shows why GMAC.
 
 Runs alternate variants, ``--repeats`` times per configuration; the table gives medians of the per-run
-median epoch (epochs 2..) and the ratio to ``unsigned``. Also the codec alone: MB/s through encode and
+median epoch (epochs 2..) and the ratio to ``unsigned``, and the same ratio of the CPU seconds all the
+job's processes used (start-up included, so it understates the per-epoch share; it is less disturbed
+than wall time by other work on a shared machine). Also the codec alone: MB/s through encode and
 decode of a 25.6 MB frame, and microseconds per small message.
 
     python benchmarks/bench_signing.py [--nodes 200000 --edges 4000000 --epochs 6 --repeats 2]
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -60,12 +63,16 @@ def variant_env(tmp: Path, variant: str) -> dict:
     return env
 
 
-def epoch_seconds(parts: Path, run: Path, flags: list[str], epochs: int, env: dict) -> float:
+def epoch_seconds(parts: Path, run: Path, flags: list[str], epochs: int, env: dict) -> tuple[float, float]:
+    """(median epoch seconds, CPU seconds of the whole job: every process, start-up included)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run([sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(run), "--epochs",
                     str(epochs), "--quiet", "--feature-norm", "none", "-k", "2", "--chunks", "4", *flags],
                    check=True, capture_output=True, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return statistics.median(m["epoch_s"] for m in metrics[1:])
+    return statistics.median(m["epoch_s"] for m in metrics[1:]), cpu
 
 
 def codec_alone(variant: str) -> tuple[float, float]:
@@ -112,7 +119,7 @@ def main() -> None:
     load = [os.getloadavg()]
     codec = {v: json.loads(subprocess.run([py, __file__, "--codec", v], check=True, capture_output=True, text=True,
                                           env=variant_env(tmp, "signed")).stdout) for v in variants}
-    times: dict[tuple[str, str], list[float]] = {}
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for r in range(args.repeats):
         for name, flags in CONFIGS:
             for v in (variants if r % 2 == 0 else variants[::-1]):
@@ -121,12 +128,15 @@ def main() -> None:
         load.append(os.getloadavg())
     print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; K=2, 4 chunks per server; "
           f"median of epochs 2..{args.epochs}, median of {args.repeats} runs per cell")
+    others = [v for v in variants if v != "unsigned"]
     print(f"{'configuration':<22}" + "".join(f"{v + ' s':>12}" for v in variants) + "".join(
-        f"{v + '/unsigned':>18}" for v in variants if v != "unsigned"))
+        f"{v + '/unsigned':>18}" for v in others) + "".join(f"{'CPU ' + v + '/unsigned':>22}" for v in others))
     for name, _ in CONFIGS:
-        med = {v: statistics.median(times[(name, v)]) for v in variants}
-        ratios = [f"{med[v] / med['unsigned']:>18.3f}" for v in variants if v != "unsigned" and "unsigned" in med]
-        print(f"{name:<22}" + "".join(f"{med[v]:>12.3f}" for v in variants) + "".join(ratios))
+        med = {v: statistics.median(t for t, _ in times[(name, v)]) for v in variants}
+        cpu = {v: statistics.median(c for _, c in times[(name, v)]) for v in variants}
+        print(f"{name:<22}" + "".join(f"{med[v]:>12.3f}" for v in variants)
+              + "".join(f"{med[v] / med['unsigned']:>18.3f}" for v in others)
+              + "".join(f"{cpu[v] / cpu['unsigned']:>22.3f}" for v in others))
     for v in variants:
         mbs, us = codec[v]
         print(f"codec {v:<9}: {mbs:,.0f} MB/s through encode + decode of a 25.6 MB frame; {us:.0f} us per small round trip")

@@ -12,6 +12,7 @@ sends well-formed results is not what a MAC can stop (docs/architecture.md, thre
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 
@@ -33,6 +34,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st
                     max_leaves=12)
 
 
+@functools.lru_cache(maxsize=2)
 def hypothesis_values(count: int) -> list:
     """``count`` JSON-like values drawn by hypothesis (NaN, infinities, huge integers included)."""
     values: list = []
