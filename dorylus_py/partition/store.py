@@ -56,7 +56,6 @@ def prepare(
     out = Path(out)
     if out.exists() and not overwrite:
         raise DataError(f"{out}: already exists (pass --overwrite to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     say(f"partitioning with {method}")
@@ -83,6 +82,7 @@ def prepare(
         "partition_seconds": round(t_assign, 3),
         "parts": [],
     }
+    out.parent.mkdir(parents=True, exist_ok=True)  # only now: a bad flag or graph leaves no folders behind
     with atomic_dir(out, overwrite=overwrite) as tmp:
         for part in partitions:
             say(f"writing partition {part.index + 1}/{parts}")

@@ -59,7 +59,8 @@ def test_iam_is_least_privilege():
     lam = {s["sid"]: s for s in st["lambda"]}
     assert set(lam) == {"OwnLogs", "VpcNetworkInterfaces", "ReadJobKey"}
     assert lam["OwnLogs"]["resources"] == ["${aws_cloudwatch_log_group.lambda.arn}:*"]
-    assert all(a.startswith("ec2:") and "NetworkInterface" in a or "PrivateIp" in a for a in lam["VpcNetworkInterfaces"]["actions"])
+    assert all(a.startswith("ec2:") and ("NetworkInterface" in a or "PrivateIp" in a)
+               for a in lam["VpcNetworkInterfaces"]["actions"])
     server = {s["sid"]: s for s in st["server"]}
     for role in (lam, server):  # that one secret, read only
         assert role["ReadJobKey"]["actions"] == ["secretsmanager:GetSecretValue"]
