@@ -28,7 +28,9 @@ OPS = {
     "graph-server": ["pull_rows", "push_result", "ghosts", "progress"],
     "weight-server": ["pull_weights", "push_grad", "pull_state", "ping"],
     "driver": ["hello", "heartbeat", "epoch_stats", "tasks", "switch"],
+    "worker": ["steal", "mix", "snapshot", "ping", "report", "row", "average", "dead"],  # decentral peers
 }
+NOT_AN_INDEX = [-1, 99, FAR, 1.5, "1", None, [1], {"a": 1}, True]  # no epoch, batch or rank of a small job
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
                     max_leaves=12)
@@ -94,13 +96,21 @@ def _authentic(role: str, rng: random.Random, values: list) -> Message:
     elif op == "push_grad":  # a gradient of no layer's shape, or not finite float32, or a malformed key
         fields |= {"layer": rng.choice([0, 1, v()]), "version": rng.choice([0, v()]), "key": rng.choice([[1, 0, 0], v()])}
         tensors = {"grad": _array(rng, {(1433, 16), (16, 7)})}
+    elif role == "worker":  # a peer's rank (so the handler sees it), every other field unusable
+        bad = lambda: rng.choice(NOT_AN_INDEX + [x for x in values if type(x) is not int])  # noqa: E731
+        fields = {"rank": rng.choice([0, 2, 2, 7, "0"]), "id": rng.choice([1, 2, None]), "epoch": bad(), "cycle": bad(),
+                  "dead": bad(), "batches": rng.choice([[99], [bad()], bad()]), "row": rng.choice([{"epoch": "1"}, bad()]),
+                  "left": v(), "loss_sum": v(), "count": bad(), "exchanges": bad(), "keep": v()}
+        tensors = {name: _array(rng, {(4,)}) for name in rng.sample(["params", "grad", "tasks", "best"], rng.randrange(3))}
+        if op == "report" and rng.random() < 0.3:
+            tensors["tasks"] = np.frombuffer(b"[" * rng.choice([10, 100_000]), np.uint8)  # deep JSON in a tensor
     elif op in ("hello", "heartbeat"):  # the servers of the job said hello before the fuzzing starts
         fields |= {"role": rng.choice(["graph-server", "weight-server", "x", v()]), "rank": rng.choice([0, 1, 7, v()]),
                    "address": v()}
     else:
         fields |= {"rank": v(), "epoch": v(), "finished": v()}
     if rng.random() < 0.1:
-        op = rng.choice(["format_disk", "stop", "start", "rows", "weights", "ok"])  # unknown, or not this role's
+        op = rng.choice(["format_disk", "start", "rows", "weights", "ok"] + (["stop"] if role != "worker" else []))
     return Message(op, fields, tensors)
 
 
