@@ -95,6 +95,7 @@ def given_flags(argv: list[str]) -> set[str]:
 def build_parser() -> argparse.ArgumentParser:
     from dorylus_py.cli_aws import add_aws
     from dorylus_py.cli_cost import add_cost, add_report
+    from dorylus_py.keys import add_keys_command
 
     p = Parser(prog="dorylus", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"dorylus-py {__version__}")
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report(sub)
     add_cost(sub)
     add_aws(sub)
+    add_keys_command(sub, command)
     _add_server(sub, "graph-server", "run one graph server of a multi-machine job, from a cluster file")
     _add_server(sub, "weight-server", "run one weight server of a multi-machine job, from a cluster file")
     return p
@@ -237,7 +239,9 @@ def _add_prepare(sub, data) -> None:
                    "region and AWS_ENDPOINT_URL from the environment); must be empty unless --overwrite")
     p.add_argument("--partitioner", default="metis", help="metis: minimum edge cut (default); hash: by vertex id")
     p.add_argument("--seed", type=int, default=0, help="METIS seed (default 0)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (refused if its "
+                   "checkpoints/ holds files, unless --delete-checkpoints)")
+    p.add_argument("--delete-checkpoints", action="store_true", help="with --overwrite: delete the store's checkpoints too")
     p.set_defaults(run=_run_prepare)
 
 
@@ -254,7 +258,8 @@ def _run_prepare(args) -> int:
     t0 = time.perf_counter()
     status(f"loading {args.input}")
     graph = load_graph(args.input, _sources(args))
-    m = prepare(graph, args.out, args.partitions, args.partitioner, args.seed, args.overwrite, progress=status)
+    m = prepare(graph, args.out, args.partitions, args.partitioner, args.seed, args.overwrite, progress=status,
+                delete_checkpoints=args.delete_checkpoints)
     print(
         f"wrote {args.out}: {m['partitions']} partitions of {m['nodes']:,} vertices ({m['partitioner']}); "
         f"edge cut {m['edge_cut']:,} of {m['edges']:,} edges ({100 * m['edge_cut_fraction']:.1f} %); "
@@ -462,26 +467,31 @@ def _run_train(args) -> int:
 
 
 def _add_server(sub, role: str, help: str) -> None:
-    p = command(sub, role, help, epilog="The job token is read from the environment variable DORYLUS_TOKEN; "
-                 "the driver (`dorylus train --cluster FILE`) must have the same one.")
+    p = command(sub, role, help, epilog="The job key comes from DORYLUS_KEY (hex), or from the Secrets Manager "
+                "secret the cluster file names (key_secret); the driver (`dorylus train --cluster FILE`) reads the "
+                "same one. With curve_public_key in the cluster file, every connection is encrypted (CurveZMQ).")
     p.add_argument("--cluster", required=True, metavar="FILE", help="cluster file: driver, graph_servers, weight_servers addresses")
     p.add_argument("--rank", type=int, required=True, help="which graph/weight server of the file this is")
-    p.add_argument("--bind", default="0.0.0.0", help="interface to listen on (default all; the file's address is advertised)")
+    p.add_argument("--bind", default="", help="interface to listen on (default: the host of this server's address in "
+                   "the file; 0.0.0.0 for all); the file's address is what peers are told")
     p.set_defaults(run=_run_server, role=role)
 
 
 def _run_server(args) -> int:
+    from dorylus_py.cluster.driver_link import cluster_curve
     from dorylus_py.cluster.node import Stopped, serve
     from dorylus_py.cluster.spec import ClusterSpec
+    from dorylus_py.jobkey import load_job_key
 
     cluster = ClusterSpec.load(args.cluster)
     host, port = ClusterSpec.host_port(cluster.address(args.role, args.rank))
+    key, curve = load_job_key(cluster.key_secret, cluster.region), cluster_curve(cluster)
     if args.role == "graph-server":
         from graph_servers.server import GraphServer as build
     else:
         from dorylus_py.weights.server import WeightServer as build
     try:
-        serve(args.role, build, cluster.driver, args.rank, host, port, bind_host=args.bind)
+        serve(args.role, build, cluster.driver, args.rank, host, port, bind_host=args.bind or None, key=key, curve=curve)
     except Stopped:
         pass
     return 0

@@ -41,21 +41,23 @@ from graph_servers.wire import integer, peer_rows, task_event, task_of
 log = logging.getLogger("dorylus.graph_server")
 
 
-def make_platform(spec: JobSpec, rank: int):
-    """Where this server's tensor tasks run; ``--lambdas`` is shared out among the graph servers."""
+def make_platform(spec: JobSpec, rank: int, node: Node):
+    """Where this server's tensor tasks run; ``--lambdas`` is shared out among the graph servers. In-process
+    workers get a signing session of their own, emulated Lambdas the job key (their own environment)."""
     cfg = spec.config
     if cfg.backend not in ("local", "lambda"):
-        return InprocPlatform(cfg.tensor_threads, cfg.resolved_device())
+        return InprocPlatform(cfg.tensor_threads, cfg.resolved_device(), node.session.sibling())
     per_server = max(1, cfg.lambdas // len(spec.graph_servers))
     seed = cfg.seed * 1000 + rank + 7919 * spec.restart
     if cfg.backend == "local":
         return LocalLambdaPlatform(per_server, cfg.lambda_latency_ms, cfg.lambda_fail_rate, cfg.lambda_memory_mb,
-                                   cfg.lambda_timeout_s, seed=seed, cold_start_ms=cfg.lambda_cold_start_ms)
+                                   cfg.lambda_timeout_s, seed=seed, cold_start_ms=cfg.lambda_cold_start_ms,
+                                   key=node.job_key)
     from dorylus_py.platforms.aws import AwsLambdaPlatform
 
     return AwsLambdaPlatform(cfg.lambda_function, per_server, cfg.lambda_memory_mb, cfg.aws_region or None,
                              cfg.aws_profile or None, cfg.lambda_endpoint or None, cfg.lambda_timeout_s,
-                             run_here=cfg.lambda_run_here, seed=seed)
+                             run_here=cfg.lambda_run_here, seed=seed, key=node.job_key)
 
 
 class GraphServer:
@@ -77,7 +79,7 @@ class GraphServer:
         self.weight_servers = [self._dealer(a) for a in spec.weight_servers]
         self.blocks = weight_blocks(self.model.tensors(), len(spec.weight_servers))
         self.layer_servers = [servers_of_layer(self.blocks, l) for l in range(self.model.num_layers)]
-        self.platform = make_platform(spec, self.k)
+        self.platform = make_platform(spec, self.k, node)
         policy = RelaunchPolicy(cfg.relaunch_min_s, cfg.relaunch_factor, self.platform.startup_hint_s)
         self.scheduler = Scheduler(
             rank=self.k, chunks=self.state.chunks, layers=spec.layers, epochs=cfg.epochs, mode=spec.mode,
@@ -105,10 +107,7 @@ class GraphServer:
             "first_epoch": spec.first_epoch, "restart": spec.restart}))
 
     def _dealer(self, address: str) -> zmq.Socket:
-        sock = self.node.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(address)
-        return sock
+        return self.node.dealer(address)
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -140,7 +139,7 @@ class GraphServer:
             key = inst.key
             weighted = self.by_task[(key.kind, key.train, key.layer)].weights is not None
             servers = [self.spec.weight_servers[w] for w in self.layer_servers[key.layer]] if weighted else []
-            self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.token, inst, servers))
+            self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.curve, inst, servers))
         elif kind is ev.Serve:
             rows = task_rows(self.state, inst.key)
             (a, b), (lo, _) = self.state.chunk(inst.key.chunk), self.state.edges_of(inst.key.chunk)
@@ -255,7 +254,7 @@ class GraphServer:
         for sock in [*self.peers.values(), *self.weight_servers]:
             while sock.poll(0):
                 reply = self.node.receive(sock)
-                if reply.op == "error":
+                if reply is not None and reply.op == "error":
                     raise DorylusError(f"graph server {self.k}: a peer or weight server refused our message: "
                                        f"{reply.get('reason')}")
 

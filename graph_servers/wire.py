@@ -10,18 +10,20 @@ from __future__ import annotations
 from dorylus_py.cluster.job import JobSpec
 from dorylus_py.pipeline.events import Invoke, TaskKey
 from dorylus_py.protocol import Message, ProtocolError, require
+from dorylus_py.protocol.transport import Curve
 
 MAX_INT = 2**53  # JSON integers beyond this are not exact in every reader
 PHASES = ("fwd", "efwd", "bwd", "ebwd")  # what peers send: Z rows (training, evaluation), dZ and score-gradient parts
 
 
-def task_event(spec: JobSpec, rank: int, address: str, token: str, inv: Invoke, weight_servers: list[str]) -> dict:
+def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, inv: Invoke, weight_servers: list[str]) -> dict:
     """The event a tensor worker gets for a copy of a task (the same for every copy but ``attempt``);
-    ``weight_servers``: those holding the task's layer, its lead first (none for a task without weights)."""
+    ``weight_servers``: those holding the task's layer, its lead first (none for a task without weights).
+    No secret: the worker has the job key from its own environment; the CURVE key here is the public one."""
     cfg = spec.config
     key = inv.key
     return {
-        "token": token,
+        "curve_public_key": curve.server_public.decode() if curve else None,
         "graph_server": address,
         "weight_servers": weight_servers,
         "model": cfg.model,

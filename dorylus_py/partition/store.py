@@ -38,8 +38,14 @@ def prepare(
     seed: int = 0,
     overwrite: bool = False,
     progress=None,
+    delete_checkpoints: bool = False,
 ) -> dict:
-    """Partition ``graph`` into ``parts`` and write the store at ``out`` atomically; return the manifest."""
+    """Partition ``graph`` into ``parts`` and write the store at ``out`` atomically; return the manifest.
+    Replacing a store whose ``checkpoints/`` holds files needs ``delete_checkpoints`` too."""
+    if overwrite and not delete_checkpoints:
+        from dorylus_py.checkpoint import refuse_to_delete_checkpoints  # (checkpoint imports this package)
+
+        refuse_to_delete_checkpoints(out)
     if s3.is_s3(out):
         import tempfile
 

@@ -27,12 +27,13 @@ import numpy as np
 import torch
 
 from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import Node, peak_rss_mb, serve_process
+from dorylus_py.cluster.node import REJECTED, Node, Peer, peak_rss_mb, serve_process
 from dorylus_py.models import ModelSpec, build_module, spec_of
 from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.weights.blocks import split, weight_blocks
 from dorylus_py.weights.store import STATE_FIELDS, WeightError, WeightStore
 
+MAX_WAITING = 4096  # deferred pulls: far more than tasks in flight
 log = logging.getLogger("dorylus.weight_server")
 
 
@@ -64,21 +65,23 @@ class WeightServer:
             for layer in self.layers:
                 self.store.restore(layer, {f"{b.name}:{f}": start.tensors[f"{b.name}:{f}"] for b in mine if b.layer == layer
                                            for f in STATE_FIELDS if f"{b.name}:{f}" in start.tensors})
-        self.waiting: list[tuple[bytes, Message]] = []
+        self.waiting: list[tuple[Peer, Message]] = []
         self.duplicates = 0
         self.bytes = {"sent": 0, "received": 0}
         log.info("weight server %d start %s", node.rank, json.dumps({
             "rank": node.rank, "layers": self.layers, "blocks": len(mine), "parameters": int(sum(arrays[b.name].size for b in mine)),
             "peers": len(spec.graph_servers), "first_epoch": spec.first_epoch, "restart": spec.restart}))
 
-    def handle(self, identity: bytes, msg: Message) -> None:
+    def handle(self, identity: Peer, msg: Message) -> None:
         self.bytes["received"] += sum(t.nbytes for t in msg.tensors.values())
         if msg.op == "pull_weights":
             require(msg, "layer", "version")
+            _check_hold(msg.get("hold"))
             if not self._try_pull(identity, msg):
-                self.waiting.append((identity, msg))
+                self._wait(identity, msg)
         elif msg.op == "push_grad":
             require(msg, "layer", "version", "key")
+            _check_gradient(msg)
             applied = self.store.push(int(msg["layer"]), int(msg["version"]), tuple(msg["key"]), dict(msg.tensors))
             self.duplicates += not applied
             self.node.reply(identity, Message("ok" if applied else "duplicate", {"req": msg.get("req")}))
@@ -87,7 +90,7 @@ class WeightServer:
         elif msg.op == "pull_state":
             require(msg, "version")
             if not self._try_pull(identity, msg):
-                self.waiting.append((identity, msg))
+                self._wait(identity, msg)
         elif msg.op == "ping":
             self.node.reply(identity, Message("ok", {"updates": self.store.updates, "duplicates": self.duplicates,
                                                      "req": msg.get("req")}))
@@ -115,11 +118,17 @@ class WeightServer:
             try:
                 if not self._try_pull(identity, msg):
                     still.append((identity, msg))
-            except WeightError as e:
+            except REJECTED as e:
                 self.node.reply(identity, Message("error", {"reason": str(e), "req": msg.get("req")}))
         self.waiting = still
 
-    def _try_pull(self, identity: bytes, msg: Message) -> bool:
+    def _wait(self, identity: Peer, msg: Message) -> None:
+        """Defer a pull of a version still to come; a bounded number, so no peer can pile them up."""
+        if len(self.waiting) >= MAX_WAITING:
+            raise WeightError(f"{MAX_WAITING} pulls are already waiting for versions to come")
+        self.waiting.append((identity, msg))
+
+    def _try_pull(self, identity: Peer, msg: Message) -> bool:
         """Answer a pull of weights or state; False while the version asked for is still to come."""
         version = msg.get("version")
         version = None if version is None else int(version)
@@ -136,6 +145,20 @@ class WeightServer:
         v, arrays = got
         self._reply(identity, Message("weights", {"layer": layer, "version": v, "req": msg.get("req")}, arrays))
         return True
+
+
+def _check_hold(hold) -> None:
+    if hold is not None and not (isinstance(hold, list) and len(hold) == 3 and all(type(x) is int for x in hold)):
+        raise ProtocolError("hold must be null or [epoch, server, chunk]")
+
+
+def _check_gradient(msg: Message) -> None:
+    """Names and shapes are the store's to check; here what any gradient must be."""
+    key = msg["key"]
+    if not msg.tensors or any(g.dtype != np.float32 or not np.isfinite(g).all() for g in msg.tensors.values()):
+        raise ProtocolError("gradients must be finite float32 tensors")
+    if not (isinstance(key, list) and len(key) == 3 and all(type(x) is int for x in key)):
+        raise ProtocolError("key must be [epoch, server, chunk]")
 
 
 def main(argv=None) -> int:

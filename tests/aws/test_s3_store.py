@@ -8,7 +8,7 @@ import boto3
 import numpy as np
 import pytest
 
-from dorylus_py.checkpoint import load_checkpoint
+from dorylus_py.checkpoint import checkpoint_root, load_checkpoint, save_checkpoint
 from dorylus_py.cli import main
 from dorylus_py.data import write_npz
 from dorylus_py.errors import DataError
@@ -104,3 +104,16 @@ def test_many_processes_fetch_the_same_store_at_once(graph_file, bucket):
     assert all(p.returncode == 0 for p in procs), [err[-500:] for _, err in outs]
     sizes = [int(out) for out, _ in outs]
     assert len(set(sizes[0::2])) == 1 and len(set(sizes[1::2])) == 1 and sum(sizes[:2]) == 600
+
+
+def test_overwrite_in_s3_keeps_checkpoints_unless_told(small_graph, tmp_path, moto_url, capsys):
+    boto3.client("s3").create_bucket(Bucket="bkt")
+    write_npz(small_graph, tmp_path / "g.npz")
+    prepare = ["prepare", str(tmp_path / "g.npz"), "-k", "2", "--out", "s3://bkt/datasets/g"]
+    assert main(prepare) == 0
+    save_checkpoint(checkpoint_root("s3://bkt/datasets/g"), 1, {"W0": np.ones(2, np.float32)})
+    capsys.readouterr()
+    assert main([*prepare, "--overwrite"]) == 2 and "s3://bkt/datasets/g/checkpoints: holds 2" in capsys.readouterr().err
+    assert main([*prepare, "--overwrite", "--delete-checkpoints"]) == 0
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="bkt")["Contents"]]
+    assert not [k for k in keys if "/checkpoints/" in k]

@@ -101,11 +101,14 @@ def test_same_entry_point_under_torchrun(tmp_path, small_npz):
     import subprocess
     import sys
 
+    import os
+
     out = tmp_path / "tr"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "dorylus_py",
          "train", "--data", str(small_npz), "--mode", "gossip", "--epochs", "2", "--clusters", "8", "--quiet",
-         "--out", str(out)], capture_output=True, text=True, timeout=300, check=False)
+         "--out", str(out)], capture_output=True, text=True, timeout=300, check=False,
+        env=dict(os.environ, DORYLUS_KEY="ef" * 32))
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["batches_trained"] == 4 and summary["epochs"] == 2
