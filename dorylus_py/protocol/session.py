@@ -48,7 +48,7 @@ MIN_KEY_BYTES = 16
 class Limits:
     """What a receiver accepts before it spends a MAC on a message (raise the chunk count for huge partitions)."""
 
-    max_tensors: int = 16
+    max_tensors: int = 1024  # a weight server's whole state: 5 arrays per tensor block it holds (GAT: 4 tensors a layer)
     max_frame_bytes: int = 2**31 - 1  # one tensor (GMAC's limit): a 4 M x 128 float32 chunk is just over
     max_message_bytes: int = 2**32
 
