@@ -37,7 +37,7 @@ from dorylus_py.errors import DorylusError
 from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
 from dorylus_py.partition.partitioners import assign
 from dorylus_py.progress import progress_bar, status
-from dorylus_py.training.record import RunRecord
+from dorylus_py.training.record import RunRecord, end_record, end_status
 from dorylus_py.training.reference import TrainResult, input_features, model_dims
 
 
@@ -112,8 +112,12 @@ def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict,
                      "--world", str(cfg.workers), "--store", f"127.0.0.1:{store.port}"],
                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         _watch(cfg, procs, run_dir, bar)
-    except KeyboardInterrupt:
-        raise DorylusError(f"interrupted; every worker stopped (run record so far in {run_dir})") from None
+    except BaseException as e:  # the workers write the record; a job stopped from here ends it here
+        _wait_or_kill(procs, 0)
+        end_record(run_dir, end_status(e))
+        if isinstance(e, KeyboardInterrupt):
+            raise DorylusError(f"interrupted; every worker stopped (run record so far in {run_dir})") from None
+        raise
     finally:
         bar.close()
         _wait_or_kill(procs, 0)

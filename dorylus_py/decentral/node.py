@@ -288,6 +288,8 @@ class Node:
 
     def _on_snapshot(self, sender: int, msg: Message) -> Message:
         epoch, keep = _int(msg["epoch"]), bool(msg.get("keep"))
+        if keep and not 1 <= epoch <= self.cfg.epochs:  # bounded: no peer makes us keep snapshots without end
+            raise ProtocolError(f"snapshot: epoch {epoch} is not one of this run's 1..{self.cfg.epochs}")
         with self.lock:
             mine = self.params()
             if keep:

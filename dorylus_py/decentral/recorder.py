@@ -90,8 +90,9 @@ class Recorder:
         self.record.log_epoch(row)
         self.record.log_tasks(tasks)
         best = self.best.update(epoch, acc["val"], acc["test"])
-        if best:
+        if best:  # written now, so a run interrupted later still has its best model
             self.best_params = params
+            self.record.save_weights("best_weights.npz", model_weights(self.model))
         return row, best
 
     def finish(self, rows: list[dict], batches_per_worker: list[int], params: np.ndarray, **fields) -> dict:
