@@ -224,8 +224,11 @@ class _Run:
             elif msg.op == "epoch_stats":
                 epoch = int(msg["epoch"])
                 pending.setdefault(epoch, []).append(msg.fields)
-                if len(pending[epoch]) == k_parts and self.epoch_done(link, epoch, pending.pop(epoch)):
-                    return  # the target accuracy is reached
+                if len(pending[epoch]) == k_parts:
+                    if self.epoch_done(link, epoch, pending.pop(epoch)):
+                        return  # the target accuracy is reached
+                    for w in range(self.plan.weight_servers):  # recorded: its snapshot may go
+                        link.send(f"weight-server-{w}", Message("release", {"version": self.plan.version(epoch)}))
             elif msg.op == "switch":
                 frozen[name] = int(msg["frozen_at"])
                 if len(frozen) == k_parts:

@@ -25,7 +25,7 @@ OPS = frozenset(
         # graph server <-> graph server
         "ghosts", "progress",
         # driver <-> servers
-        "hello", "start", "switch", "epoch_stats", "tasks", "stop", "ping", "heartbeat",
+        "hello", "start", "switch", "release", "epoch_stats", "tasks", "stop", "ping", "heartbeat",
         # decentralised worker <-> worker (dorylus_py/decentral; also ping and stop)
         "steal", "mix", "snapshot", "report", "dead", "row", "average",
         # replies

@@ -8,6 +8,8 @@ Requests (``protocol/messages.py``); tensors are named by block (``W0.1``: rows 
 - ``pull_state {version|null}`` -> ``state`` + ``BLOCK:FIELD`` for every block here and each of
   ``W``, ``adam_m``, ``adam_v``, ``adam_step``, ``version``: what a checkpoint keeps, every layer at
   the same epoch boundary (deferred like a pull).
+- from the driver, ``release {version}``: it has recorded every epoch up to there, so older epoch
+  snapshots may go (until then they stay, however far training runs ahead of a slow driver).
 
 The ``start`` message carries the job spec and, when the job resumes from a checkpoint, the state
 of this server's blocks as tensors (``BLOCK:FIELD``), so no weight server reads a checkpoint.
@@ -68,6 +70,7 @@ class WeightServer:
         self.waiting: list[tuple[Peer, Message]] = []
         self.duplicates = 0
         self.bytes = {"sent": 0, "received": 0}
+        node.on_driver = self.on_driver
         log.info("weight server %d start %s", node.rank, json.dumps({
             "rank": node.rank, "layers": self.layers, "blocks": len(mine), "parameters": int(sum(arrays[b.name].size for b in mine)),
             "peers": len(spec.graph_servers), "first_epoch": spec.first_epoch, "restart": spec.restart}))
@@ -96,6 +99,14 @@ class WeightServer:
                                                      "req": msg.get("req")}))
         else:
             raise ProtocolError(f"op {msg.op} is not served by a weight server")
+
+    def on_driver(self, msg: Message) -> None:
+        if msg.op != "release":
+            raise ProtocolError(f"op {msg.op} from the driver is not for a weight server")
+        version = msg["version"]
+        if type(version) is not int or version < 0:
+            raise ProtocolError("release: version must be a non-negative integer")
+        self.store.release(version)
 
     def run(self) -> None:
         while True:

@@ -14,7 +14,8 @@ so no gradient is ever applied twice.
 
 **Epoch snapshots**: at every version that ends an epoch's worth of updates (every version with epoch
 updates, every ``updates_per_epoch``-th with chunk updates) the store keeps a copy of the weights and
-Adam's state, the newest ``keep`` of them. A checkpoint or the best epoch's weights are read from
+Adam's state: the newest ``keep`` of them, and every one the driver has not yet released (it
+releases each epoch once recorded). A checkpoint or the best epoch's weights are read from
 them, so every layer is taken at the same epoch even while training has moved on (a consistent
 checkpoint without stopping anyone).
 """
@@ -34,6 +35,7 @@ class WeightError(DorylusError):
     """A request the weight store cannot serve (unknown layer, freed version, shape mismatch)."""
 
 
+MAX_SNAPSHOTS = 64  # per layer: the most a driver that does not release them can make a weight server keep
 STATE_FIELDS = ("W", "adam_m", "adam_v", "adam_step", "version")  # what a checkpoint keeps per array
 
 
@@ -66,6 +68,7 @@ class WeightStore:
         self.update = update
         self.expected = expected
         self.keep = keep
+        self.released = -1  # the driver has recorded every epoch up to this version (see release)
         self.lr = lr
         self.updates_per_epoch = expected if update == "chunk" else 1
         self.layers: dict[int, _Layer] = {}
@@ -153,7 +156,19 @@ class WeightStore:
                      f"{name}:adam_step": np.array(float(p.step), np.float64),
                      f"{name}:version": np.array(st.version, np.int64)}
         st.snapshots[st.version] = snap
-        while len(st.snapshots) > self.keep:
+        self._prune(st)
+
+    def release(self, version: int) -> None:
+        """The driver has recorded every epoch up to ``version``: snapshots before it may go (the
+        newest ``keep`` always stay). Until then they are kept, so a driver that falls behind the
+        training (a loaded machine) still finds the epoch it asks for, up to ``MAX_SNAPSHOTS``."""
+        self.released = max(self.released, version)
+        for st in self.layers.values():
+            self._prune(st)
+
+    def _prune(self, st: _Layer) -> None:
+        while len(st.snapshots) > self.keep and (next(iter(st.snapshots)) < self.released
+                                                 or len(st.snapshots) > MAX_SNAPSHOTS):
             st.snapshots.popitem(last=False)
 
     def restore(self, layer: int, state: dict[str, np.ndarray]) -> None:

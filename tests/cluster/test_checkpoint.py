@@ -75,3 +75,5 @@ def test_every_checkpoint_holds_all_layers_at_one_epoch(small_graph, tmp_path, m
             assert [int(z[f"W{l}:version"]) for l in range(3)] == [epoch] * 3, f.name
             assert [float(z[f"W{l}:adam_step"]) for l in range(3)] == [epoch] * 3
     assert len(list(folder.glob("epoch-*.npz"))) == 7
+    for log in (tmp_path / "r" / "logs").glob("*.log"):  # the driver's releases of recorded epochs were taken
+        assert "refused" not in log.read_text(), log.name

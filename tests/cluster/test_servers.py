@@ -14,6 +14,7 @@ from dorylus_py.cluster.node import Node
 from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
 from dorylus_py.pipeline.events import Tick
+from dorylus_py.protocol import ProtocolError
 from dorylus_py.platforms import Platform
 from dorylus_py.protocol import Message, Session
 from dorylus_py.weights.server import WeightServer
@@ -175,6 +176,11 @@ def test_weight_server_rejects_bad_messages_and_keeps_serving(driver):
         assert client.ask(ws.handle, push).op == "ok"
         assert client.ask(ws.handle, push).op == "duplicate"
         assert ws.store.latest(1) == 1
+        ws.on_driver(Message("release", {"version": 1}))  # the driver recorded epoch 1: older snapshots may go
+        assert ws.store.released == 1
+        for bad in ({"version": -1}, {"version": "1"}, {"version": True}, {}):
+            with pytest.raises((ProtocolError, KeyError)):
+                ws.on_driver(Message("release", bad))
     finally:
         client.close()
         node.close()

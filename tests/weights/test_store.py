@@ -72,10 +72,32 @@ def test_epoch_snapshots_hold_weights_and_adam_state_of_one_version():
         store.push(0, epoch - 1, (epoch, 0, 0), gr)
     assert [int(store.state(0, v)["W:version"]) for v in (2, 3)] == [2, 3]
     assert float(store.state(0, 3)["W:adam_step"]) == 3 and store.state(0, 4) is None  # to come: the pull waits
+    assert int(store.state(0, 1)["W:version"]) == 1  # beyond the newest two, but the driver has not recorded it
+    store.release(3)
     with pytest.raises(WeightError, match="no epoch snapshot"):
-        store.state(0, 1)  # only the newest two are kept
+        store.state(0, 1)  # recorded: only the newest two are kept
     with pytest.raises(WeightError, match="out of reach"):
         store.pull(0, 10**6)
+
+
+def test_a_driver_behind_the_training_finds_its_epoch_until_it_releases_it():
+    """Training runs ahead of a busy driver (it records epochs, pulls best weights): the snapshots it
+    has not recorded stay, bounded by MAX_SNAPSHOTS; once released, the newest ``keep`` remain."""
+    from dorylus_py.weights.store import MAX_SNAPSHOTS
+
+    store = WeightStore(init(), lr=0.1, weight_decay={}, update="epoch", expected=1, keep=2)
+    gr = g(np.ones((4, 3), np.float32))
+    for epoch in range(1, 11):
+        store.push(0, epoch - 1, (epoch, 0, 0), gr)
+    store.release(4)
+    assert int(store.state(0, 4)["W:version"]) == 4  # the one released last stays (the driver may end there)
+    with pytest.raises(WeightError, match="no epoch snapshot"):
+        store.state(0, 3)
+    for epoch in range(11, MAX_SNAPSHOTS + 20):
+        store.push(0, epoch - 1, (epoch, 0, 0), gr)
+    with pytest.raises(WeightError, match="no epoch snapshot"):
+        store.state(0, 4)  # a driver this far behind has lost it
+    assert len(store.layers[0].snapshots) == MAX_SNAPSHOTS
 
 
 def test_errors():
