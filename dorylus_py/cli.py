@@ -136,7 +136,7 @@ def _config_from_args(cls, args):
 
 
 def _run_synth(args) -> int:
-    from dorylus_py.data import SynthConfig, generate, write_npz
+    from dorylus_py.data.synth import SynthConfig, write_synth
     from dorylus_py.progress import status
 
     out = Path(args.out)
@@ -144,10 +144,7 @@ def _run_synth(args) -> int:
     cfg = _config_from_args(SynthConfig, args)
     cfg.check()
     t0 = time.perf_counter()
-    graph = generate(cfg, progress=status)
-    status(f"writing {out}")
-    write_npz(graph, out)
-    s = graph.summary()
+    s = write_synth(cfg, out, progress=status)
     print(
         f"wrote {out}: {s['nodes']:,} vertices, {s['edges']:,} edges, {s['features']} features, "
         f"{s['classes']} classes, split {s['train']:,}/{s['val']:,}/{s['test']:,} "
