@@ -181,7 +181,7 @@ def _run_check(args) -> int:
 
 
 def _add_prepare(sub, data) -> None:
-    from dorylus_py.partition import PARTITIONERS
+    from dorylus_py.partition import FEATURE_DTYPES, PARTITIONERS
 
     p = _command(
         sub,
@@ -189,34 +189,53 @@ def _add_prepare(sub, data) -> None:
         "partition a dataset for K graph servers: per-partition Gather CSR over [local | ghost] "
         "columns, ghost maps, send lists, features, labels, masks and a checksummed manifest",
         [data],
-        DATA_FORMATS,
+        DATA_FORMATS + "\nAn .npz input is streamed: memory stays at a few hundred bytes per vertex whatever the\n"
+        "edge count (METIS, when it is chosen, needs its own: about 200 bytes per edge).\n",
     )
     p.add_argument("input", metavar="INPUT", help="dataset (see formats below)")
     p.add_argument("--partitions", "-k", type=int, required=True, help="number of partitions (graph servers)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder, or s3://BUCKET/PREFIX (AWS credentials, "
                    "region and AWS_ENDPOINT_URL from the environment); must be empty unless --overwrite")
-    p.add_argument("--partitioner", choices=PARTITIONERS, default="metis", help="metis: minimum edge cut (default); hash: by vertex id")
-    p.add_argument("--seed", type=int, default=0, help="METIS seed (default 0)")
+    p.add_argument("--partitioner", choices=PARTITIONERS, default="auto",
+                   help="metis: minimum edge cut, needs memory; fennel: streaming, a few passes, bounded memory; "
+                        "hash: by vertex id; auto (default): metis when its memory estimate fits --memory-budget, "
+                        "else fennel (the choice is printed)")
+    p.add_argument("--memory-budget", type=float, metavar="GB", help="auto: memory METIS may use (default: 3/4 of "
+                   "the memory available now)")
+    p.add_argument("--feature-dtype", choices=FEATURE_DTYPES, default="float32",
+                   help="how features are stored; graph servers compute in float32 (default float32)")
+    p.add_argument("--scratch", metavar="DIR", help="folder for temporary files, about 16 bytes per edge "
+                   "(default: beside --out)")
+    p.add_argument("--seed", type=int, default=0, help="METIS / Fennel seed (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(run=_run_prepare)
 
 
 def _run_prepare(args) -> int:
-    from dorylus_py.data import load_graph
     from dorylus_py.partition import prepare
     from dorylus_py.partition.s3 import is_s3
+    from dorylus_py.partition.source import open_source
     from dorylus_py.progress import status
 
     if not is_s3(args.out) and Path(args.out).exists() and not args.overwrite:
         raise DorylusError(f"{args.out}: already exists (pass --overwrite to replace it)")
+    if args.memory_budget is not None and args.memory_budget <= 0:
+        raise DorylusError(f"--memory-budget must be > 0 GB, got {args.memory_budget}")
+    if args.scratch and not Path(args.scratch).is_dir():
+        raise DorylusError(f"{args.scratch}: --scratch is not a folder")
     t0 = time.perf_counter()
-    status(f"loading {args.input}")
-    graph = load_graph(args.input, _sources(args))
-    m = prepare(graph, args.out, args.partitions, args.partitioner, args.seed, args.overwrite, progress=status)
+    status(f"reading {args.input}")
+    source = open_source(args.input, _sources(args))
+    budget = None if args.memory_budget is None else int(args.memory_budget * 2**30)
+    m = prepare(source, args.out, args.partitions, args.partitioner, args.seed, args.overwrite, progress=status,
+                feature_dtype=args.feature_dtype, memory_budget=budget, scratch=args.scratch)
+    if m["partitioner_note"]:
+        print(f"partitioner auto: {m['partitioner_note']}")
     print(
         f"wrote {args.out}: {m['partitions']} partitions of {m['nodes']:,} vertices ({m['partitioner']}); "
-        f"edge cut {m['edge_cut']:,} of {m['edges']:,} edges ({100 * m['edge_cut_fraction']:.1f} %); "
-        f"balance {m['balance']:.3f} (largest / mean); {time.perf_counter() - t0:.1f} s"
+        f"edge cut {m['edge_cut']:,} of {m['edges']:,} edges ({100 * m['edge_cut_fraction']:.1f} %, hash would cut "
+        f"{100 * m['hash_edge_cut_fraction']:.1f} %); balance {m['balance']:.3f} (largest / mean); "
+        f"{time.perf_counter() - t0:.1f} s"
     )
     return 0
 
@@ -269,7 +288,8 @@ def _add_train(sub, data) -> None:
     c.add_argument("--async-update", choices=("epoch", "chunk"), default=d.async_update,
                    help="async: one weight update per epoch's worth of chunk gradients, taken without a barrier "
                         "(default; Cora 81 %%), or one per chunk gradient (78 %%)")
-    c.add_argument("--partitioner", choices=("metis", "hash"), default="metis", help="when --data is not a prepared folder (default metis)")
+    c.add_argument("--partitioner", choices=("auto", "metis", "fennel", "hash"), default="auto",
+                   help="when --data is not a prepared folder (default auto; see `dorylus prepare --help`)")
     c.add_argument("--lambdas", type=int, default=d.lambdas, help=f"local: concurrent emulated Lambdas in all (default {d.lambdas})")
     c.add_argument("--lambda-latency-ms", type=float, default=d.lambda_latency_ms, help="local: injected latency per invocation (default 0)")
     c.add_argument("--lambda-fail-rate", type=float, default=d.lambda_fail_rate, help="local: chance an invocation fails (default 0)")

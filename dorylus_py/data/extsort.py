@@ -4,7 +4,7 @@ Edges are keys (``row * n + col``); sorting them groups a CSR's rows, and de-dup
 repeated edges. A graph of 200 M edges is 1.6 GB of keys, more than a streaming step may hold, so
 keys are appended to ``buckets`` files by key range as they arrive (``add``), and then each bucket
 alone is loaded, sorted and de-duplicated (``compact``, ``sorted_buckets``). Memory is one bucket
-(``bucket_keys`` keys, 64 MB by default) plus the block being added, whatever the number of keys;
+(``BUCKET_KEYS`` keys, 64 MB) plus the block being added, whatever the number of keys;
 the buckets come out in key order, so concatenated they are the sorted unique keys.
 """
 
@@ -17,9 +17,13 @@ from pathlib import Path
 import numpy as np
 
 
+BUCKET_KEYS = 1 << 23  # keys per bucket aimed at: 64 MB
+
+
 class KeyBuckets:
-    def __init__(self, folder: Path, limit: int, expected: int, bucket_keys: int = 1 << 23, name: str = "keys"):
+    def __init__(self, folder: Path, limit: int, expected: int, name: str = "keys", bucket_keys: int | None = None):
         """Keys lie in ``[0, limit)``; about ``expected`` of them will be added."""
+        bucket_keys = bucket_keys or BUCKET_KEYS
         self.count = max(1, min(1 << 15, math.ceil(max(expected, 1) / bucket_keys)))
         self.width = max(1, math.ceil(max(limit, 1) / self.count))
         self.paths = [Path(folder) / f"{name}-{b:05d}.bin" for b in range(self.count)]
