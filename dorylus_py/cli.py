@@ -293,6 +293,9 @@ def _add_train(sub, data) -> None:
     c.add_argument("--lambdas", type=int, default=d.lambdas, help=f"local: concurrent emulated Lambdas in all (default {d.lambdas})")
     c.add_argument("--lambda-latency-ms", type=float, default=d.lambda_latency_ms, help="local: injected latency per invocation (default 0)")
     c.add_argument("--lambda-fail-rate", type=float, default=d.lambda_fail_rate, help="local: chance an invocation fails (default 0)")
+    c.add_argument("--lambda-cold-start-ms", type=float, default=d.lambda_cold_start_ms,
+                   help="local: the first invocation on each emulated Lambda (and on each replacement of a dead "
+                        "one) waits this long, as a cold container does (default 0)")
     c.add_argument("--lambda-memory-mb", type=int, default=d.lambda_memory_mb, help=f"billed Lambda memory (default {d.lambda_memory_mb})")
     c.add_argument("--lambda-timeout-s", type=float, default=d.lambda_timeout_s, help=f"a Lambda's time limit (default {d.lambda_timeout_s:.0f})")
     c.add_argument("--lambda-function", default=d.lambda_function, help="lambda: function name or ARN (default: the cluster file's)")
@@ -306,8 +309,12 @@ def _add_train(sub, data) -> None:
     c.add_argument("--device", default=d.device, help="cpu/gpu backends and gossip/allreduce workers: torch device "
                    "(default cuda for --backend gpu, else cpu)")
     c.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="N",
-                   help="save weights, Adam state and epoch every N epochs and at the end, into the partition "
-                        "store's checkpoints/ (a folder or s3://); default 0: never")
+                   help="save every layer's weights and Adam state, all at the same epoch, every N epochs and at "
+                        "the end, into RUN_DIR/checkpoints/; a dead server is restarted from the newest "
+                        "(default 10; 0: never)")
+    c.add_argument("--max-restarts", type=int, default=d.max_restarts,
+                   help="restart the servers after one dies or goes silent at most this often, each time from "
+                        f"the newest checkpoint, before the job stops with the reason (default {d.max_restarts})")
     c.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in the partition store's checkpoints/: weights, Adam "
                         "state and epoch; training goes on to --epochs (needs --data to be a prepared store)")
@@ -386,7 +393,10 @@ def _run_train(args) -> int:
 
         record = RunRecord(run_dir, config, overwrite=args.overwrite)
         parts = _partitions_for(cfg, graph, run_dir, args.partitioner)
-        s = train_distributed(cfg, parts, record, norm, show_progress=not args.quiet, cluster=cluster).summary
+        from dorylus_py.checkpoint import checkpoint_root
+
+        s = train_distributed(cfg, parts, record, norm, show_progress=not args.quiet, cluster=cluster,
+                              resume_from=checkpoint_root(cfg.data) if cfg.resume else None).summary
     print(
         f"best validation accuracy {s['best_val_acc']:.4f} at epoch {s['best_epoch']}, "
         f"test accuracy there {s['test_acc_at_best_val']:.4f}; final loss {s['final_loss']:.4f}; "

@@ -37,6 +37,7 @@ class TrainConfig:
     lambdas: int = 4  # local: emulated Lambdas running at once, shared out among graph servers
     lambda_latency_ms: float = 0.0  # local: injected invoke latency per task
     lambda_fail_rate: float = 0.0  # local: chance that an invocation fails (before or part-way)
+    lambda_cold_start_ms: float = 0.0  # local: the first invocation on each emulated worker waits this long
     lambda_memory_mb: int = 3008  # billed memory per Lambda (AWS bills GB-seconds)
     lambda_timeout_s: float = 60.0  # a Lambda's own time limit
     lambda_function: str = ""  # lambda: the function's name or ARN (or the cluster file's "lambda_function")
@@ -49,7 +50,8 @@ class TrainConfig:
     relaunch_min_s: float = 5.0  # relaunch a task after max(this, factor x its kind's average)
     relaunch_factor: float = 3.0
     wait_timeout_s: float = 300.0  # any single wait (a peer, a task, the driver) gives up after this
-    checkpoint_every: int = 0  # distributed: checkpoint weights + Adam state every N epochs and at the end (0: never)
+    checkpoint_every: int | None = None  # distributed: checkpoint every N epochs and at the end (None: 10; 0: never)
+    max_restarts: int = 3  # distributed: restart dead servers from the last checkpoint at most this often
     resume: bool = False  # distributed: continue from the newest checkpoint in the partition store
     # --- decentralised modes (gossip, allreduce) ---
     workers: int = 4  # data-parallel worker processes
@@ -111,8 +113,10 @@ class TrainConfig:
             self.check_device()
         if self.backend == "lambda" and not self.lambda_function:
             raise ConfigError("--backend lambda needs --lambda-function NAME (or \"lambda_function\" in the cluster file)")
-        if self.checkpoint_every < 0:
+        if self.checkpoint_every is not None and self.checkpoint_every < 0:
             raise ConfigError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        if self.max_restarts < 0 or self.lambda_cold_start_ms < 0:
+            raise ConfigError("--max-restarts and --lambda-cold-start-ms must be >= 0")
         if self.relaunch_min_s <= 0 or self.relaunch_factor < 1 or self.wait_timeout_s <= 0:
             raise ConfigError("--relaunch-min-s and --wait-timeout-s must be > 0, --relaunch-factor >= 1")
 
@@ -146,6 +150,12 @@ class TrainConfig:
             who = f"--mode {self.mode}" if self.mode in DECENTRAL_MODES else f"--backend {self.backend}"
             raise ConfigError(f"{who} wants device {device}, but torch sees no CUDA device "
                               "(use --device cpu, or --backend cpu)")
+
+    def checkpoint_interval(self) -> int:
+        """Epochs between checkpoints (0: none): every 10 for distributed runs unless set."""
+        if self.backend == "reference" or self.mode in DECENTRAL_MODES:
+            return 0
+        return 10 if self.checkpoint_every is None else self.checkpoint_every
 
     def resolved_device(self) -> str:
         return self.device or ("cuda" if self.backend == "gpu" else "cpu")

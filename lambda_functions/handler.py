@@ -8,8 +8,12 @@ the first result of a task and only then forwards its gradient to the weight ser
 gradient take effect together, exactly once, however often the task was launched. Dropout masks are a
 function of ``(seed, epoch, layer, vertex id)``, so a relaunch computes exactly the same result.
 
+A copy of a task that the graph server no longer wants (another copy finished first, or the epoch
+moved on) is told so in the reply to its first request (``cancel``) and stops at once; every reply,
+errors included, carries the request id, so no copy waits out a timeout for an answer that came.
+
 Event: ``{"token", "graph_server", "weight_servers", "dropout", "seed", "num_train", "device",
-"task": {"kind": fwd|bwd|loss|eval, "epoch", "layer", "chunk", "server", "version", "train"}}``.
+"task": {"kind": fwd|bwd|loss|eval, "epoch", "layer", "chunk", "server", "version", "train", "attempt"}}``.
 Sockets are cached per process (and per thread), as a warm Lambda container keeps them.
 """
 
@@ -27,7 +31,7 @@ from dorylus_py.kernels.dropout import dropout_keep_mask
 from dorylus_py.kernels.gcn_ops import apply_vertex_backward, apply_vertex_forward, correct_counts, softmax_cross_entropy
 from dorylus_py.protocol import Message, ProtocolError, decode, encode
 
-REQUEST_TIMEOUT_MS = 60_000
+REQUEST_TIMEOUT_MS = 30_000  # no single answer takes longer (a dead server: the task is relaunched)
 SAFETY_MARGIN_MS = 500  # give up (and let the graph server relaunch) this close to the Lambda timeout
 
 _local = threading.local()
@@ -38,14 +42,25 @@ class TaskAborted(RuntimeError):
     """The task cannot finish (time running out, a server error); the graph server will relaunch it."""
 
 
+class TaskCancelled(Exception):
+    """The graph server does not want this copy (already done, or no longer running): stop."""
+
+
 def handler(event: dict, context=None) -> dict:
     t0 = time.perf_counter()
+    try:
+        return _run(event, context) | {"seconds": time.perf_counter() - t0}
+    except TaskCancelled as e:
+        return {"status": "cancelled", "reason": str(e), "seconds": time.perf_counter() - t0}
+
+
+def _run(event: dict, context) -> dict:
     task = event["task"]
     device = torch.device(event.get("device", "cpu"))
     token = event["token"]
     gs = _socket(event["graph_server"])
     _check_time(context)
-    rows = _request(gs, Message("pull_rows", {"task": task}), token)
+    rows = _request(gs, Message("pull_rows", {"task": task}), token, context)
     start, stop, id_start = rows["start"], rows["stop"], rows["id_start"]
     t = {k: torch.from_numpy(np.array(v, copy=False)).to(device) for k, v in rows.tensors.items()}
     kind, layer = task["kind"], task["layer"]
@@ -60,7 +75,8 @@ def handler(event: dict, context=None) -> dict:
     if kind in ("fwd", "bwd"):
         ws = _socket(event["weight_servers"][layer % len(event["weight_servers"])])
         _check_time(context)
-        got = _request(ws, Message("pull_weights", {"layer": layer, "version": task["version"], "hold": task.get("hold")}), token)
+        got = _request(ws, Message("pull_weights", {"layer": layer, "version": task["version"], "hold": task.get("hold")}),
+                       token, context)
         w = torch.from_numpy(np.array(got.tensors["W"])).to(device)
         fields["version"] = got["version"]
         if kind == "fwd":
@@ -80,8 +96,8 @@ def handler(event: dict, context=None) -> dict:
         raise ProtocolError(f"unknown task kind {kind!r}")
 
     _check_time(context)
-    ack = _request(gs, Message("push_result", fields, {k: _np(v) for k, v in out.items()}), token)
-    return {"status": ack.op, "seconds": time.perf_counter() - t0}
+    ack = _request(gs, Message("push_result", fields, {k: _np(v) for k, v in out.items()}), token, context)
+    return {"status": ack.op}
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
@@ -106,20 +122,28 @@ def _socket(address: str) -> zmq.Socket:
     return sock
 
 
-def _request(sock: zmq.Socket, msg: Message, token: str) -> Message:
+def _request(sock: zmq.Socket, msg: Message, token: str, context=None) -> Message:
     """Send and wait for the reply with the same request id (stale replies of an earlier,
-    abandoned invocation on this warm socket are skipped)."""
+    abandoned invocation on this warm socket are skipped), no longer than the Lambda has left."""
     req = f"{id(threading.current_thread())}-{next(_req_ids)}"
     msg.fields["req"] = req
     sock.send_multipart(encode(msg, token), copy=False)
-    deadline = time.monotonic() + REQUEST_TIMEOUT_MS / 1000
+    wait_ms = REQUEST_TIMEOUT_MS
+    if context is not None:
+        wait_ms = min(wait_ms, context.get_remaining_time_in_millis() - SAFETY_MARGIN_MS)
+    deadline = time.monotonic() + max(0, wait_ms) / 1000
     while (left := deadline - time.monotonic()) > 0:
         if not sock.poll(int(left * 1000) + 1):
             break
-        reply = decode(sock.recv_multipart(copy=False), token)
+        try:
+            reply = decode(sock.recv_multipart(copy=False), token)
+        except ProtocolError:
+            continue  # not a reply we can trust: keep waiting for ours
         if reply.get("req") != req:
             continue
         if reply.op == "error":
             raise TaskAborted(f"{msg.op} refused: {reply.get('reason')}")
+        if reply.op == "cancel":
+            raise TaskCancelled(reply.get("reason") or "not wanted")
         return reply
-    raise TaskAborted(f"{msg.op}: no reply within {REQUEST_TIMEOUT_MS} ms")
+    raise TaskAborted(f"{msg.op}: no reply within {max(0, wait_ms)} ms")

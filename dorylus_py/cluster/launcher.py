@@ -1,278 +1,291 @@
-"""The driver: start every process of a job on this machine, run it, record it, stop it cleanly.
+"""The driver: start every process of a job, run it, record it, restart it when a server dies, stop it.
 
 Weight servers and graph servers are separate OS processes (``python -m dorylus_py.weights``,
 ``python -m graph_servers``) in their own sessions, so a Ctrl-C reaches only the driver, which then
-stops them all. They bind any free port and say hello with their address; the driver answers each
-with ``start`` and the full address map. Each epoch, every graph server sends its statistics and task
-records; the driver adds them up into ``metrics.jsonl`` and ``tasks.jsonl``. A child that dies, a
-silence longer than the wait timeout, or Ctrl-C stops the job with a one-line reason; no child is left.
+stops them all. Each epoch, every graph server sends its statistics and task records; the driver adds
+them up into ``metrics.jsonl`` and ``tasks.jsonl``, keeps the best epoch's weights, and every
+``checkpoint_interval()`` epochs takes a checkpoint: every layer's weights and Adam state at the
+version that ended that epoch (the weight servers keep epoch snapshots, so the checkpoint is
+consistent while training runs on). It is written to ``RUN_DIR/checkpoints`` and kept in memory.
+
+Recovery: when a server process dies or goes silent (:class:`ServerLost`, noticed within seconds), the
+driver kills the job's remaining servers, starts a new set and resumes from the last checkpoint,
+sending the weight servers its state; it gives up after ``--max-restarts`` restarts, or at once when a
+server stopped itself with an error (a restart would only repeat it) or in a ``--cluster`` job (the
+driver cannot start remote servers), with one line saying why.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import subprocess
-import sys
+import logging
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import zmq
 
+from dorylus_py.checkpoint import load_checkpoint, save_checkpoint
+from dorylus_py.cluster.driver_link import DriverLink, ServerLost
+from dorylus_py.cluster.job import JobSpec
 from dorylus_py.cluster.spec import ClusterSpec
 from dorylus_py.config import TrainConfig
 from dorylus_py.errors import DorylusError
 from dorylus_py.partition import s3
 from dorylus_py.partition.store import PartitionStore
 from dorylus_py.progress import progress_bar
-from dorylus_py.protocol import Message, decode, encode
+from dorylus_py.protocol import Message
 from dorylus_py.training.record import BestTracker, RunRecord, run_summary
 from dorylus_py.training.reference import TrainResult
+from dorylus_py.weights.server import STATE_NAMES
+
+log = logging.getLogger(__name__)
 
 
-class Job:
-    def __init__(self, cfg: TrainConfig, parts_dir: Path, run_dir: Path, feature_norm: str,
-                 cluster: ClusterSpec | None = None):
-        self.cfg, self.parts_dir, self.run_dir, self.feature_norm = cfg, parts_dir, run_dir, feature_norm
-        self.cluster = cluster
-        self.ctx = zmq.Context.instance()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        if cluster is None:  # everything on this machine
-            self.token = secrets.token_hex(16)
-            port = self.router.bind_to_random_port("tcp://127.0.0.1")
-            self.address = f"tcp://127.0.0.1:{port}"
-        else:  # servers started elsewhere from the same cluster file and token
-            self.token = os.environ.get("DORYLUS_TOKEN", "")
-            if not self.token:
-                raise DorylusError("a --cluster job needs the shared job token in DORYLUS_TOKEN")
-            self.address = cluster.driver
-            try:
-                self.router.bind(f"tcp://*:{ClusterSpec.host_port(cluster.driver)[1]}")
-            except zmq.ZMQError as e:
-                raise DorylusError(f"cannot listen on {cluster.driver} ({e})") from None
-        self.procs: dict[str, tuple[subprocess.Popen, Path]] = {}
-        self.identities: dict[str, bytes] = {}
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+@dataclass(frozen=True)
+class JobPlan:
+    """What the driver works out once from the prepared store."""
 
-    # --- processes -------------------------------------------------------------------------------
+    spec: JobSpec  # without addresses, first epoch and restart count: those are set per start
+    splits: list[int]  # train, val, test vertex counts
+    weight_servers: int
 
-    def spawn(self, name: str, module: str, rank: int) -> None:
-        log_path = self.run_dir / "logs" / f"{name}.log"
-        env = dict(os.environ, DORYLUS_TOKEN=self.token, PYTHONUNBUFFERED="1")
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", module, "--driver", self.address, "--rank", str(rank)],
-                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            )
-        self.procs[name] = (proc, log_path)
+    @classmethod
+    def of(cls, cfg: TrainConfig, parts_dir, feature_norm: str, weight_servers: int) -> "JobPlan":
+        store = PartitionStore.open(parts_dir)
+        m = store.manifest
+        sizes = [p["nodes"] for p in m["parts"]]
+        splits = np.zeros(3, dtype=np.int64)
+        for k in range(m["partitions"]):
+            part = store.load(k, verify=False)
+            splits += [int(np.asarray(mask).sum()) for mask in (part.train_mask, part.val_mask, part.test_mask)]
+        data_dir = str(parts_dir) if s3.is_s3(parts_dir) else str(Path(parts_dir).resolve())
+        spec = JobSpec(config=cfg, data_dir=data_dir, feature_norm=feature_norm,
+                       dims=[m["features"]] + [cfg.hidden] * (cfg.layers - 1) + [m["classes"]],
+                       id_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist(),
+                       chunk_counts=[max(1, min(cfg.chunks, s)) for s in sizes], num_train=int(splits[0]),
+                       mode=cfg.mode)
+        return cls(spec, splits.tolist(), weight_servers)
 
-    def check_children(self) -> None:
-        for name, (proc, log_path) in self.procs.items():
-            code = proc.poll()
-            if code is not None:
-                tail = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()][-1:]
-                why = f": {tail[0].strip()}" if tail else ""
-                raise DorylusError(f"{name} exited with code {code}{why} (log: {log_path})")
+    @property
+    def graph_servers(self) -> int:
+        return len(self.spec.chunk_counts)
 
-    def stop(self) -> None:
-        for ident in self.identities.values():
-            try:
-                self.router.send_multipart([ident, *encode(Message("stop"), self.token)], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-        deadline = time.monotonic() + 10
-        for proc, _ in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        self.procs.clear()
-        self.router.close(0)
-
-    # --- messages --------------------------------------------------------------------------------
-
-    def recv(self, timeout_s: float) -> tuple[bytes, Message]:
-        """Next message from any child; checks for dead children while waiting."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.router.poll(200):
-                frames = self.router.recv_multipart(copy=False)
-                return frames[0].bytes, decode(frames[1:], self.token)
-            self.check_children()
-        raise DorylusError(f"no word from the servers for {timeout_s:.0f} s (logs: {self.run_dir / 'logs'})")
-
-    def send(self, name: str, msg: Message) -> None:
-        self.router.send_multipart([self.identities[name], *encode(msg, self.token)], copy=False)
+    def version(self, epoch: int) -> int:
+        """The weights version that ends ``epoch``: one update per epoch, or one per chunk gradient."""
+        cfg = self.spec.config
+        per_epoch = self.spec.total_chunks if cfg.mode == "async" and cfg.async_update == "chunk" else 1
+        return epoch * per_epoch
 
 
-def train_distributed(cfg: TrainConfig, parts_dir: Path, record: RunRecord, feature_norm: str,
-                      show_progress: bool = True, cluster: ClusterSpec | None = None) -> TrainResult:
+def train_distributed(cfg: TrainConfig, parts_dir, record: RunRecord, feature_norm: str, show_progress: bool = True,
+                      cluster: ClusterSpec | None = None, resume_from: str | None = None,
+                      checkpoint_dir: str | None = None) -> TrainResult:
     """Run ``cfg`` on the prepared partitions in ``parts_dir``; write ``record``; return the result.
 
     Without ``cluster`` every process is started here; with it, the servers named in the cluster
-    file are expected to connect (started with ``dorylus graph-server`` / ``weight-server``)."""
-    store = PartitionStore.open(parts_dir)
-    m = store.manifest
-    k_parts = m["partitions"]
+    file are expected to connect (started with ``dorylus graph-server`` / ``weight-server``).
+    ``resume_from``: a checkpoint folder to continue from; ``checkpoint_dir``: where checkpoints go
+    (default ``RUN_DIR/checkpoints``)."""
     n_ws = cfg.weight_servers if cluster is None else len(cluster.weight_servers)
-    if cluster is not None and len(cluster.graph_servers) != k_parts:
+    plan = JobPlan.of(cfg, parts_dir, feature_norm, n_ws)
+    if cluster is not None and len(cluster.graph_servers) != plan.graph_servers:
         raise DorylusError(f"the cluster file lists {len(cluster.graph_servers)} graph servers but {parts_dir} "
-                           f"has {k_parts} partitions")
-    sizes = [p["nodes"] for p in m["parts"]]
-    id_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
-    splits = np.zeros(3, dtype=np.int64)
-    for k in range(k_parts):
-        part = store.load(k, verify=False)
-        splits += [int(np.asarray(part.train_mask).sum()), int(np.asarray(part.val_mask).sum()), int(np.asarray(part.test_mask).sum())]
-    dims = [m["features"]] + [cfg.hidden] * (cfg.layers - 1) + [m["classes"]]
-    total_chunks = sum(max(1, min(cfg.chunks, s)) for s in sizes)
-
-    first_epoch, resume_from = 1, None
-    if cfg.resume:
-        from dorylus_py.checkpoint import checkpoint_root, load_checkpoint
-
-        resume_from = checkpoint_root(str(parts_dir))
-        first_epoch = int(load_checkpoint(resume_from)["epoch"]) + 1  # the CLI checked it is <= cfg.epochs
-    job = Job(cfg, parts_dir, record.dir, feature_norm, cluster)
-    data_dir = str(parts_dir) if s3.is_s3(parts_dir) else str(Path(parts_dir).resolve())
-    start = time.perf_counter()
-    history: list[dict] = []
-    best = BestTracker()
+                           f"has {plan.graph_servers} partitions")
+    run = _Run(cfg, plan, record, checkpoint_dir or str(record.dir / "checkpoints"), cluster,
+               load_checkpoint(resume_from) if resume_from else None, show_progress)
+    link = DriverLink(record.dir, cluster)
     try:
-        if cluster is None:
-            for w in range(n_ws):
-                job.spawn(f"weight-server-{w}", "dorylus_py.weights", w)
-            for k in range(k_parts):
-                job.spawn(f"graph-server-{k}", "graph_servers", k)
-        addresses: dict[str, str] = {}
-        while len(addresses) < n_ws + k_parts:
-            ident, msg = job.recv(cfg.wait_timeout_s)
-            if msg.op == "hello":
-                name = f"{msg['role']}-{msg['rank']}"
-                addresses[name] = msg["address"]
-                job.identities[name] = ident
-        ws_addrs = [addresses[f"weight-server-{w}"] for w in range(n_ws)]
-        gs_addrs = [addresses[f"graph-server-{k}"] for k in range(k_parts)]
-        common = {"dims": dims, "seed": cfg.seed, "mode": cfg.mode, "weight_servers": ws_addrs}
-        for w in range(n_ws):
-            job.send(f"weight-server-{w}", Message("start", common | {
-                "resume_from": resume_from, "lr": cfg.lr, "weight_decay": cfg.weight_decay, "expected_grads": total_chunks,
-                "async_update": cfg.async_update}))
-        for k in range(k_parts):
-            job.send(f"graph-server-{k}", Message("start", common | {
-                "data_dir": data_dir, "feature_norm": feature_norm, "chunks": cfg.chunks,
-                "id_offsets": id_offsets, "graph_servers": gs_addrs, "dropout": cfg.dropout,
-                "num_train": int(splits[0]), "epochs": cfg.epochs, "backend": cfg.backend, "lambdas": cfg.lambdas,
-                "lambda_latency_ms": cfg.lambda_latency_ms, "lambda_fail_rate": cfg.lambda_fail_rate,
-                "lambda_memory_mb": cfg.lambda_memory_mb, "lambda_timeout_s": cfg.lambda_timeout_s,
-                "lambda_function": cfg.lambda_function, "aws_region": cfg.aws_region, "aws_profile": cfg.aws_profile,
-                "lambda_endpoint": cfg.lambda_endpoint, "lambda_run_here": cfg.lambda_run_here,
-                "tensor_threads": cfg.tensor_threads, "device": cfg.resolved_device(), "relaunch_min_s": cfg.relaunch_min_s,
-                "relaunch_factor": cfg.relaunch_factor, "wait_timeout_s": cfg.wait_timeout_s,
-                "staleness": cfg.staleness, "first_epoch": first_epoch}))
+        run.go(link)
+        summary_fields = run.finish(link)
+    except KeyboardInterrupt:
+        link.stop()
+        raise DorylusError(f"interrupted; every process stopped (run record so far in {record.dir})") from None
+    except BaseException:
+        link.stop()
+        raise
+    link.stop()
+    if not run.history:
+        raise DorylusError("the job ended before its first epoch")
+    summary = run_summary(run.history, run.best, time.perf_counter() - run.t0, backend=cfg.backend, mode=cfg.mode,
+                          **summary_fields)
+    record.finish(summary)
+    return TrainResult(summary, run.history)
 
+
+class _Run:
+    """One training run across any number of starts of the job's servers."""
+
+    def __init__(self, cfg: TrainConfig, plan: JobPlan, record: RunRecord, checkpoint_dir: str,
+                 cluster: ClusterSpec | None, checkpoint: dict | None, show_progress: bool):
+        self.cfg, self.plan, self.record, self.checkpoint_dir, self.cluster = cfg, plan, record, checkpoint_dir, cluster
+        self.checkpoint = checkpoint  # the newest: arrays W0, adam_m0, ... and epoch
+        self.history: list[dict] = []
+        self.best = BestTracker()
+        self.restarts = 0
+        self.switched: int | None = None
+        self.counts = {"relaunches": 0, "duplicates": 0}  # of finished starts
+        self.current = dict(self.counts)  # of the running start
+        self.t0 = self.last = time.perf_counter()
+        self.stopped_early = False
+        first = self.first_epoch()
+        self.bar = progress_bar(total=cfg.epochs, initial=first - 1, desc=f"train ({cfg.backend})", unit="epoch",
+                                enabled=show_progress)
+
+    def first_epoch(self) -> int:
+        return 1 if self.checkpoint is None else int(self.checkpoint["epoch"]) + 1
+
+    def names(self) -> list[str]:
+        return ([f"weight-server-{w}" for w in range(self.plan.weight_servers)]
+                + [f"graph-server-{k}" for k in range(self.plan.graph_servers)])
+
+    # --- starts and restarts ---------------------------------------------------------------------
+
+    def go(self, link: DriverLink) -> None:
+        while True:
+            try:
+                self.start(link)
+                self.train(link)
+                return
+            except ServerLost as e:
+                if self.cluster is not None:
+                    raise DorylusError(f"{e}; the job stops (start that server again, then resume from "
+                                       f"{self.checkpoint_dir})") from None
+                if e.deliberate or self.restarts >= self.cfg.max_restarts:
+                    why = "" if e.deliberate else f" after {self.restarts} restarts (--max-restarts)"
+                    raise DorylusError(f"{e}; the job stops{why}") from None
+                self.restart(link, e)
+
+    def start(self, link: DriverLink) -> None:
+        names = self.names()
+        if self.cluster is None:
+            for name in names:
+                role, _, rank = name.rpartition("-")
+                link.spawn(name, "dorylus_py.weights" if role == "weight-server" else "graph_servers", int(rank))
+        link.expect(names)
+        addresses: dict[str, str] = {}
+        while len(addresses) < len(names):
+            name, msg = link.recv(self.cfg.wait_timeout_s)
+            if msg.op == "hello":
+                addresses[name] = msg["address"]
+        first = self.first_epoch()
+        sync_now = self.switched is not None and first >= self.switched
+        spec = replace(self.plan.spec, first_epoch=first, restart=self.restarts, mode="sync" if sync_now else self.cfg.mode,
+                       graph_servers=[addresses[f"graph-server-{k}"] for k in range(self.plan.graph_servers)],
+                       weight_servers=[addresses[f"weight-server-{w}"] for w in range(self.plan.weight_servers)])
+        for w in range(self.plan.weight_servers):
+            state = {} if self.checkpoint is None else {
+                f"{k}{l}": self.checkpoint[f"{k}{l}"] for l in range(spec.layers) if l % self.plan.weight_servers == w
+                for k in STATE_NAMES}
+            link.send(f"weight-server-{w}", Message("start", {"spec": spec.to_wire()}, state))
+        for k in range(self.plan.graph_servers):
+            link.send(f"graph-server-{k}", Message("start", {"spec": spec.to_wire()}))
+        self.spec = spec
+
+    def restart(self, link: DriverLink, why: ServerLost) -> None:
+        link.kill_servers()
+        self.restarts += 1
+        self.counts = {k: self.counts[k] + self.current[k] for k in self.counts}
+        self.current = dict.fromkeys(self.counts, 0)
+        done = self.first_epoch() - 1
+        self.history = [r for r in self.history if r["epoch"] <= done]
+        self.record.rewind_metrics(self.history)
+        self.best = BestTracker()
+        for r in self.history:
+            self.best.update(r["epoch"], r["val_acc"], r["test_acc"])
+        if self.switched is not None and self.switched > done + 1:
+            self.switched = None  # the switch happened after the checkpoint: it may happen again
+        self.bar.n = done
+        self.bar.refresh()
+        where = f"the checkpoint of epoch {done}" if done else "the start"
+        log.warning("%s; restarting every server from %s (restart %d of at most %d)", why, where, self.restarts,
+                    self.cfg.max_restarts)
+        self.last = time.perf_counter()
+
+    # --- one start's epochs ------------------------------------------------------------------------
+
+    def train(self, link: DriverLink) -> None:
+        k_parts = self.plan.graph_servers
         pending: dict[int, list[dict]] = {}
-        finished: set[int] = set()
-        bar = progress_bar(total=cfg.epochs, initial=first_epoch - 1, desc=f"train ({cfg.backend})", unit="epoch",
-                           enabled=show_progress)
-        stats = {"relaunches": 0, "duplicates": 0}
-        switched, frozen = None, {}
-        last = time.perf_counter()
+        finished: set[str] = set()
+        frozen: dict[str, int] = {}
         while len(finished) < k_parts:
-            _, msg = job.recv(cfg.wait_timeout_s)
+            name, msg = link.recv(self.cfg.wait_timeout_s)
             if msg.op == "tasks":
-                record.log_tasks([json.loads(line) for line in bytes(msg.tensors["jsonl"]).decode().splitlines()])
+                self.record.log_tasks([json.loads(line) for line in bytes(msg.tensors["jsonl"]).decode().splitlines()])
             elif msg.op == "epoch_stats" and msg.get("finished"):
-                finished.add(int(msg["rank"]))
+                finished.add(name)
             elif msg.op == "epoch_stats":
                 epoch = int(msg["epoch"])
                 pending.setdefault(epoch, []).append(msg.fields)
-                if len(pending[epoch]) < k_parts:
-                    continue
-                parts = pending.pop(epoch)
-                correct = np.sum([p["correct"] for p in parts], axis=0)
-                counts = np.sum([p["counts"] for p in parts], axis=0)
-                acc = [float(c / n) if n else float("nan") for c, n in zip(correct, counts)]
-                now = time.perf_counter()
-                row = {"epoch": epoch, "loss": sum(p["loss_sum"] for p in parts) / int(splits[0]),
-                       "train_acc": acc[0], "val_acc": acc[1], "test_acc": acc[2],
-                       "epoch_s": now - last, "wall_s": now - start}
-                last = now
-                stats = {"relaunches": sum(p["relaunches"] for p in parts), "duplicates": sum(p["duplicates"] for p in parts)}
-                history.append(row)
-                record.log_epoch(row)
-                best.update(epoch, acc[1], acc[2])
-                bar.update(1)
-                bar.set_postfix(loss=f"{row['loss']:.4f}", val=f"{acc[1]:.3f}", refresh=False)
-                if cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0:
-                    _checkpoint(job, ws_addrs, len(dims) - 1, parts_dir, epoch)
-                if cfg.target_acc and acc[1] >= cfg.target_acc:
-                    break
-                if cfg.switch_threshold and switched is None and acc[1] >= cfg.target_acc - cfg.switch_threshold:
-                    switched, frozen = 0, {}  # ask every graph server to freeze, then fix the epoch
-                    for k in range(k_parts):
-                        job.send(f"graph-server-{k}", Message("switch", {}))
+                if len(pending[epoch]) == k_parts and self.epoch_done(link, epoch, pending.pop(epoch)):
+                    return  # the target accuracy is reached
             elif msg.op == "switch":
-                frozen[int(msg["rank"])] = int(msg["frozen_at"])
+                frozen[name] = int(msg["frozen_at"])
                 if len(frozen) == k_parts:
-                    switched = max(frozen.values())
+                    self.switched = max(frozen.values())
                     for k in range(k_parts):
-                        job.send(f"graph-server-{k}", Message("switch", {"at_epoch": switched}))
-        bar.close()
-        record.save_weights("weights.npz", _final_weights(job, ws_addrs, len(dims) - 1))
-        if cfg.checkpoint_every and history and history[-1]["epoch"] % cfg.checkpoint_every:
-            _checkpoint(job, ws_addrs, len(dims) - 1, parts_dir, history[-1]["epoch"])
-        stats |= _weight_stats(job, ws_addrs) | {"switched_to_sync_at": switched}
-    except KeyboardInterrupt:
-        job.stop()
-        raise DorylusError(f"interrupted; every process stopped (run record so far in {record.dir})") from None
-    except BaseException:
-        job.stop()
-        raise
-    job.stop()
+                        link.send(f"graph-server-{k}", Message("switch", {"at_epoch": self.switched}))
 
-    if not history:
-        raise DorylusError("the job ended before its first epoch")
-    summary = run_summary(history, best, time.perf_counter() - start, backend=cfg.backend, mode=cfg.mode, **stats)
-    record.finish(summary)
-    return TrainResult(summary, history)
+    def epoch_done(self, link: DriverLink, epoch: int, parts: list[dict]) -> bool:
+        """Record an epoch every graph server finished; True when the run should stop here."""
+        cfg = self.cfg
+        correct = np.sum([p["correct"] for p in parts], axis=0)
+        counts = np.sum([p["counts"] for p in parts], axis=0)
+        acc = [float(c / n) if n else float("nan") for c, n in zip(correct, counts)]
+        now = time.perf_counter()
+        row = {"epoch": epoch, "loss": sum(p["loss_sum"] for p in parts) / self.plan.splits[0],
+               "train_acc": acc[0], "val_acc": acc[1], "test_acc": acc[2], "epoch_s": now - self.last, "wall_s": now - self.t0}
+        self.last = now
+        self.current = {"relaunches": sum(p["relaunches"] for p in parts), "duplicates": sum(p["duplicates"] for p in parts)}
+        self.history.append(row)
+        self.record.log_epoch(row)
+        if self.best.update(epoch, acc[1], acc[2]):
+            self.record.save_weights("best_weights.npz", self.weights(link, epoch))
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{row['loss']:.4f}", val=f"{acc[1]:.3f}", refresh=False)
+        interval = cfg.checkpoint_interval()
+        if interval and epoch % interval == 0:
+            self.take_checkpoint(link, epoch)
+        if cfg.target_acc and acc[1] >= cfg.target_acc:
+            self.stopped_early = True
+            return True
+        if cfg.switch_threshold and self.switched is None and acc[1] >= cfg.target_acc - cfg.switch_threshold:
+            self.switched = 0  # ask every graph server to freeze, then fix the epoch
+            for k in range(self.plan.graph_servers):
+                link.send(f"graph-server-{k}", Message("switch", {}))
+        return False
 
+    # --- weights and checkpoints -----------------------------------------------------------------
 
-def _ask(job: Job, address: str, msg: Message, what: str) -> Message:
-    sock = job.ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    try:
-        sock.send_multipart(encode(msg, job.token))
-        if not sock.poll(30_000):
-            raise DorylusError(f"no reply from {address} for {what}")
-        return decode(sock.recv_multipart(), job.token)
-    finally:
-        sock.close(0)
+    def _ask_layers(self, link: DriverLink, op: str, epoch: int) -> list[Message]:
+        ws = self.spec.weight_servers
+        return [link.ask(ws[l % len(ws)], Message(op, {"layer": l, "version": self.plan.version(epoch)}),
+                         f"layer {l} at epoch {epoch}") for l in range(self.spec.layers)]
 
+    def weights(self, link: DriverLink, epoch: int) -> dict[str, np.ndarray]:
+        """Every layer's weights as they were at the end of ``epoch``."""
+        return {f"W{l}": np.array(r.tensors["W"]) for l, r in enumerate(self._ask_layers(link, "pull_weights", epoch))}
 
-def _final_weights(job: Job, ws_addrs: list[str], layers: int) -> dict[str, np.ndarray]:
-    return {
-        f"W{layer}": np.array(_ask(job, ws_addrs[layer % len(ws_addrs)], Message("pull_weights", {"layer": layer, "version": None}),
-                                   f"layer {layer}'s weights").tensors["W"])
-        for layer in range(layers)
-    }
+    def take_checkpoint(self, link: DriverLink, epoch: int) -> None:
+        arrays = {"epoch": np.array(epoch, np.int64)}
+        for l, reply in enumerate(self._ask_layers(link, "pull_state", epoch)):
+            arrays.update({f"{name}{l}": np.array(t) for name, t in reply.tensors.items()})
+        save_checkpoint(self.checkpoint_dir, epoch, {k: v for k, v in arrays.items() if k != "epoch"})
+        self.checkpoint = arrays
 
-
-def _checkpoint(job: Job, ws_addrs: list[str], layers: int, store, epoch: int) -> None:
-    from dorylus_py.checkpoint import checkpoint_root, save_checkpoint
-
-    arrays = {}
-    for layer in range(layers):
-        reply = _ask(job, ws_addrs[layer % len(ws_addrs)], Message("pull_state", {"layer": layer}), f"layer {layer}'s state")
-        arrays.update({f"{name}{layer}": np.array(t) for name, t in reply.tensors.items()})
-    save_checkpoint(checkpoint_root(str(store)), epoch, arrays)
-
-
-def _weight_stats(job: Job, ws_addrs: list[str]) -> dict:
-    replies = [_ask(job, a, Message("ping"), "statistics") for a in ws_addrs]
-    return {"weight_updates": sum(r["updates"] for r in replies), "duplicate_gradients": sum(r["duplicates"] for r in replies)}
+    def finish(self, link: DriverLink) -> dict:
+        """Final weights (and checkpoint) at the last recorded epoch; the run's counts."""
+        self.bar.close()
+        if not self.history:
+            return {}
+        last = self.history[-1]["epoch"]
+        self.record.save_weights("weights.npz", self.weights(link, last))
+        if self.cfg.checkpoint_interval() and (self.checkpoint is None or int(self.checkpoint["epoch"]) != last):
+            self.take_checkpoint(link, last)
+        replies = [link.ask(a, Message("ping"), "statistics") for a in self.spec.weight_servers]
+        return {"relaunches": self.counts["relaunches"] + self.current["relaunches"],
+                "duplicates": self.counts["duplicates"] + self.current["duplicates"],
+                "weight_updates": sum(r["updates"] for r in replies),
+                "duplicate_gradients": sum(r["duplicates"] for r in replies),
+                "switched_to_sync_at": self.switched, "restarts": self.restarts}

@@ -3,8 +3,11 @@ that rejects bad messages and keeps running.
 
 A server binds its ROUTER (port 0 = any free port), says ``hello`` to the driver with its address,
 and waits for ``start`` (the job spec and every peer's address). After that the driver may send it
-``stop`` at any time. Every wait has a timeout; a server whose driver is gone (its parent process
-changed, or no word for ``driver_timeout_s``) exits rather than linger as an orphan.
+``stop`` at any time. Every wait has a timeout. From ``start`` on, a heartbeat thread tells the driver
+every second that the process lives, on a socket of its own (so a long computation in the main thread
+does not silence it); a server whose driver has not answered for ``SILENCE_S`` seconds, or whose parent
+process changed, exits rather than linger as an orphan, and the driver presumes a server that has
+been silent that long dead.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 
 import zmq
@@ -20,6 +24,8 @@ from dorylus_py.errors import DorylusError
 from dorylus_py.protocol import Message, ProtocolError, decode, encode
 
 log = logging.getLogger(__name__)
+HEARTBEAT_S = 1.0  # a server says it lives this often
+SILENCE_S = 6.0  # a process not heard from for this long is presumed dead (well within 10 s)
 
 
 def bind(sock: zmq.Socket, host: str, port: int, who: str) -> int:
@@ -36,8 +42,6 @@ def bind(sock: zmq.Socket, host: str, port: int, who: str) -> int:
 def exit_with_parent(code: int = 0) -> None:
     """Exit this process (with ``code``) once its parent is gone: a killed launcher or graph server must
     not leave its workers behind. Checks once a second on a daemon thread."""
-    import threading
-
     parent = os.getppid()
 
     def watch() -> None:
@@ -50,6 +54,45 @@ def exit_with_parent(code: int = 0) -> None:
 
 class Stopped(Exception):
     """The driver asked this server to stop."""
+
+
+class Heartbeat:
+    """Tell the driver every ``HEARTBEAT_S`` that this process lives; exit it (code 3, one log line)
+    once the driver has not answered for ``silence_s``. Runs on a thread with a socket of its own."""
+
+    def __init__(self, driver: str, token: str, role: str, rank: int, silence_s: float = SILENCE_S):
+        self.driver, self.token, self.role, self.rank, self.silence_s = driver, token, role, rank, silence_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.driver)
+        beat = encode(Message("heartbeat", {"role": self.role, "rank": self.rank}), self.token)
+        heard = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                sock.send_multipart(beat)
+                deadline = time.monotonic() + HEARTBEAT_S
+                while (left := deadline - time.monotonic()) > 0 and sock.poll(int(left * 1000) + 1):
+                    try:
+                        if decode(sock.recv_multipart(), self.token).op == "heartbeat":
+                            heard = time.monotonic()
+                    except ProtocolError:
+                        pass  # not from our driver: it proves nothing
+                if time.monotonic() - heard > self.silence_s and not self._stop.is_set():
+                    log.error("%s %d: the driver has not answered for %.0f s; exiting", self.role, self.rank,
+                              self.silence_s)
+                    logging.shutdown()
+                    os._exit(3)
+        finally:
+            sock.close(0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2 * HEARTBEAT_S)
 
 
 class Node:
@@ -90,7 +133,15 @@ class Node:
         raise DorylusError(f"{self.role} {self.rank}: no start from the driver within {timeout_s:.0f} s")
 
     def to_driver(self, msg: Message) -> None:
-        self.driver.send_multipart(encode(msg, self.token), copy=False)
+        self.send(self.driver, msg)
+
+    def send(self, sock: zmq.Socket, msg: Message) -> None:
+        """Send ``msg`` on one of this process's sockets (tensor frames without copies)."""
+        sock.send_multipart(encode(msg, self.token), copy=False)
+
+    def receive(self, sock: zmq.Socket) -> Message:
+        """The next message on ``sock``, checked (raises ProtocolError)."""
+        return decode(sock.recv_multipart(copy=False), self.token)
 
     def check_parent(self) -> None:
         if os.getppid() != self.parent:
@@ -125,13 +176,16 @@ class Node:
             except zmq.Again:
                 break
             identity, body = frames[0].bytes, frames[1:]
+            msg = None
             try:
-                handle(identity, decode(body, self.token))
-            except (DorylusError, KeyError, TypeError, ValueError) as e:  # ProtocolError included
+                msg = decode(body, self.token)
+                handle(identity, msg)
+            except (DorylusError, KeyError, TypeError, ValueError, OverflowError) as e:  # ProtocolError included
                 # A malformed field surfaces as KeyError/TypeError/ValueError inside a handler.
                 self.rejected += 1
                 log.warning("%s %d rejected a message: %s", self.role, self.rank, e)
-                self.reply(identity, Message("error", {"reason": str(e)}))
+                req = msg.get("req") if msg is not None else None  # the requester stops waiting at once
+                self.reply(identity, Message("error", {"reason": str(e), "req": req if isinstance(req, str) else None}))
         return True
 
     def on_driver(self, msg: Message) -> None:
@@ -144,17 +198,21 @@ class Node:
 
 def serve(role: str, build, driver: str, rank: int, host: str = "127.0.0.1", port: int = 0,
           token_env: str = "DORYLUS_TOKEN", bind_host: str | None = None) -> None:
-    """Run one server: connect to the driver, get the job spec, build the server with
-    ``build(node, spec)`` and run it until the driver says stop."""
+    """Run one server: connect to the driver, get ``start`` (the job spec, and for a weight server the
+    state to restore), build the server with ``build(node, start)`` and run it until the driver says stop."""
     token = os.environ.get(token_env)
     if not token:
         raise DorylusError(f"the job token is not set (environment variable {token_env})")
     node = Node(role, rank, driver, token, host, port, bind_host)
-    server = None
+    server = heartbeat = None
     try:
-        server = build(node, node.handshake().fields)
+        start = node.handshake()
+        heartbeat = Heartbeat(driver, token, role, rank)
+        server = build(node, start)
         server.run()
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         if server is not None and hasattr(server, "close"):
             server.close()
         node.close()
@@ -177,6 +235,7 @@ def serve_process(role: str, build, argv=None) -> int:
 def run_main(main) -> int:
     """Entry-point wrapper for server processes: one-line errors, exit 2; clean exit on stop."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("dorylus").setLevel(logging.INFO)  # each server's start and end lines
     try:
         main()
     except Stopped:

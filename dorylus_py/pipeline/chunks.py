@@ -1,4 +1,4 @@
-"""The asynchronous pipeline of one graph server as a state machine: chunks, stages, staleness.
+"""Where each chunk of one graph server stands: its epoch, its stage, whether work is out for it.
 
 Each chunk (an interval of the server's vertices) walks the same stage list every epoch::
 
@@ -7,10 +7,11 @@ Each chunk (an interval of the server's vertices) walks the same stage list ever
     efwd 0, egather 0, ..., efwd L-1, egather L-1, eval          (evaluation forward, no dropout)
 
 *Tensor* stages (fwd, loss, bwd, efwd, eval) are tasks for a tensor worker; *graph* stages are done by
-the server itself. No chunk waits for another within an epoch: graph stages read the freshest values
-present. The only gate is **bounded staleness**: a chunk may start epoch ``e`` only while
-``e - slowest <= S``, where ``slowest`` is the lowest epoch any chunk of any server is still in. The
-slowest chunk itself always passes the gate, so the pipeline cannot deadlock.
+the server itself. Asynchronously no chunk waits for another within an epoch (graph stages read the
+freshest values present); the only gate is **bounded staleness**: a chunk may start epoch ``e`` only
+while ``e - slowest <= S``, where ``slowest`` is the lowest epoch any chunk of any server is still in.
+The slowest chunk itself always passes the gate, so the pipeline cannot deadlock. Synchronously every
+chunk waits at every stage for all the others (:meth:`ChunkPipeline.behind`).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ class ChunkPipeline:
     staleness: int
     epoch: list[int] = field(default_factory=list)  # per chunk: the epoch it is in (epochs + 1 = finished)
     stage: list[int] = field(default_factory=list)  # per chunk: index into the stage list
-    busy: list[bool] = field(default_factory=list)  # per chunk: a tensor task is out
-    first: int = 1  # the epoch every chunk starts in (after a resumed checkpoint: its epoch + 1)
+    busy: list[bool] = field(default_factory=list)  # per chunk: its current stage's work is out
+    first: int = 1  # the epoch every chunk starts in (after a checkpoint: its epoch + 1)
 
     def __post_init__(self):
         self.stages = stage_list(self.layers)
@@ -53,9 +54,16 @@ class ChunkPipeline:
     def current(self, chunk: int) -> tuple[str, int]:
         return self.stages[self.stage[chunk]]
 
+    def position(self, chunk: int) -> tuple[int, int]:
+        return self.epoch[chunk], self.stage[chunk]
+
+    def behind(self) -> tuple[int, int]:
+        """The position (epoch, stage) of the chunk furthest behind."""
+        return min(self.position(c) for c in range(self.chunks))
+
     def ready(self, slowest: int, stop_before: int | None = None) -> list[tuple[int, int, str, int]]:
-        """``(chunk, epoch, stage, layer)`` that may run now; ``slowest`` is the lowest epoch in the job.
-        No chunk starts epoch ``stop_before`` or later (the switch back to sync mode)."""
+        """Asynchronous: ``(chunk, epoch, stage, layer)`` that may start now; ``slowest`` is the lowest
+        epoch in the job. No chunk starts epoch ``stop_before`` or later (the switch back to sync)."""
         out = []
         last = self.epochs if stop_before is None else min(self.epochs, stop_before - 1)
         for c in range(self.chunks):
@@ -69,7 +77,7 @@ class ChunkPipeline:
         return out
 
     def started(self, chunk: int) -> None:
-        """The chunk's current stage is out: a tensor task, or a graph stage on the graph thread."""
+        """The chunk's current stage is out: a tensor task, or a graph job."""
         self.busy[chunk] = True
 
     def done(self, chunk: int) -> bool:
@@ -88,7 +96,7 @@ class ChunkPipeline:
 
     def validate(self) -> None:
         for c in range(self.chunks):
-            assert 1 <= self.epoch[c] <= self.epochs + 1
+            assert self.first <= self.epoch[c] <= self.epochs + 1
             assert 0 <= self.stage[c] < len(self.stages)
-            assert not (self.busy[c] and self.current(c)[0] not in TENSOR_STAGES)
+            assert not (self.busy[c] and self.epoch[c] > self.epochs)
         assert max(self.epoch) - self.min_epoch() <= self.staleness + 1

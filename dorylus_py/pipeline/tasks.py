@@ -1,82 +1,152 @@
-"""Tensor-task bookkeeping, without sockets: what is running, what is overdue, what already finished.
+"""Tensor-task bookkeeping, without sockets or clocks: copies in flight, relaunch, exactly-once results.
 
-A task is identified by a key ``(kind, train, epoch, layer, chunk)``. It is *at least once*: a task
-still running after ``max(min_timeout_s, factor x moving average of its kind)``, or reported failed,
-is launched again. Effects are *exactly once*: the first result completes the key, every later one
-is refused (:meth:`complete` returns False), and the weight server drops repeated gradients by key.
+A task (a :class:`~dorylus_py.pipeline.events.TaskKey`) is *at least once*: a copy that fails is
+replaced at once; a copy that is overdue gets a second copy beside it. Effects are *exactly once*:
+the first result completes the key and every later one is refused (:meth:`TaskTracker.complete`
+returns False); the weight server also drops a repeated gradient key.
+
+Relaunch cannot livelock: at most ``max_copies`` copies of a key run at once; a copy is overdue
+only after ``max(min_s, factor x usual)`` of its current phase, where *usual* is learned per task kind
+(start-up: launch to first pull, which includes queueing and cold starts; run: pull to result), and
+before anything is learned the start-up allowance is the platform's cold-start hint; each overdue
+relaunch of a key doubles its allowance (up to ``max_backoff``). A key that fails ``max_attempts``
+times is reported, and the job stops with its last error instead of retrying forever.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-TaskKey = tuple  # (kind, train, epoch, layer, chunk)
+from dorylus_py.pipeline.events import TaskKey
+
+
+@dataclass(frozen=True)
+class RelaunchPolicy:
+    min_s: float = 5.0  # never call a copy overdue before this
+    factor: float = 3.0  # ... nor before factor x the usual time of its kind
+    startup_hint_s: float = 0.0  # expected start-up before anything is learned (cold starts)
+    max_copies: int = 2  # copies of one key running at once
+    max_backoff: float = 8.0  # cap of the per-key doubling of the allowance
+    max_attempts: int = 20  # copies of one key launched in all, before the job gives up
+    smoothing: float = 0.2  # weight of the newest duration in the moving averages
 
 
 @dataclass
-class _Running:
-    launched: float
-    attempts: int = 1
-    failed: bool = False
+class _Task:
+    launched: float  # when the newest copy was launched
+    attempts: int = 1  # copies launched so far; the newest is attempt number `attempts`
+    in_flight: set = field(default_factory=lambda: {1})  # attempts still running
+    started: dict = field(default_factory=dict)  # attempt -> when it first pulled its rows
+    failed: bool = False  # a copy failed and none replaced it yet
+    overdue_relaunches: int = 0
+    last_error: str = ""
 
 
 @dataclass
 class TaskTracker:
-    min_timeout_s: float = 5.0
-    factor: float = 3.0
-    smoothing: float = 0.2  # weight of the newest duration in the moving average
-    running: dict = field(default_factory=dict)  # key -> _Running
+    policy: RelaunchPolicy = field(default_factory=RelaunchPolicy)
+    running: dict = field(default_factory=dict)  # key -> _Task
     done: set = field(default_factory=set)
-    average_s: dict = field(default_factory=dict)  # kind -> moving average of durations
+    startup_s: dict = field(default_factory=dict)  # kind -> moving average of launch -> first pull
+    run_s: dict = field(default_factory=dict)  # kind -> moving average of first pull -> result
     relaunches: int = 0
     refused: int = 0
 
     def launch(self, key: TaskKey, now: float) -> None:
         if key in self.done or key in self.running:
             raise ValueError(f"task {key} launched twice")
-        self.running[key] = _Running(now)
+        self.running[key] = _Task(now)
 
     def is_running(self, key: TaskKey) -> bool:
         return key in self.running
 
-    def complete(self, key: TaskKey, now: float) -> bool:
+    def attempts(self, key: TaskKey) -> int:
+        t = self.running.get(key)
+        return t.attempts if t else 0
+
+    def in_flight(self, key: TaskKey) -> int:
+        t = self.running.get(key)
+        return len(t.in_flight) if t else 0
+
+    def pulled(self, key: TaskKey, attempt: int, now: float) -> bool:
+        """A copy asked for its rows; False if the key is not running (the copy should stop)."""
+        t = self.running.get(key)
+        if t is None:
+            return False
+        if attempt not in t.started:
+            t.started[attempt] = now
+            if attempt == t.attempts:  # learn start-up time from the copy whose clock we watch
+                self._learn(self.startup_s, key.kind, now - t.launched)
+        return True
+
+    def complete(self, key: TaskKey, now: float, attempt: int | None = None) -> bool:
         """Record the first result of ``key``; False (refuse it) if it is not running."""
-        r = self.running.pop(key, None)
-        if r is None:
+        t = self.running.pop(key, None)
+        if t is None:
             self.refused += 1
             return False
         self.done.add(key)
-        kind = key[0]
-        took = now - r.launched
-        prev = self.average_s.get(kind)
-        self.average_s[kind] = took if prev is None else (1 - self.smoothing) * prev + self.smoothing * took
+        began = t.started.get(attempt) if attempt is not None else None
+        if began is not None:
+            self._learn(self.run_s, key.kind, now - began)
         return True
 
-    def failed(self, key: TaskKey) -> None:
-        """An attempt reported failure: relaunch at the next :meth:`due` without waiting out the timeout."""
-        r = self.running.get(key)
-        if r is not None:
-            r.failed = True
+    def ended(self, key: TaskKey, attempt: int, ok: bool, error: str = "") -> None:
+        """The platform says a copy stopped running. A copy that failed, or the last copy ending
+        without a result (lost on the way), is replaced at the next :meth:`due`."""
+        t = self.running.get(key)
+        if t is None:
+            return
+        t.in_flight.discard(attempt)
+        if not ok:
+            t.last_error = error or t.last_error
+        if not ok or not t.in_flight:  # it failed, or every copy ended and none brought a result
+            t.failed = True
 
-    def timeout_s(self, kind: str) -> float:
-        avg = self.average_s.get(kind)
-        return self.min_timeout_s if avg is None else max(self.min_timeout_s, self.factor * avg)
+    def allowance_s(self, key: TaskKey, t: _Task) -> tuple[float, float]:
+        """(time the newest copy's clock started, how long it may take from there)."""
+        p = self.policy
+        backoff = min(p.max_backoff, 2.0 ** t.overdue_relaunches)
+        began = t.started.get(t.attempts)
+        if began is not None:
+            usual = self.run_s.get(key.kind)
+            return began, max(p.min_s, p.factor * usual if usual is not None else p.min_s) * backoff
+        usual = self.startup_s.get(key.kind)
+        guess = p.factor * usual if usual is not None else p.startup_hint_s
+        return t.launched, max(p.min_s, guess) * backoff
 
-    def due(self, now: float) -> list[TaskKey]:
-        """Keys to launch again now (failed, or overdue); their clocks restart."""
+    def due(self, now: float) -> list[tuple[TaskKey, int]]:
+        """``(key, attempt)`` of copies to launch now: for keys whose copies all failed, and for keys
+        whose newest copy is overdue while fewer than ``max_copies`` run."""
         out = []
-        for key, r in self.running.items():
-            if r.failed or now - r.launched > self.timeout_s(key[0]):
-                r.launched, r.failed = now, False
-                r.attempts += 1
-                self.relaunches += 1
-                out.append(key)
+        for key, t in self.running.items():
+            if len(t.in_flight) >= self.policy.max_copies or t.attempts >= self.policy.max_attempts:
+                continue
+            since, allowed = self.allowance_s(key, t)
+            if not t.failed and now - since <= allowed:
+                continue
+            if not t.failed:
+                t.overdue_relaunches += 1
+            t.failed = False
+            t.attempts += 1
+            t.in_flight.add(t.attempts)
+            t.launched = now
+            self.relaunches += 1
+            out.append((key, t.attempts))
         return out
 
-    def attempts(self, key: TaskKey) -> int:
-        r = self.running.get(key)
-        return r.attempts if r else 0
+    def exhausted(self) -> tuple[TaskKey, str] | None:
+        """A key that has used up its attempts with no copy left running, and its last error."""
+        for key, t in self.running.items():
+            if t.attempts >= self.policy.max_attempts and not t.in_flight:
+                return key, t.last_error or "no result"
+        return None
 
     def forget_before(self, epoch: int) -> None:
         """Drop completed keys of epochs before ``epoch`` (their late results are refused anyway)."""
-        self.done = {k for k in self.done if k[2] >= epoch}
+        self.done = {k for k in self.done if k.epoch >= epoch}
+
+    def _learn(self, table: dict, kind: str, seconds: float) -> None:
+        prev = table.get(kind)
+        a = self.policy.smoothing
+        table[kind] = seconds if prev is None else (1 - a) * prev + a * seconds

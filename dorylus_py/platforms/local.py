@@ -1,19 +1,26 @@
 """The local Lambda emulator: worker processes that run the real handler on the real event JSON.
 
 ``concurrency`` processes stay warm (like Lambda containers, they keep their sockets between
-invocations). Each invocation can be delayed by ``latency_ms`` (invoke and start-up latency) and, with
-probability ``fail_rate``, made to fail: either before it starts, or part-way through by running its
-clock out, which exercises the relaunch path with partial effects (a gradient pushed, the result not).
-Billed duration is the handler's run time rounded up to 1 ms, at ``memory_mb``.
+invocations); the first invocation on each waits ``cold_start_ms`` first, as a new container would.
+Each invocation can be delayed by ``latency_ms`` (invoke latency) and, with probability ``fail_rate``,
+made to fail: either before it starts, or part-way through by running its clock out, which exercises
+the relaunch path with partial effects. Billed duration is the handler's run time rounded up to 1 ms,
+at ``memory_mb``.
+
+A worker that dies (``kill -9``, out of memory) fails the invocation it was running and is replaced
+by a new, cold one: like Lambda, the pool itself never breaks. One dispatcher thread hands queued
+invocations to idle workers and collects their answers; the graph server only sees completions.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import queue
 import random
+import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.connection import wait
 
 from dorylus_py.platforms.base import Completion, LambdaContext, Platform, billed_ms
 
@@ -39,45 +46,136 @@ def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, 
     return start, time.time(), time.perf_counter() - t0, ok, err
 
 
-def _warm() -> None:
-    import lambda_functions.handler  # noqa: F401  (import torch once per worker, as a warm container)
-
-
-class LocalLambdaPlatform(Platform):
-    name = "local-lambda"
-
-    def __init__(self, concurrency: int, latency_ms: float = 0.0, fail_rate: float = 0.0, memory_mb: int = 3008,
-                 timeout_s: float = 60.0, seed: int = 0):
-        super().__init__()
-        self.latency_ms, self.fail_rate, self.memory_mb = latency_ms, fail_rate, memory_mb
-        self.timeout_ms = int(timeout_s * 1000)
-        self.rng = random.Random(seed)
-        ctx = multiprocessing.get_context("spawn")  # no forked zmq contexts or torch thread pools
-        self.pool = ProcessPoolExecutor(max_workers=max(1, concurrency), mp_context=ctx, initializer=_worker_init)
-        for f in [self.pool.submit(_warm) for _ in range(max(1, concurrency))]:
-            f.result(timeout=120)
-
-    def invoke(self, event: dict) -> None:
-        fut = self.pool.submit(_invoke, json.dumps(event), self.latency_ms, self.fail_rate, self.timeout_ms,
-                               self.rng.getrandbits(32))
-        fut.add_done_callback(lambda f, task=event["task"]: self._finished(task, f))
-
-    def _finished(self, task: dict, fut) -> None:
-        try:
-            start, end, run_s, ok, err = fut.result()
-        except Exception as e:  # noqa: BLE001  (the worker process itself died)
-            now = time.time()
-            start, end, run_s, ok, err = now, now, 0.0, False, f"worker died: {e}"
-        self._done.put(Completion(task, self.name, start, end, billed_ms(run_s), self.memory_mb, ok, err))
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _worker_init() -> None:
+def _worker_main(conn, cold_start_ms: float) -> None:
+    """A warm container: import once, then run invocations one at a time until the pipe closes."""
     import torch
 
     from dorylus_py.cluster.node import exit_with_parent
 
     torch.set_num_threads(1)  # one vCPU-ish per emulated Lambda; many run at once
     exit_with_parent(0)
+    import lambda_functions.handler  # noqa: F401  (import torch and the kernels once, as a warm container)
+
+    conn.send("ready")
+    cold = cold_start_ms > 0
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if cold:
+            time.sleep(cold_start_ms / 1000)
+            cold = False
+        conn.send(_invoke(*job))
+
+
+class _Worker:
+    def __init__(self, ctx, cold_start_ms: float):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, cold_start_ms), daemon=True)
+        self.proc.start()
+        child.close()
+        self.ready = False
+        self.task: dict | None = None  # the invocation it is running
+
+
+class LocalLambdaPlatform(Platform):
+    name = "local-lambda"
+
+    def __init__(self, concurrency: int, latency_ms: float = 0.0, fail_rate: float = 0.0, memory_mb: int = 3008,
+                 timeout_s: float = 60.0, seed: int = 0, cold_start_ms: float = 0.0, warm_timeout_s: float = 180.0):
+        super().__init__()
+        self.latency_ms, self.fail_rate, self.memory_mb = latency_ms, fail_rate, memory_mb
+        self.cold_start_ms = cold_start_ms
+        self.timeout_ms = int(timeout_s * 1000)
+        self.rng = random.Random(seed)
+        self.replaced = 0  # workers that died and were replaced
+        self._ctx = multiprocessing.get_context("spawn")  # no forked zmq contexts or torch thread pools
+        self._pending: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_recv, self._wake_send = self._ctx.Pipe(duplex=False)
+        self._closed = threading.Event()
+        self._workers = [_Worker(self._ctx, cold_start_ms) for _ in range(max(1, concurrency))]
+        deadline = time.monotonic() + warm_timeout_s
+        for w in self._workers:  # every container warm before the first task, as the pool promised
+            if not w.conn.poll(max(0.0, deadline - time.monotonic())):
+                self.close()
+                raise RuntimeError(f"an emulated Lambda worker did not start within {warm_timeout_s:.0f} s")
+            w.ready = w.conn.recv() == "ready"
+        self._thread = threading.Thread(target=self._dispatch, name="local-lambda", daemon=True)
+        self._thread.start()
+
+    @property
+    def startup_hint_s(self) -> float:
+        """What the first invocations may take before they start: the cold start and the latency."""
+        return (self.cold_start_ms + self.latency_ms) / 1000
+
+    def invoke(self, event: dict) -> None:
+        self._pending.put((event["task"], (json.dumps(event), self.latency_ms, self.fail_rate, self.timeout_ms,
+                                           self.rng.getrandbits(32))))
+        self._wake_send.send_bytes(b"")
+
+    def _dispatch(self) -> None:
+        while not self._closed.is_set():
+            idle = [w for w in self._workers if w.ready and w.task is None]
+            while idle and not self._pending.empty():
+                task, job = self._pending.get()
+                w = idle.pop()
+                w.task = task
+                try:
+                    w.conn.send(job)
+                except (OSError, ValueError):  # it died just now: its sentinel says so below
+                    pass
+            watched = {w.conn: w for w in self._workers} | {w.proc.sentinel: w for w in self._workers}
+            for ready in wait([self._wake_recv, *watched], timeout=1.0):
+                if ready is self._wake_recv:
+                    self._drain_wake()
+                    continue
+                w = watched[ready]
+                if ready is w.conn:
+                    self._answer(w)
+                elif not w.proc.is_alive():
+                    self._replace(w)
+
+    def _drain_wake(self) -> None:
+        while self._wake_recv.poll():
+            self._wake_recv.recv_bytes()
+
+    def _answer(self, w: _Worker) -> None:
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            return  # the process is gone; its sentinel fires too
+        if msg == "ready":
+            w.ready = True
+            return
+        task, w.task = w.task, None
+        start, end, run_s, ok, err = msg
+        self._done.put(Completion(task, self.name, start, end, billed_ms(run_s), self.memory_mb, ok, err))
+
+    def _replace(self, w: _Worker) -> None:
+        if self._closed.is_set() or w not in self._workers:
+            return
+        if w.task is not None:
+            now = time.time()
+            self._done.put(Completion(w.task, self.name, now, now, 0, self.memory_mb, False,
+                                      f"worker died (exit code {w.proc.exitcode})"))
+        w.conn.close()
+        self._workers[self._workers.index(w)] = _Worker(self._ctx, self.cold_start_ms)
+        self.replaced += 1
+
+    def worker_pids(self) -> list[int]:
+        return [w.proc.pid for w in self._workers]
+
+    def close(self) -> None:
+        """Stop at once: a graph server that ends must not wait on a task that is stuck."""
+        self._closed.set()
+        for w in getattr(self, "_workers", []):
+            if w.proc.is_alive():
+                w.proc.kill()
+        for w in getattr(self, "_workers", []):
+            w.proc.join(timeout=5)
+            w.conn.close()
+        if hasattr(self, "_thread"):
+            self._wake_send.send_bytes(b"")
+            self._thread.join(timeout=5)
+

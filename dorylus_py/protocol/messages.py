@@ -32,11 +32,11 @@ OPS = frozenset(
         # graph server <-> graph server
         "ghosts", "progress",
         # driver <-> servers
-        "hello", "start", "switch", "epoch_stats", "tasks", "stop", "ping",
+        "hello", "start", "switch", "epoch_stats", "tasks", "stop", "ping", "heartbeat",
         # decentralised worker -> coordinator (dorylus_py/decentral)
         "claim", "pair", "epoch_end",
         # replies
-        "batch", "drained", "partner", "model", "state", "ok", "rows", "weights", "duplicate", "error",
+        "batch", "drained", "partner", "model", "state", "ok", "rows", "weights", "duplicate", "cancel", "error",
     }
 )  # fmt: skip
 

@@ -38,6 +38,13 @@ class RunRecord:
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
 
+    def rewind_metrics(self, history: list[dict]) -> None:
+        """Keep only ``history`` in ``metrics.jsonl`` (a restarted job redoes the epochs after its checkpoint)."""
+        self._metrics.close()
+        with atomic_file(self.dir / "metrics.jsonl") as tmp:
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in history))
+        self._metrics = open(self.dir / "metrics.jsonl", "a")
+
     def log_tasks(self, rows: list[dict]) -> None:
         if self._tasks is None:
             self._tasks = open(self.dir / "tasks.jsonl", "w")

@@ -4,8 +4,11 @@ Requests (``protocol/messages.py``):
 - ``pull_weights {layer, version|null, hold|null}`` -> ``weights {layer, version}`` + tensor ``W``.
   A pull of a version that does not exist yet waits (the reply is deferred) until an update makes it.
 - ``push_grad {layer, version, key}`` + tensor ``grad`` -> ``ok`` or ``duplicate``.
-- ``pull_state {layer}`` -> ``state {layer}`` + tensors ``W``, ``adam_m``, ``adam_v``, ``adam_step``,
-  ``version``: what a checkpoint keeps.
+- ``pull_state {layer, version|null}`` -> ``state {layer}`` + tensors ``W``, ``adam_m``, ``adam_v``,
+  ``adam_step``, ``version``: what a checkpoint keeps, at an epoch boundary (deferred like a pull).
+
+The ``start`` message carries the job spec and, when the job resumes from a checkpoint, the state
+of this server's layers as tensors (``W0``, ``adam_m0``, ...), so no weight server reads a checkpoint.
 
 Sharding: layer ``l`` lives on weight server ``l % M``. Layers are updated independently, so
 sharding by layer spreads the pull traffic with no coordination between weight servers, where
@@ -16,10 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from dorylus_py.cluster.job import JobSpec
 from dorylus_py.cluster.node import Node, serve_process
 from dorylus_py.models.gcn import GCN
 from dorylus_py.protocol import Message, ProtocolError, require
-from dorylus_py.weights.store import WeightStore
+from dorylus_py.weights.store import WeightError, WeightStore
+
+STATE_NAMES = ("W", "adam_m", "adam_v", "adam_step", "version")
 
 
 def initial_weights(dims: list[int], seed: int) -> list[np.ndarray]:
@@ -32,23 +38,24 @@ def shard(layer: int, servers: int) -> int:
 
 
 class WeightServer:
-    def __init__(self, node: Node, spec: dict):
+    def __init__(self, node: Node, start: Message):
         self.node = node
-        init = initial_weights(spec["dims"], spec["seed"])
-        mine = [l for l in range(len(init)) if shard(l, len(spec["weight_servers"])) == node.rank]
+        spec = JobSpec.from_wire(start["spec"])
+        cfg = spec.config
+        init = initial_weights(spec.dims, cfg.seed)
+        mine = [l for l in range(len(init)) if shard(l, len(spec.weight_servers)) == node.rank]
         self.store = WeightStore(
             {l: init[l] for l in mine},
-            lr=spec["lr"],
-            weight_decay={0: spec["weight_decay"]},
-            update="chunk" if spec["mode"] == "async" and spec.get("async_update") == "chunk" else "epoch",
-            expected=spec["expected_grads"],
+            lr=cfg.lr,
+            weight_decay={0: cfg.weight_decay},
+            update="chunk" if spec.mode == "async" and cfg.async_update == "chunk" else "epoch",
+            expected=spec.total_chunks,
+            keep=cfg.staleness + 4,  # epoch snapshots: the driver reads one while training runs ahead
         )
-        if spec.get("resume_from"):  # continue a checkpointed run (dorylus train --resume)
-            from dorylus_py.checkpoint import load_checkpoint
-
-            saved = load_checkpoint(spec["resume_from"])
-            for layer in mine:
-                self.store.restore(layer, {k: saved[f"{k}{layer}"] for k in ("W", "adam_m", "adam_v", "adam_step", "version")})
+        for layer in mine:  # continue from a checkpoint (the driver sends the state)
+            names = [f"{k}{layer}" for k in STATE_NAMES]
+            if all(n in start.tensors for n in names):
+                self.store.restore(layer, {k: start.tensors[f"{k}{layer}"] for k in STATE_NAMES})
         self.waiting: list[tuple[bytes, Message]] = []
         self.duplicates = 0
 
@@ -63,12 +70,14 @@ class WeightServer:
             self.duplicates += not applied
             self.node.reply(identity, Message("ok" if applied else "duplicate", {"req": msg.get("req")}))
             if applied and self.waiting:
-                self.waiting = [(i, m) for i, m in self.waiting if not self._try_pull(i, m)]
+                self._retry_waiting()
         elif msg.op == "pull_state":
             require(msg, "layer")
-            self.node.reply(identity, Message("state", {"layer": msg["layer"]}, self.store.state(int(msg["layer"]))))
+            if not self._try_pull(identity, msg):
+                self.waiting.append((identity, msg))
         elif msg.op == "ping":
-            self.node.reply(identity, Message("ok", {"updates": self.store.updates, "duplicates": self.duplicates}))
+            self.node.reply(identity, Message("ok", {"updates": self.store.updates, "duplicates": self.duplicates,
+                                                     "req": msg.get("req")}))
         else:
             raise ProtocolError(f"op {msg.op} is not served by a weight server")
 
@@ -76,13 +85,32 @@ class WeightServer:
         while True:
             self.node.serve_once(self.handle, timeout_ms=200)
 
+    def _retry_waiting(self) -> None:
+        """Answer the deferred pulls an update made possible; one that can no longer be served gets
+        its own error reply (with its request id), and the rest go on waiting."""
+        still = []
+        for identity, msg in self.waiting:
+            try:
+                if not self._try_pull(identity, msg):
+                    still.append((identity, msg))
+            except WeightError as e:
+                self.node.reply(identity, Message("error", {"reason": str(e), "req": msg.get("req")}))
+        self.waiting = still
+
     def _try_pull(self, identity: bytes, msg: Message) -> bool:
-        version = msg["version"]
-        got = self.store.pull(int(msg["layer"]), None if version is None else int(version), msg.get("hold"))
+        """Answer a pull of weights or state; False while the version asked for is still to come."""
+        version, layer = msg.get("version"), int(msg["layer"])
+        version = None if version is None else int(version)
+        if msg.op == "pull_state":
+            state = self.store.state(layer, version)
+            if state is not None:
+                self.node.reply(identity, Message("state", {"layer": layer, "req": msg.get("req")}, state))
+            return state is not None
+        got = self.store.pull(layer, version, msg.get("hold"))
         if got is None:
             return False
         v, w = got
-        self.node.reply(identity, Message("weights", {"layer": msg["layer"], "version": v, "req": msg.get("req")}, {"W": w}))
+        self.node.reply(identity, Message("weights", {"layer": layer, "version": v, "req": msg.get("req")}, {"W": w}))
         return True
 
 

@@ -9,11 +9,17 @@ it got under a task key; the chunk's backward pulls that same version, and its g
 the hold; versions older than the newest are freed once no chunk holds them. Every gradient carries a
 key ``(epoch, server, chunk)``; a key seen before is a duplicate (a relaunched task) and is ignored,
 so no gradient is ever applied twice.
+
+**Epoch snapshots**: at every version that ends an epoch's worth of updates (every version with epoch
+updates, every ``updates_per_epoch``-th with chunk updates) the store keeps a copy of the weights and
+Adam's state, the newest ``keep`` of them. A checkpoint or the best epoch's weights are read from
+them, so every layer is taken at the same epoch even while training has moved on (a consistent
+checkpoint without stopping anyone).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +41,7 @@ class _Layer:
     received: int = 0  # gradients summed into grad_sum (epoch updates)
     seen: set = field(default_factory=set)  # gradient keys ever applied or accumulated
     version: int = 0
+    snapshots: OrderedDict = field(default_factory=OrderedDict)  # version -> state at an epoch boundary
 
 
 class WeightStore:
@@ -45,13 +52,16 @@ class WeightStore:
         weight_decay: dict[int, float],
         update: str = "epoch",
         expected: int = 1,
+        keep: int = 4,
     ):
         """``weights``: layer -> initial matrix (this server's shard). ``expected``: gradients per
-        ``epoch`` update (all chunks of all graph servers)."""
+        ``epoch`` update (all chunks of all graph servers). ``keep``: epoch snapshots kept per layer."""
         if update not in ("epoch", "chunk"):
             raise ValueError(f"update must be 'epoch' or 'chunk', not {update!r}")
         self.update = update
         self.expected = expected
+        self.keep = keep
+        self.updates_per_epoch = expected if update == "chunk" else 1
         self.layers: dict[int, _Layer] = {}
         params = []
         for layer, w in sorted(weights.items()):
@@ -60,6 +70,8 @@ class WeightStore:
             params.append({"params": [p], "weight_decay": weight_decay.get(layer, 0.0)})
         self.optimizer = torch.optim.Adam(params, lr=lr)
         self.updates = 0
+        for layer in self.layers:
+            self._snapshot(layer)
 
     def latest(self, layer: int) -> int:
         return self._layer(layer).version
@@ -68,9 +80,12 @@ class WeightStore:
         """Weights of ``version`` (newest if None); None while that version does not exist yet."""
         st = self._layer(layer)
         v = st.version if version is None else version
+        self._not_too_far(layer, v)
         if v > st.version:
             return None
         if v not in st.versions:
+            if hold is None and v in st.snapshots:  # an older epoch's weights (best epoch, early stop)
+                return v, st.snapshots[v]["W"]
             raise WeightError(f"layer {layer} version {v} was freed (newest is {st.version})")
         if hold is not None:
             st.holds[v].add(tuple(hold))
@@ -97,18 +112,39 @@ class WeightStore:
                 st.grad_sum, st.received = None, 0
         return True
 
-    def state(self, layer: int) -> dict[str, np.ndarray]:
-        """What a checkpoint keeps of ``layer``: newest weights, Adam's moments and step, the version."""
+    def state(self, layer: int, version: int | None = None) -> dict[str, np.ndarray] | None:
+        """What a checkpoint keeps of ``layer`` at ``version`` (an epoch boundary; None: the newest
+        one): weights, Adam's moments and step, the version. None while that version is to come."""
         st = self._layer(layer)
+        v = next(reversed(st.snapshots)) if version is None else version
+        self._not_too_far(layer, v)
+        if v > st.version:
+            return None
+        if v not in st.snapshots:
+            raise WeightError(f"layer {layer}: no epoch snapshot at version {v} (kept: {list(st.snapshots)})")
+        return st.snapshots[v]
+
+    def _not_too_far(self, layer: int, version: int) -> None:
+        """A pull waits for a version to come, but not for one no run this size could reach soon."""
+        ahead = self.keep * self.updates_per_epoch
+        if not 0 <= version <= self.layers[layer].version + ahead:
+            raise WeightError(f"layer {layer} version {version} is out of reach (newest {self.layers[layer].version})")
+
+    def _snapshot(self, layer: int) -> None:
+        st = self.layers[layer]
+        if st.version % self.updates_per_epoch:
+            return
         adam = self.optimizer.state.get(st.param, {})
         zeros = np.zeros(tuple(st.param.shape), np.float32)
-        return {
+        st.snapshots[st.version] = {
             "W": st.versions[st.version],
             "adam_m": adam["exp_avg"].numpy().copy() if "exp_avg" in adam else zeros,
             "adam_v": adam["exp_avg_sq"].numpy().copy() if "exp_avg_sq" in adam else zeros,
             "adam_step": np.array(float(adam.get("step", 0.0)), np.float64),
             "version": np.array(st.version, np.int64),
         }
+        while len(st.snapshots) > self.keep:
+            st.snapshots.popitem(last=False)
 
     def restore(self, layer: int, state: dict[str, np.ndarray]) -> None:
         """Continue from a checkpoint: weights, Adam's moments and step, and the version count."""
@@ -125,6 +161,8 @@ class WeightStore:
         }
         st.version = int(state["version"])
         st.versions = {st.version: st.param.detach().numpy().copy()}
+        st.snapshots.clear()
+        self._snapshot(layer)
 
     def held_versions(self, layer: int) -> list[int]:
         return sorted(self._layer(layer).versions)
@@ -139,6 +177,7 @@ class WeightStore:
         st.version += 1
         st.versions[st.version] = st.param.detach().numpy().copy()
         self.updates += 1
+        self._snapshot(layer)
         self._free(st)
 
     def _release(self, st: _Layer, version: int, key: tuple) -> None:

@@ -1,4 +1,4 @@
-"""Checkpoints into a local partition store: weights, Adam state and epoch, the newest named by latest.json."""
+"""Checkpoints in the run record: every layer at the same epoch, Adam state, exact continuation."""
 
 import json
 
@@ -7,18 +7,22 @@ import pytest
 
 from dorylus_py.checkpoint import load_checkpoint, save_checkpoint
 from dorylus_py.cli import main
+from dorylus_py.cluster.launcher import train_distributed
+from dorylus_py.config import TrainConfig
 from dorylus_py.errors import DataError
 from dorylus_py.partition import prepare
+from dorylus_py.training import RunRecord
 
 
-def test_checkpoints_land_in_the_store(small_graph, tmp_path):
+def test_checkpoints_land_in_the_run_record(small_graph, tmp_path):
     store = tmp_path / "parts"
     prepare(small_graph, store, 1)
     out = tmp_path / "run"
     assert main(["train", "--backend", "cpu", "--data", str(store), "--graph-servers", "1", "--epochs", "2", "--quiet",
                  "--checkpoint-every", "1", "--out", str(out)]) == 0
-    assert sorted(p.name for p in (store / "checkpoints").iterdir()) == ["epoch-000001.npz", "epoch-000002.npz", "latest.json"]
-    ckpt = load_checkpoint(str(store / "checkpoints"))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch-000001.npz", "epoch-000002.npz", "latest.json"]
+    assert not (store / "checkpoints").exists()  # the prepared store stays as it was
+    ckpt = load_checkpoint(str(out / "checkpoints"))
     assert int(ckpt["epoch"]) == 2 and np.array_equal(ckpt["W0"], np.load(out / "weights.npz")["W0"])
     assert float(ckpt["adam_step1"]) == 2
 
@@ -33,23 +37,41 @@ def test_a_damaged_checkpoint_is_refused(tmp_path):
         load_checkpoint(root)
 
 
-def test_resume_continues_exactly(small_graph, tmp_path, capsys):
+def run(graph, tmp_path, name, parts, **kw):
+    cfg = TrainConfig(**{"epochs": 4, "dropout": 0.5, "chunks": 3, "lambdas": 2, "feature_norm": "none",
+                         "backend": "cpu", "graph_servers": 2} | kw)
+    if not parts.exists():
+        prepare(graph, parts, cfg.graph_servers)
+    return train_distributed(cfg, parts, RunRecord(tmp_path / name, cfg.to_dict()), "none", show_progress=False)
+
+
+def test_resume_continues_exactly(small_graph, tmp_path):
     """2 epochs + resume to 4 == 4 epochs straight: weights, Adam state, dropout (keyed by epoch)."""
-    common = ["--backend", "cpu", "--graph-servers", "2", "--quiet", "--checkpoint-every", "2"]
-    for name in ("straight", "resumed"):
-        prepare(small_graph, tmp_path / name, 2)
-    assert main(["train", "--data", str(tmp_path / "straight"), "--epochs", "4", "--out", str(tmp_path / "a"), *common]) == 0
-    assert main(["train", "--data", str(tmp_path / "resumed"), "--epochs", "2", "--out", str(tmp_path / "b1"), *common]) == 0
-    assert main(["train", "--data", str(tmp_path / "resumed"), "--epochs", "4", "--out", str(tmp_path / "b2"), "--resume",
-                 *common]) == 0
-    a = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-    b = [json.loads(x) for x in (tmp_path / "b2" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in b] == [3, 4]
-    np.testing.assert_allclose([r["loss"] for r in b], [r["loss"] for r in a[2:]], rtol=1e-5)
+    parts = tmp_path / "parts"
+    a = run(small_graph, tmp_path, "a", parts, checkpoint_every=2)
+    run(small_graph, tmp_path, "b1", parts, epochs=2, checkpoint_every=2)
+    cfg = TrainConfig(epochs=4, dropout=0.5, chunks=3, feature_norm="none", backend="cpu", graph_servers=2,
+                      checkpoint_every=2)
+    b = train_distributed(cfg, parts, RunRecord(tmp_path / "b2", cfg.to_dict()), "none", show_progress=False,
+                          resume_from=str(tmp_path / "b1" / "checkpoints"))
+    assert [r["epoch"] for r in b.history] == [3, 4]
+    np.testing.assert_allclose([r["loss"] for r in b.history], [r["loss"] for r in a.history[2:]], rtol=1e-5)
     wa, wb = np.load(tmp_path / "a" / "weights.npz"), np.load(tmp_path / "b2" / "weights.npz")
     for k in wa.files:
         np.testing.assert_allclose(wa[k], wb[k], rtol=1e-5, atol=1e-7)
-    capsys.readouterr()
-    assert main(["train", "--data", str(tmp_path / "resumed"), "--epochs", "4", "--out", str(tmp_path / "b3"), "--resume",
-                 *common]) == 2
-    assert "leaves nothing to do" in capsys.readouterr().err and not (tmp_path / "b3").exists()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_every_checkpoint_holds_all_layers_at_one_epoch(small_graph, tmp_path, mode):
+    """Checkpoints taken while training runs on (async: chunks up to S epochs ahead) are consistent:
+    every layer at the version that ended the checkpoint's epoch, whatever the epoch."""
+    parts = tmp_path / "parts"
+    run(small_graph, tmp_path, "r", parts, epochs=7, layers=3, hidden=8, checkpoint_every=1, mode=mode, staleness=2,
+        chunks=4)
+    folder = tmp_path / "r" / "checkpoints"
+    for f in sorted(folder.glob("epoch-*.npz")):
+        with np.load(f) as z:
+            epoch = int(z["epoch"])
+            assert [int(z[f"version{l}"]) for l in range(3)] == [epoch] * 3, f.name
+            assert [float(z[f"adam_step{l}"]) for l in range(3)] == [epoch] * 3
+    assert len(list(folder.glob("epoch-*.npz"))) == 7

@@ -8,8 +8,12 @@ import numpy as np
 import pytest
 import zmq
 
+from dorylus_py.cluster.job import JobSpec
 from dorylus_py.cluster.node import Node
+from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
+from dorylus_py.pipeline.events import Tick
+from dorylus_py.platforms import Platform
 from dorylus_py.protocol import Message, decode, encode
 from dorylus_py.weights.server import WeightServer
 from graph_servers.server import GraphServer
@@ -53,18 +57,30 @@ def bad_frames(task):
     }
 
 
+class Recorder(Platform):
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def invoke(self, event):
+        self.events.append(event)
+
+
 def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_path, driver):
     prepare(small_graph, tmp_path / "p", 1)
     node = Node("graph-server", 0, driver, TOKEN)
-    spec = {"mode": "sync", "data_dir": str(tmp_path / "p"), "dims": [16, 8, 4], "feature_norm": "none", "chunks": 2,
-            "id_offsets": [0, small_graph.num_nodes], "graph_servers": [node.address], "weight_servers": [],
-            "relaunch_min_s": 5.0, "relaunch_factor": 3.0, "backend": "cpu", "tensor_threads": 1, "device": "cpu"}
-    gs = GraphServer(node, spec)
+    spec = JobSpec(config=TrainConfig(backend="cpu", tensor_threads=1, chunks=2), data_dir=str(tmp_path / "p"),
+                   feature_norm="none", dims=[16, 8, 4], id_offsets=[0, small_graph.num_nodes], chunk_counts=[2],
+                   graph_servers=[node.address], weight_servers=[])
+    gs = GraphServer(node, Message("start", {"spec": spec.to_wire()}))
+    gs.platform.close()
+    gs.platform = Recorder()  # the tasks are played by this test
     client = client_for(node)
     try:
-        rows = int(gs.bounds[1])
+        rows = int(gs.state.bounds[1])
         task = {"kind": "fwd", "train": True, "epoch": 1, "layer": 0, "chunk": 0}
-        gs.tracker.launch(("fwd", True, 1, 0, 0), time.time())
+        gs.feed(Tick(time.time()))
+        assert [e["task"]["chunk"] for e in gs.platform.events] == [0, 1]  # epoch 1's first tasks are out
         for name, frames in bad_frames(task).items():
             reply = ask(node, gs.handle, client, frames)
             assert reply.op == "error", name
@@ -72,9 +88,10 @@ def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_pa
         assert "expected" in ask(node, gs.handle, client, encode(wrong_shape, TOKEN))["reason"]
         for bad_task in ["x", {"kind": "fwd"}, dict(task, chunk=99), dict(task, kind="rm")]:
             assert ask(node, gs.handle, client, encode(Message("pull_rows", {"task": bad_task}), TOKEN)).op == "error"
-        not_running = dict(task, chunk=1)
-        assert "not running" in ask(node, gs.handle, client, encode(Message("pull_rows", {"task": not_running}), TOKEN))["reason"]
-        assert node.rejected == 11
+        assert node.rejected == 10
+        not_running = dict(task, layer=1)  # a copy nobody wants (any more) is told to stop, and why
+        cancel = ask(node, gs.handle, client, encode(Message("pull_rows", {"task": not_running, "req": "r1"}), TOKEN))
+        assert cancel.op == "cancel" and cancel["req"] == "r1" and "not running" in cancel["reason"]
 
         got = ask(node, gs.handle, client, encode(Message("pull_rows", {"task": task}), TOKEN))
         assert got.op == "rows" and got.tensors["P"].shape == (rows, 16)
@@ -82,7 +99,9 @@ def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_pa
         result = Message("push_result", {"task": task, "version": 0}, {"Z": z})
         assert ask(node, gs.handle, client, encode(result, TOKEN)).op == "ok"
         assert ask(node, gs.handle, client, encode(result, TOKEN)).op == "duplicate"
-        np.testing.assert_array_equal(gs.ZG[True][0][:rows], z)
+        np.testing.assert_array_equal(gs.state.ZG[True][0][:rows], z)
+        late = ask(node, gs.handle, client, encode(Message("pull_rows", {"task": task, "req": "r2"}), TOKEN))
+        assert late.op == "cancel" and late["reason"] == "already done"
     finally:
         client.close(0)
         gs.close()
@@ -91,8 +110,9 @@ def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_pa
 
 def test_weight_server_rejects_bad_messages_and_keeps_serving(driver):
     node = Node("weight-server", 0, driver, TOKEN)
-    ws = WeightServer(node, {"dims": [6, 4, 3], "seed": 0, "weight_servers": ["x"], "lr": 0.01,
-                             "weight_decay": 5e-4, "mode": "sync", "expected_grads": 1})
+    spec = JobSpec(config=TrainConfig(lr=0.01), data_dir="", feature_norm="none", dims=[6, 4, 3], id_offsets=[0, 1],
+                   chunk_counts=[1], weight_servers=["x"])
+    ws = WeightServer(node, Message("start", {"spec": spec.to_wire()}))
     client = client_for(node)
     try:
         for name, frames in bad_frames({}).items():

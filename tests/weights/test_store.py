@@ -40,7 +40,7 @@ def test_duplicate_gradient_is_never_applied_twice():
 
 
 def test_async_steps_per_chunk_and_stashes_held_versions():
-    store = WeightStore(init(), lr=0.1, weight_decay={}, update="chunk")
+    store = WeightStore(init(), lr=0.1, weight_decay={}, update="chunk", expected=2)  # 2 chunks: an epoch = 2 steps
     v0, w0 = store.pull(0, None, hold=(1, 0, 0))  # chunk 0's forward holds version 0
     g = np.ones((4, 3), np.float32)
     assert store.push(0, 0, (1, 0, 1), g)  # chunk 1's gradient: one step
@@ -48,10 +48,28 @@ def test_async_steps_per_chunk_and_stashes_held_versions():
     assert store.held_versions(0) == [0, 1]  # version 0 kept for chunk 0's backward
     v, w = store.pull(0, v0)
     np.testing.assert_array_equal(w, w0)
+    v1 = store.pull(0, None, hold=(2, 0, 1))[0]  # chunk 1's next forward holds version 1
     assert store.push(0, v0, (1, 0, 0), g)  # chunk 0's backward releases its hold
-    assert store.held_versions(0) == [2]
+    assert store.held_versions(0) == [1, 2]
+    assert store.push(0, v1, (2, 0, 1), g)
+    assert store.held_versions(0) == [3]
     with pytest.raises(WeightError, match="freed"):
-        store.pull(0, 0)
+        store.pull(0, 1)  # mid-epoch, not held: gone
+    np.testing.assert_array_equal(store.pull(0, 2)[1], store.state(0, 2)["W"])  # an epoch boundary: kept
+    np.testing.assert_array_equal(store.pull(0, 0)[1], w0)
+
+
+def test_epoch_snapshots_hold_weights_and_adam_state_of_one_version():
+    store = WeightStore(init(), lr=0.1, weight_decay={}, update="epoch", expected=1, keep=2)
+    g = np.ones((4, 3), np.float32)
+    for epoch in range(1, 4):
+        store.push(0, epoch - 1, (epoch, 0, 0), g)
+    assert [int(store.state(0, v)["version"]) for v in (2, 3)] == [2, 3]
+    assert float(store.state(0, 3)["adam_step"]) == 3 and store.state(0, 4) is None  # to come: the pull waits
+    with pytest.raises(WeightError, match="no epoch snapshot"):
+        store.state(0, 1)  # only the newest two are kept
+    with pytest.raises(WeightError, match="out of reach"):
+        store.pull(0, 10**6)
 
 
 def test_errors():

@@ -1,0 +1,242 @@
+"""The graph server's scheduler: a pure state machine, events in, instructions out.
+
+It decides everything a graph server does with its chunks, in ``sync`` and ``async`` mode alike:
+which tensor task to launch (and with which weights version), when a copy is overdue or lost and gets
+relaunched, which result takes effect (the first; exactly once) and what follows from it (rows and
+gradient contributions to the peers, the weight gradient to the weight server), when graph work runs,
+when an epoch is reported, and when the switch back to sync happens. It holds no sockets, threads,
+tensors or clocks: :mod:`graph_servers.server` feeds it events (see :mod:`.events`) and carries out
+what it returns.
+
+``sync``: at every stage every chunk waits for all the others; a graph stage runs once for all rows,
+and only when every peer's rows for it have come (one message per peer chunk: ``peer_chunks`` in
+all), so sync mode computes exactly full-batch training. ``async``: chunks move on their own within
+the staleness bound (:class:`.chunks.ChunkPipeline`); a training forward holds the newest weights
+version for its chunk's backward (weight stashing).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from dorylus_py.pipeline.chunks import TENSOR_STAGES, ChunkPipeline
+from dorylus_py.pipeline.events import (
+    Accept, Cancel, Finished, ForwardGradient, Freeze, Frozen, GraphDone, Invoke, PeerProgress, ReportEpoch,
+    RowsArrived, RunGraph, SendProgress, SendRows, Serve, Stuck, SwitchAt, TaskEnded, TaskKey, TaskPulled,
+    TaskResult, Tick,
+)  # fmt: skip
+from dorylus_py.pipeline.tasks import RelaunchPolicy, TaskTracker
+
+# A graph stage and the phase of the peer messages it needs (sync mode waits for all of them).
+GRAPH_INPUT = {"gather": "fwd", "egather": "efwd", "gather_bwd": "bwd"}
+
+
+@dataclass
+class Scheduler:
+    rank: int
+    chunks: int
+    layers: int
+    epochs: int
+    mode: str  # sync | async
+    staleness: int = 1
+    peers: tuple = ()  # ranks of the other graph servers
+    peer_chunks: int = 0  # messages a sync graph stage waits for: the peers' chunks, all together
+    first_epoch: int = 1
+    policy: RelaunchPolicy = field(default_factory=RelaunchPolicy)
+    stall_s: float = 300.0  # no progress for this long: stuck
+
+    def __post_init__(self):
+        self.pipe = ChunkPipeline(self.chunks, self.layers, self.epochs, self.staleness, first=self.first_epoch)
+        self.tracker = TaskTracker(self.policy)
+        self.sync = self.mode == "sync"
+        self.peer_min = {p: self.first_epoch for p in self.peers}
+        self.arrived: Counter = Counter()  # (phase, epoch, layer) -> peer messages stored
+        self.fwd_version: dict[tuple, int] = {}  # async: (layer, chunk) -> version its training forward used
+        self.invocations: dict[TaskKey, tuple] = {}  # running key -> (version, hold), the same for every copy
+        self.reported = self.first_epoch - 1
+        self.told = self.first_epoch  # the min epoch peers last heard from us
+        self.switch_at: int | None = None  # async: no epoch from this one on starts asynchronously
+        self.switch_final = False
+        self.graph_busy = False  # sync: the all-rows graph job is out
+        self.finished = False
+        self.now = 0.0
+        self.last_progress: float | None = None
+
+    # --- the one entry point ---------------------------------------------------------------------
+
+    def handle(self, event) -> list:
+        now = getattr(event, "now", None)
+        if now is not None:
+            self.now = max(self.now, now)
+        if self.last_progress is None:
+            self.last_progress = self.now
+        out = getattr(self, f"_on_{type(event).__name__}")(event)
+        if not self.finished:
+            out += self._advance()
+        return out
+
+    # --- events ----------------------------------------------------------------------------------
+
+    def _on_Tick(self, e: Tick) -> list:
+        if self.finished:
+            return []
+        gone = self.tracker.exhausted()
+        if gone is not None:
+            key, error = gone
+            return [Stuck(f"task {_name(key)} failed {self.tracker.attempts(key)} times; last error: {error}")]
+        if self.now - self.last_progress > self.stall_s:
+            return [Stuck(f"no progress for {self.stall_s:.0f} s ({self.describe()})")]
+        return []
+
+    def _on_TaskPulled(self, e: TaskPulled) -> list:
+        if self.tracker.pulled(e.key, e.attempt, e.now):
+            return [Serve(e.key)]
+        return [Cancel(e.key, "already done" if e.key in self.tracker.done else "not running here")]
+
+    def _on_TaskResult(self, e: TaskResult) -> list:
+        key = e.key
+        if not self.tracker.complete(key, e.now, e.attempt):
+            return [Cancel(key, "duplicate")]
+        self.invocations.pop(key, None)
+        self.last_progress = self.now
+        out: list = [Accept(key)]
+        kind, train, epoch, layer, chunk = key
+        if kind == "fwd":
+            if train and not self.sync:
+                self.fwd_version[(layer, chunk)] = int(e.version)
+            out.append(SendRows("fwd" if train else "efwd", epoch, layer, chunk))
+        elif kind == "loss":
+            out.append(SendRows("bwd", epoch, layer, chunk))
+        elif kind == "bwd":
+            if layer > 0:
+                out.append(SendRows("bwd", epoch, layer - 1, chunk))
+            out.append(ForwardGradient(key, int(e.version)))
+        self.pipe.done(chunk)
+        return out
+
+    def _on_TaskEnded(self, e: TaskEnded) -> list:
+        self.tracker.ended(e.key, e.attempt, e.ok, e.error)
+        return []
+
+    def _on_RowsArrived(self, e: RowsArrived) -> list:
+        self.arrived[(e.phase, e.epoch, e.layer)] += 1
+        return []
+
+    def _on_PeerProgress(self, e: PeerProgress) -> list:
+        if e.src in self.peer_min:
+            self.peer_min[e.src] = max(self.peer_min[e.src], e.min_epoch)
+        return []
+
+    def _on_GraphDone(self, e: GraphDone) -> list:
+        self.last_progress = self.now
+        if e.chunk is None:
+            self.graph_busy = False
+            for c in range(self.chunks):
+                self.pipe.done(c)
+        else:
+            self.pipe.done(e.chunk)
+        return []
+
+    def _on_Freeze(self, e: Freeze) -> list:
+        p = self.pipe
+        started = max(ep if (st or busy) else ep - 1 for ep, st, busy in zip(p.epoch, p.stage, p.busy))
+        if self.switch_at is None:
+            self.switch_at = started + 1
+        return [Frozen(self.switch_at)]
+
+    def _on_SwitchAt(self, e: SwitchAt) -> list:
+        self.switch_at, self.switch_final = e.epoch, True
+        return []
+
+    # --- what follows from the state ---------------------------------------------------------------
+
+    def _advance(self) -> list:
+        out = [Invoke(key, attempt, *self.invocations[key]) for key, attempt in self.tracker.due(self.now)]
+        out += self._start_ready()
+        while self.reported < self.epochs and self.pipe.epoch_complete(self.reported + 1):
+            self.reported += 1
+            self.last_progress = self.now
+            out.append(ReportEpoch(self.reported))
+            low = self.pipe.min_epoch()
+            self.tracker.forget_before(min([low, *self.peer_min.values()]) - 1)
+            for tag in [t for t in self.arrived if t[1] < low]:
+                del self.arrived[tag]
+        if self.pipe.min_epoch() != self.told:
+            self.told = self.pipe.min_epoch()
+            out.append(SendProgress(self.told))
+        if self.reported >= self.epochs:
+            self.finished = True
+            out.append(Finished())
+        return out
+
+    def _start_ready(self) -> list:
+        if not self.sync and self.switch_final and self.pipe.min_epoch() >= self.switch_at:
+            self.sync = True  # every chunk finished the epochs before the switch: go on with barriers
+        if self.sync:
+            return self._start_sync()
+        out = []
+        for c, epoch, stage, layer in self.pipe.ready(self.slowest(), self.switch_at):
+            self.pipe.started(c)
+            out.append(self._start(c, epoch, stage, layer))
+        return out
+
+    def _start_sync(self) -> list:
+        if self.graph_busy:
+            return []
+        epoch, index = self.pipe.behind()
+        if epoch > self.epochs:
+            return []
+        stage, layer = self.pipe.stages[index]
+        at = [c for c in range(self.chunks) if self.pipe.position(c) == (epoch, index)]
+        if index == 0 and epoch - self.slowest() > 1:
+            return []  # after a switch from async: peers still finish older epochs
+        if stage in TENSOR_STAGES:
+            todo = [c for c in at if not self.pipe.busy[c]]
+            for c in todo:
+                self.pipe.started(c)
+            return [self._start(c, epoch, stage, layer) for c in todo]
+        if len(at) < self.chunks or self.arrived[(GRAPH_INPUT[stage], epoch, layer)] < self.peer_chunks:
+            return []  # a chunk is still behind, or a peer's rows have not all come
+        self.graph_busy = True
+        for c in at:
+            self.pipe.started(c)
+        return [RunGraph(stage, epoch, layer, None)]
+
+    def _start(self, chunk: int, epoch: int, stage: str, layer: int):
+        if stage not in TENSOR_STAGES:
+            return RunGraph(stage, epoch, layer, chunk)
+        kind, train = ("fwd", False) if stage == "efwd" else (stage, stage != "eval")
+        key = TaskKey(kind, train, epoch, layer, chunk)
+        self.tracker.launch(key, self.now)
+        self.invocations[key] = (self._version(key), (epoch, self.rank, chunk) if kind == "fwd" and train and not self.sync else None)
+        return Invoke(key, 1, *self.invocations[key])
+
+    def _version(self, key: TaskKey) -> int | None:
+        """Sync trains on ``epoch - 1`` and evaluates on ``epoch``; async forwards take the newest
+        (training ones hold it), and a backward the one its forward used."""
+        if not self.sync:
+            return self.fwd_version.get((key.layer, key.chunk)) if key.kind == "bwd" else None
+        if key.kind in ("loss", "eval"):
+            return None
+        return key.epoch - 1 if key.train else key.epoch
+
+    def slowest(self) -> int:
+        return min([self.pipe.min_epoch(), *self.peer_min.values()])
+
+    def describe(self) -> str:
+        stages = [f"{self.pipe.epoch[c]}:{'/'.join(map(str, self.pipe.current(c)))}" for c in range(self.chunks)]
+        return f"chunks at {', '.join(stages)}; peers at {self.peer_min}; tasks out {len(self.tracker.running)}"
+
+    def validate(self) -> None:
+        """Invariants, for tests."""
+        self.pipe.validate()
+        assert set(self.invocations) == set(self.tracker.running)
+        for key in self.tracker.running:
+            assert self.pipe.busy[key.chunk] and self.pipe.epoch[key.chunk] == key.epoch
+            assert self.tracker.in_flight(key) <= self.policy.max_copies
+
+
+def _name(key: TaskKey) -> str:
+    kind = key.kind if key.train or key.kind == "eval" else "efwd"
+    return f"{kind} epoch {key.epoch} layer {key.layer} chunk {key.chunk}"

@@ -1,0 +1,60 @@
+"""What a graph server sends and accepts: task events for tensor workers, and checks on what comes in.
+
+Every field a peer or a tensor worker sends is checked here, against the job, before the scheduler or
+the arrays see it; anything wrong raises :class:`~dorylus_py.protocol.ProtocolError`, which the
+server's receive loop answers with an ``error`` reply (carrying the request id) and survives.
+"""
+
+from __future__ import annotations
+
+from dorylus_py.cluster.job import JobSpec
+from dorylus_py.pipeline.events import TASK_KINDS, Invoke, TaskKey
+from dorylus_py.protocol import Message, ProtocolError, require
+
+MAX_INT = 2**53  # JSON integers beyond this are not exact in every reader
+
+
+def task_event(spec: JobSpec, rank: int, address: str, token: str, inv: Invoke) -> dict:
+    """The event a tensor worker gets for a copy of a task (the same for every copy but ``attempt``)."""
+    cfg = spec.config
+    key = inv.key
+    return {
+        "token": token,
+        "graph_server": address,
+        "weight_servers": spec.weight_servers,
+        "dropout": cfg.dropout,
+        "seed": cfg.seed,
+        "num_train": spec.num_train,
+        "task": {"kind": key.kind, "train": key.train, "epoch": key.epoch, "layer": key.layer, "chunk": key.chunk,
+                 "server": rank, "version": inv.version, "hold": list(inv.hold) if inv.hold else None,
+                 "attempt": inv.attempt},
+    }
+
+
+def integer(value, name: str, low: int = 0, high: int = MAX_INT) -> int:
+    """``value`` as an int in ``[low, high)``, or a ProtocolError naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < high:
+        raise ProtocolError(f"{name} must be an integer in [{low}, {high}), got {value!r}")
+    return value
+
+
+def task_of(task, layers: int, chunks: int) -> tuple[TaskKey, int]:
+    """The key and attempt number of a task a worker names."""
+    if not isinstance(task, dict):
+        raise ProtocolError("task must be an object")
+    kind, train = task.get("kind"), task.get("train")
+    if kind not in TASK_KINDS or not isinstance(train, bool):
+        raise ProtocolError(f"malformed task {task!r:.200}")
+    key = TaskKey(kind, train, integer(task.get("epoch"), "task epoch", 1), integer(task.get("layer"), "task layer", 0, layers),
+                  integer(task.get("chunk"), "task chunk", 0, chunks))
+    return key, integer(task.get("attempt", 1), "task attempt", 1)
+
+
+def peer_rows(msg: Message, layers: int) -> tuple[str, int, int, int, int, int]:
+    """``(phase, src, epoch, layer, src_chunk, min_epoch)`` of a ``ghosts`` message from a peer."""
+    require(msg, "phase", "epoch", "layer", "src", "chunk", "positions", "rows")
+    phase = msg["phase"]
+    if phase not in ("fwd", "efwd", "bwd"):
+        raise ProtocolError(f"unknown ghost phase {phase!r}")
+    return (phase, integer(msg["src"], "src"), integer(msg["epoch"], "epoch", 1), integer(msg["layer"], "layer", 0, layers),
+            integer(msg["chunk"], "chunk"), integer(msg.get("min_epoch", 1), "min_epoch", 1))
