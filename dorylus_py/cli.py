@@ -337,7 +337,7 @@ def _run_train(args) -> int:
     from dorylus_py.data import SynthConfig, generate, load_graph
     from dorylus_py.progress import status
     from dorylus_py.training import RunRecord, train_reference
-    from dorylus_py.training.reference import resolve_feature_norm
+    from dorylus_py.training.reference import feature_norm_for, resolve_feature_norm
 
     cfg = _config_from_args(TrainConfig, args)
     cluster = None
@@ -357,14 +357,19 @@ def _run_train(args) -> int:
     if cfg.backend == "lambda" and cluster is None and not cfg.lambda_run_here:
         raise DorylusError("--backend lambda needs --cluster FILE: Lambdas must reach the graph and weight servers at "
                            "addresses in that file (or --lambda-run-here, for tests against moto)")
-    if cfg.data is None:
+    store = _ready_store(cfg)
+    if store is not None:  # the graph servers read it; the driver needs only its manifest
+        graph, summary = None, store.manifest["summary"]
+        norm = feature_norm_for(cfg.feature_norm, store.manifest["features_nonnegative"], cfg.data)
+    elif cfg.data is None:
         synth = SynthConfig()
         status(f"no --data: generating a graph ({synth.nodes:,} vertices, {synth.edges:,} edges, seed {synth.seed})")
         graph = generate(synth)
     else:
         status(f"loading {cfg.data}")
         graph = load_graph(cfg.data, _sources(args))
-    norm = resolve_feature_norm(cfg, graph)
+    if graph is not None:
+        summary, norm = graph.summary(), resolve_feature_norm(cfg, graph)
     if cfg.resume:  # checked before anything is written
         from dorylus_py.checkpoint import checkpoint_root, load_checkpoint
 
@@ -375,7 +380,7 @@ def _run_train(args) -> int:
             raise DorylusError(f"the newest checkpoint in {checkpoint_root(cfg.data)} is at epoch {done}; "
                                f"--epochs {cfg.epochs} leaves nothing to do")
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode if cfg.mode in DECENTRAL_MODES else cfg.backend}")
-    config = cfg.to_dict() | {"feature_norm": norm, "graph": graph.summary(), "graph_source": graph.source}
+    config = cfg.to_dict() | {"feature_norm": norm, "graph": summary, "graph_source": cfg.data if graph is None else graph.source}
     if cfg.mode in DECENTRAL_MODES:
         from dorylus_py.decentral.launcher import train_decentral
 
@@ -647,6 +652,18 @@ def _partitions_for(cfg, graph, run_dir: Path, partitioner: str) -> Path:
     status(f"partitioning into {cfg.graph_servers} parts ({partitioner})")
     prepare(graph, run_dir / "partitions", cfg.graph_servers, partitioner, overwrite=True)
     return run_dir / "partitions"
+
+
+def _ready_store(cfg):
+    """The prepared store a distributed run can train on as it is (``--data``, with ``--graph-servers``
+    partitions), or None: then the graph is loaded (and partitioned) by the driver."""
+    from dorylus_py.config import DECENTRAL_MODES
+    from dorylus_py.partition import PartitionStore
+
+    if cfg.backend == "reference" or cfg.mode in DECENTRAL_MODES or not _is_prepared_store(cfg.data):
+        return None
+    store = PartitionStore.open(cfg.data)
+    return store if store.num_parts == cfg.graph_servers else None
 
 
 def _is_prepared_store(data: str | None) -> bool:

@@ -8,6 +8,13 @@ one buffer of ``n_local + n_ghost`` rows, so Gather reads it in place. The loss 
 peers their contribution ``Â[chunk, ghosts]ᵀ dG_l[chunk]`` to their vertices' gradients (the newest
 contribution of every peer chunk is kept, in ``remote_dz``), and Gather backward is
 ``dZ_l = Âᵀ[local] dG_l + remote_dz_l``. Backward tasks produce ``dG_{l-1}`` and ``dW_l``.
+
+Memory: the partition's arrays stay memory-mapped from the store and are never copied.
+``Â`` is held as ``Â_LL`` (local columns) and ``Â_LG`` (ghost columns) (``kernels/sparse.py``
+:class:`BlockAdjacency`); each chunk's rows are views of them, ``Â_LL`` serves backward too when it is
+symmetric (an undirected graph; else the store's ``Â_LLᵀ`` is mapped), and only ``Â_LGᵀ`` is built,
+chunk by chunk, for the contributions: 8 bytes per edge plus 8 per cut edge in all. Features are read
+and converted to float32 (and row-normalised) one chunk at a time, when a task pulls them.
 """
 
 from __future__ import annotations
@@ -16,14 +23,10 @@ import numpy as np
 import torch
 
 from dorylus_py.data.graph import row_normalized
-from dorylus_py.kernels.sparse import NormalizedAdjacency
+from dorylus_py.kernels.sparse import BlockAdjacency, csr_nbytes
 from dorylus_py.partition.layout import Partition
 from dorylus_py.pipeline.events import TaskKey
 from dorylus_py.protocol import ProtocolError, require
-
-
-def _csr(indptr, indices, weights, shape) -> torch.Tensor:
-    return NormalizedAdjacency.from_csr(indptr, indices, weights, shape).matrix
 
 
 class GraphState:
@@ -35,11 +38,13 @@ class GraphState:
         self.dims = dims
         self.layers = len(dims) - 1
         self.peers = [p for p in range(part.num_parts) if p != part.index]
-        x = np.asarray(part.features)
-        self.x = np.ascontiguousarray(row_normalized(x) if feature_norm == "row" else x, dtype=np.float32)
+        self.feature_norm = feature_norm
         self.labels = np.asarray(part.labels)
         self.masks = np.stack([np.asarray(part.train_mask), np.asarray(part.val_mask), np.asarray(part.test_mask)])
-        self.adj = NormalizedAdjacency.from_csr(part.indptr, part.indices, part.weights, (self.n, self.n + self.g))
+        local_t = None if part.local_symmetric else (part.local_t_indptr, part.local_t_indices, part.local_t_weights)
+        self.adj = BlockAdjacency.from_arrays((part.local_indptr, part.local_indices, part.local_weights),
+                                              (part.ghost_indptr, part.ghost_indices, part.ghost_weights),
+                                              local_t, self.n, self.g)
         self.bounds = np.linspace(0, self.n, chunk_counts[part.index] + 1).astype(np.int64)
         self.send_ids = [torch.from_numpy(np.array(part.sends_to(p))) for p in range(part.num_parts)]
         # ZG[train][l]: rows 0..n-1 are Z_l, rows n.. its ghosts; G[train][l]: gathered, (n, d_{l+1})
@@ -52,6 +57,18 @@ class GraphState:
         self._chunk_layouts()
 
     @property
+    def edges(self) -> int:
+        """In-edges held (both blocks, without the self loops)."""
+        return int(len(self.part.local_indices) + len(self.part.ghost_indices)) - self.n
+
+    @property
+    def structure_bytes(self) -> int:
+        """Bytes of graph structure for forward and backward Gather: the blocks, each chunk's new row
+        pointers, and the chunks' ghost transposes."""
+        chunks = sum(r.row_pointer_bytes() for r in self.rows_of) + csr_nbytes(*self.ghost_t)
+        return self.adj.nbytes() + chunks
+
+    @property
     def chunks(self) -> int:
         return len(self.bounds) - 1
 
@@ -59,29 +76,19 @@ class GraphState:
         return int(self.bounds[c]), int(self.bounds[c + 1])
 
     def _chunk_layouts(self) -> None:
-        """Per chunk: its rows of Â, its rows of Âᵀ over local vertices, and ``Â[chunk, ghosts]ᵀ`` for
-        the contributions to the ghosts' owners; which of its rows each peer holds as ghosts."""
+        """Per chunk: its rows of the blocks (views), ``Â[chunk, ghosts]ᵀ`` for the contributions to the
+        ghosts' owners, and which of its rows each peer holds as ghosts."""
         part = self.part
-        ip, ix, w = np.asarray(part.indptr), np.asarray(part.indices), np.asarray(part.weights)
-        tp = self.adj.transpose  # (n + g, n): its first n rows are Âᵀ restricted to local vertices
-        t_ptr, t_ix, t_w = tp.crow_indices().numpy(), tp.col_indices().numpy(), tp.values().numpy()
-        self.rows_of, self.local_t, self.ghost_t, self.touched, self.send_in_chunk = [], [], [], [], []
+        self.rows_of, self.ghost_t, self.touched, self.send_in_chunk = [], [], [], []
         for c in range(self.chunks):
             a, b = self.chunk(c)
-            lo, hi = ip[a], ip[b]
-            self.rows_of.append(_csr(ip[a : b + 1] - lo, ix[lo:hi], w[lo:hi], (b - a, self.n + self.g)))
-            self.local_t.append(_csr(t_ptr[a : b + 1] - t_ptr[a], t_ix[t_ptr[a] : t_ptr[b]], t_w[t_ptr[a] : t_ptr[b]],
-                                     (b - a, self.n)))
-            ghost = ix[lo:hi] >= self.n
-            r = np.repeat(np.arange(b - a), np.diff(ip[a : b + 1]))[ghost]
-            gcols = ix[lo:hi][ghost] - self.n
-            touched = np.unique(gcols)  # the ghosts this chunk has edges from, sorted (so grouped by owner)
-            gm = _csr(np.concatenate([[0], np.cumsum(np.bincount(r, minlength=b - a))]), np.searchsorted(touched, gcols),
-                      w[lo:hi][ghost], (b - a, len(touched)))
-            self.ghost_t.append(gm.t().to_sparse_csr())  # (touched, b - a)
+            rows = self.adj.rows(a, b)
+            self.rows_of.append(rows)
+            touched, ghost_t = rows.ghost_transpose()  # the ghosts this chunk has edges from, grouped by owner
+            self.ghost_t.append(ghost_t)  # (touched, b - a)
             cut = np.searchsorted(touched, np.asarray(part.ghost_offsets))
-            self.touched.append({p: (cut[p], cut[p + 1], touched[cut[p] : cut[p + 1]] - part.ghost_offsets[p])
-                                 for p in self.peers})
+            self.touched.append({p: (cut[p], cut[p + 1], touched[cut[p] : cut[p + 1]].astype(np.int64)
+                                     - part.ghost_offsets[p]) for p in self.peers})
             per_peer = {}
             for p in self.peers:
                 ids = self.send_ids[p].numpy()
@@ -94,19 +101,19 @@ class GraphState:
     def gather(self, train: bool, layer: int, chunk: int | None) -> None:
         zg = torch.from_numpy(self.ZG[train][layer])
         if chunk is None:
-            self.G[train][layer][:] = torch.sparse.mm(self.adj.matrix, zg).numpy()
+            self.G[train][layer][:] = self.adj.gather(zg).numpy()
         else:
             a, b = self.chunk(chunk)
-            self.G[train][layer][a:b] = torch.sparse.mm(self.rows_of[chunk], zg).numpy()
+            self.G[train][layer][a:b] = self.rows_of[chunk].gather(zg).numpy()
 
     def gather_backward(self, layer: int, chunk: int | None) -> None:
         """``dZ_l`` of the chunk's rows: our own chunks' ``dG_l`` through ``Âᵀ``, plus the peers' parts."""
         dg = torch.from_numpy(self.dG[layer])
         if chunk is None:
-            self.dZ[layer][:] = torch.sparse.mm(self.adj.transpose, dg)[: self.n].numpy() + self.remote_dz[layer]
+            self.dZ[layer][:] = self.adj.gather_t(dg).numpy() + self.remote_dz[layer]
         else:
             a, b = self.chunk(chunk)
-            self.dZ[layer][a:b] = torch.sparse.mm(self.local_t[chunk], dg).numpy() + self.remote_dz[layer][a:b]
+            self.dZ[layer][a:b] = self.rows_of[chunk].gather_t(dg).numpy() + self.remote_dz[layer][a:b]
 
     # --- what goes to the peers --------------------------------------------------------------------
 
@@ -156,7 +163,7 @@ class GraphState:
         """What a task pulls: the chunk's rows of its inputs."""
         kind, train, _, layer, chunk = key
         a, b = self.chunk(chunk)
-        p = (lambda: self.x[a:b] if layer == 0 else self.G[train][layer - 1][a:b])
+        p = (lambda: self.input_rows(a, b) if layer == 0 else self.G[train][layer - 1][a:b])
         if kind == "fwd":
             return {"P": p()}
         if kind == "bwd":
@@ -165,6 +172,11 @@ class GraphState:
         if kind == "loss":
             return {"logits": logits, "labels": self.labels[a:b], "train": self.masks[0, a:b]}
         return {"logits": logits, "labels": self.labels[a:b], "masks": self.masks[:, a:b]}
+
+    def input_rows(self, a: int, b: int) -> np.ndarray:
+        """Feature rows ``a:b`` as float32, row-normalised if configured (``P_0`` of the chunk)."""
+        x = self.part.feature_rows(a, b)
+        return row_normalized(x) if self.feature_norm == "row" else x
 
     def check_result(self, key: TaskKey, msg) -> None:
         kind, _, _, layer, chunk = key
@@ -197,3 +209,4 @@ class GraphState:
             self.dG[layer - 1][a:b] = tensors["dG"]
         elif kind == "loss":
             self.dG[self.layers - 1][a:b] = tensors["dG"]
+

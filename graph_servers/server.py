@@ -87,7 +87,9 @@ class GraphServer:
         self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "bytes_sent": 0, "bytes_received": 0}
         self.finished = False
         log.info("graph server %d start %s", self.k, json.dumps({
-            "rank": self.k, "vertices": self.state.n, "edges": int(len(part.indices)), "ghosts": self.state.g,
+            "rank": self.k, "vertices": self.state.n, "edges": self.state.edges, "ghosts": self.state.g,
+            "structure_bytes": self.state.structure_bytes,
+            "structure_bytes_per_edge": round(self.state.structure_bytes / max(self.state.edges, 1), 2),
             "peers": len(self.peers), "chunks": self.state.chunks, "platform": self.platform.name,
             "first_epoch": spec.first_epoch, "restart": spec.restart}))
 

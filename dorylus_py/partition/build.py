@@ -3,8 +3,8 @@
 One pass over the CSR finds each partition's ghosts, its rows' edge counts and the edge cut (and,
 for comparison, a hash partition's). Then, one partition at a time, a pass over the CSR's row blocks
 writes ``Â_LL`` and ``Â_LG`` straight into their ``.npy`` files (row counts are known, so every
-file's size is), and external sorts (``data/extsort.py``) produce ``Â_LGᵀ`` and check whether
-``Â_LL`` is symmetric (writing ``Â_LLᵀ`` only when it is not). Features are read once, in row
+file's size is), and an external sort (``data/extsort.py``) of ``Â_LL``'s transposed keys checks
+whether it is symmetric and writes ``Â_LLᵀ`` only when it is not. Features are read once, in row
 blocks, and each block's rows are appended to their partitions' files. Memory: a few per-vertex
 arrays (ids, owners, degrees; ``K`` bytes per vertex for the ghost marks) plus one block.
 """
@@ -86,23 +86,20 @@ class LayoutWriter:
         files["local_indptr.npy"] = save_npy(folder / "local_indptr.npy", local_ptr.astype(idx))
         files["ghost_indptr.npy"] = save_npy(folder / "ghost_indptr.npy", ghost_ptr.astype(idx))
         local_t = KeyBuckets(self.workdir, n_k * n_k, nnz_l, name=f"llt-{k}")
-        ghost_t = KeyBuckets(self.workdir, max(g_k, 1) * n_k, nnz_g, name=f"lgt-{k}")
         try:
             with _Writers(folder, files, {"local_indices": (idx, nnz_l), "local_weights": (np.float32, nnz_l),
                                           "ghost_indices": (idx, nnz_g), "ghost_weights": (np.float32, nnz_g)}) as w:
                 for r0, r1 in self.csr.row_ranges():
                     self.say(f"partition {k + 1}/{self.parts}: rows {r0:,} of {self.n:,}")
-                    self._write_block(k, r0, r1, col, w, local_t, ghost_t)
-            self._write_transpose(k, ghost_t, g_k, n_k, nnz_g, idx, "ghost_t", ghosts, gids)
+                    self._write_block(k, r0, r1, col, w, local_t)
             symmetric = self._symmetric(local_t, folder, n_k)
             if symmetric:
                 for name, dtype in (("indptr", idx), ("indices", idx), ("weights", np.float32)):
                     files[f"local_t_{name}.npy"] = save_npy(folder / f"local_t_{name}.npy", np.zeros(0, dtype))
             else:
-                self._write_transpose(k, local_t, n_k, n_k, nnz_l, idx, "local_t", gids, gids)
+                self._write_transpose(k, local_t, n_k, nnz_l, idx)
         finally:
             local_t.remove()
-            ghost_t.remove()
         for name, a in (("ghost_ids", ghosts.astype(np.int64)), ("ghost_offsets", self.ghost_offsets[k])):
             files[f"{name}.npy"] = save_npy(folder / f"{name}.npy", a)
         bytes_ = sum(np.load(folder / f"{a}.npy", mmap_mode="r").nbytes for a in Partition.STRUCTURE)
@@ -110,7 +107,7 @@ class LayoutWriter:
                            "local_symmetric": symmetric, "index_dtype": np.dtype(idx).name,
                            "structure_bytes": bytes_})
 
-    def _write_block(self, k, r0, r1, col, w, local_t: KeyBuckets, ghost_t: KeyBuckets) -> None:
+    def _write_block(self, k, r0, r1, col, w, local_t: KeyBuckets) -> None:
         owned = self.owner[r0:r1] == k
         if not owned.any():
             return
@@ -137,21 +134,19 @@ class LayoutWriter:
             gr, gc, src = gr[order], gc[order], src[order]
         w.write("ghost_indices", gc)
         w.write("ghost_weights", self.dinv[gid[gr]] * self.dinv[src])
-        ghost_t.add(gc * n_k + gr)
 
-    def _write_transpose(self, k, buckets: KeyBuckets, rows_t, cols_t, nnz, idx, name, row_ids, col_ids) -> None:
-        """``name_indptr/indices/weights``: the transposed block, from its keys ``row_t * cols_t + col_t``
-        (``row_ids``/``col_ids``: global ids of its rows and columns, for the weights)."""
-        folder, files = self.folders[k], self.files[k]
-        counts = np.zeros(rows_t, dtype=np.int64)
-        with _Writers(folder, files, {f"{name}_indices": (idx, nnz), f"{name}_weights": (np.float32, nnz)}) as w:
+    def _write_transpose(self, k, buckets: KeyBuckets, n_k: int, nnz: int, idx) -> None:
+        """``local_t_indptr/indices/weights``: ``Â_LLᵀ`` from its keys ``row_t * n_k + col_t``."""
+        folder, files, gids = self.folders[k], self.files[k], self.members[k]
+        counts = np.zeros(n_k, dtype=np.int64)
+        with _Writers(folder, files, {"local_t_indices": (idx, nnz), "local_t_weights": (np.float32, nnz)}) as w:
             for _, keys in buckets.sorted_buckets():
-                r, c = keys // cols_t, keys % cols_t
+                r, c = keys // n_k, keys % n_k
                 if len(r):
                     counts[r[0] : r[-1] + 1] += np.bincount(r - r[0])
-                w.write(f"{name}_indices", c)
-                w.write(f"{name}_weights", self.dinv[row_ids[r]] * self.dinv[col_ids[c]])
-        files[f"{name}_indptr.npy"] = save_npy(folder / f"{name}_indptr.npy", _indptr(counts).astype(idx))
+                w.write("local_t_indices", c)
+                w.write("local_t_weights", self.dinv[gids[r]] * self.dinv[gids[c]])
+        files["local_t_indptr.npy"] = save_npy(folder / "local_t_indptr.npy", _indptr(counts).astype(idx))
 
     def _symmetric(self, local_t: KeyBuckets, folder: Path, n_k: int) -> bool:
         """Whether ``Â_LL`` equals its transpose: every sorted bucket of transposed keys must equal the

@@ -5,13 +5,13 @@ Its rows of ``Â`` are kept as two CSR blocks, so that backward needs no second 
 
 - ``local_*``: ``Â_LL`` (n_local x n_local), the in-edges from owned vertices, self loop included;
 - ``ghost_*``: ``Â_LG`` (n_local x n_ghost), the in-edges from ghosts (remote in-neighbours);
-- ``ghost_t_*``: ``Â_LGᵀ`` (n_ghost x n_local), what backward Gather sends each ghost's owner;
 - ``local_t_*``: ``Â_LLᵀ``, stored only when ``Â_LL`` is not symmetric (a directed graph); on an
-  undirected graph ``Â_LL`` serves both directions, so the structure costs 8 bytes per edge plus 8
-  per cut edge, not 16 per edge.
+  undirected graph ``Â_LL`` serves both directions.
 
 Forward Gather is ``Â_LL Z + Â_LG Z_ghost``; backward is ``Â_LLᵀ dG`` for the local rows and
-``Â_LGᵀ dG`` for the ghosts' owners. Indices are int32 wherever the counts allow, weights float32.
+``Â_LGᵀ dG`` for the ghosts' owners, the latter built by the graph server chunk by chunk (its chunks
+are a training setting). So an undirected graph's structure costs 8 bytes per edge plus 8 per cut
+edge, not 16 per edge. Indices are int32 wherever the counts allow, weights float32.
 Ghosts are sorted by owner, then by global id, so ghosts owned by peer ``p`` occupy the contiguous
 slice ``ghost_offsets[p]:ghost_offsets[p+1]``. The send list for peer ``p``
 (``send_ids[send_offsets[p]:send_offsets[p+1]]``) names the local rows ``p`` needs, in the order of
@@ -40,9 +40,6 @@ class Partition:
     ghost_indptr: np.ndarray  # (n_local + 1,): Â_LG rows
     ghost_indices: np.ndarray  # (nnz_ghost,) ghost columns in [0, n_ghost)
     ghost_weights: np.ndarray  # (nnz_ghost,) float32
-    ghost_t_indptr: np.ndarray  # (n_ghost + 1,): Â_LGᵀ rows, one per ghost
-    ghost_t_indices: np.ndarray  # (nnz_ghost,) local rows in [0, n_local)
-    ghost_t_weights: np.ndarray  # (nnz_ghost,) float32
     local_t_indptr: np.ndarray  # (n_local + 1,) or (0,) when Â_LL is symmetric
     local_t_indices: np.ndarray  # (nnz_local,) or (0,)
     local_t_weights: np.ndarray  # (nnz_local,) or (0,)
@@ -59,8 +56,8 @@ class Partition:
 
     ARRAYS = (
         "global_ids", "local_indptr", "local_indices", "local_weights", "ghost_indptr", "ghost_indices",
-        "ghost_weights", "ghost_t_indptr", "ghost_t_indices", "ghost_t_weights", "local_t_indptr",
-        "local_t_indices", "local_t_weights", "ghost_ids", "ghost_offsets", "send_ids", "send_offsets",
+        "ghost_weights", "local_t_indptr", "local_t_indices", "local_t_weights", "ghost_ids", "ghost_offsets",
+        "send_ids", "send_offsets",
         "features", "labels", "train_mask", "val_mask", "test_mask",
     )  # fmt: skip
     STRUCTURE = tuple(a for a in ARRAYS if a.startswith(("local_", "ghost_")) and a not in ("ghost_ids", "ghost_offsets"))
@@ -85,7 +82,7 @@ class Partition:
         return self.send_ids[self.send_offsets[peer] : self.send_offsets[peer + 1]]
 
     def structure_bytes(self) -> int:
-        """Bytes of graph structure (both directions), as stored and as a server maps them."""
+        """Bytes of graph structure as stored (a server adds ``Â_LGᵀ``: 8 bytes per cut edge)."""
         return sum(int(getattr(self, a).nbytes) for a in self.STRUCTURE)
 
     def feature_rows(self, start: int = 0, stop: int | None = None) -> np.ndarray:

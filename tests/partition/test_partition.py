@@ -7,23 +7,16 @@ import torch
 from dorylus_py.data import Graph, load_graph
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.kernels import NormalizedAdjacency
+from dorylus_py.kernels.sparse import BlockAdjacency
 from dorylus_py.partition import PartitionStore, prepare
 from tests.data.test_formats import same
 
 
-def _csr(indptr, indices, weights, shape) -> torch.Tensor:
-    return torch.sparse_csr_tensor(torch.from_numpy(np.array(indptr, np.int64)), torch.from_numpy(np.array(indices, np.int64)),
-                                   torch.from_numpy(np.array(weights)), size=shape)
-
-
-def _blocks(p):
-    """Â_LL, Â_LG, Â_LGᵀ and Â_LLᵀ of a loaded partition, as torch CSR tensors."""
-    n, g = p.num_local, p.num_ghosts
-    ll = _csr(p.local_indptr, p.local_indices, p.local_weights, (n, n))
-    lg = _csr(p.ghost_indptr, p.ghost_indices, p.ghost_weights, (n, g))
-    lgt = _csr(p.ghost_t_indptr, p.ghost_t_indices, p.ghost_t_weights, (g, n))
-    llt = ll if p.local_symmetric else _csr(p.local_t_indptr, p.local_t_indices, p.local_t_weights, (n, n))
-    return ll, lg, lgt, llt
+def _adjacency(p) -> BlockAdjacency:
+    """A loaded partition's blocks, as a graph server holds them (views of the memory-mapped arrays)."""
+    local_t = None if p.local_symmetric else (p.local_t_indptr, p.local_t_indices, p.local_t_weights)
+    return BlockAdjacency.from_arrays((p.local_indptr, p.local_indices, p.local_weights),
+                                      (p.ghost_indptr, p.ghost_indices, p.ghost_weights), local_t, p.num_local, p.num_ghosts)
 
 
 @pytest.mark.parametrize("method", ["metis", "fennel", "hash"])
@@ -64,29 +57,32 @@ def test_distributed_gather_and_backward_equal_global(small_graph, tmp_path, par
     ids = [torch.from_numpy(np.array(p.global_ids)) for p in loaded]
     got_t = torch.zeros_like(expected_t)
     for p in loaded:
-        ll, lg, lgt, llt = _blocks(p)
+        adj = _adjacency(p)
         ghosts = torch.zeros(p.num_ghosts, 6)
         for peer in range(parts):  # what each peer sends, in its send-list order, lands in our ghost slice
             ghosts[p.ghosts_from(peer)] = h[ids[peer]][torch.from_numpy(np.array(loaded[peer].sends_to(p.index)))]
-        out = torch.sparse.mm(ll, h[ids[p.index]]) + torch.sparse.mm(lg, ghosts)
-        torch.testing.assert_close(out, expected[ids[p.index]], rtol=1e-5, atol=1e-6)
-        got_t[ids[p.index]] += torch.sparse.mm(llt, grad[ids[p.index]])
-        got_t[torch.from_numpy(np.array(p.ghost_ids))] += torch.sparse.mm(lgt, grad[ids[p.index]])
+        zg = torch.cat([h[ids[p.index]], ghosts])
+        torch.testing.assert_close(adj.gather(zg), expected[ids[p.index]], rtol=1e-5, atol=1e-6)
+        half = p.num_local // 2  # a chunk's rows are views that give the same rows
+        torch.testing.assert_close(adj.rows(half, p.num_local).gather(zg), expected[ids[p.index]][half:], rtol=1e-5, atol=1e-6)
+        got_t[ids[p.index]] += adj.gather_t(grad[ids[p.index]])
+        for a, b in ((0, half), (half, p.num_local)):  # contributions to the ghosts' owners, chunk by chunk
+            touched, ghost_t = adj.rows(a, b).ghost_transpose()
+            got_t[torch.from_numpy(np.array(p.ghost_ids)[touched])] += torch.sparse.mm(ghost_t, grad[ids[p.index]][a:b])
         assert p.ghosts_from(p.index).stop == p.ghosts_from(p.index).start  # never a ghost of itself
         assert p.local_indices.dtype == np.int32 and p.local_weights.dtype == np.float32
+        assert adj.local.col_indices().data_ptr() == torch.from_numpy(np.asarray(p.local_indices)).data_ptr()  # no copy
+        assert adj.symmetric == (not directed)
     torch.testing.assert_close(got_t, expected_t, rtol=1e-5, atol=1e-6)
     assert same(store.assemble(), graph)
 
 
-def test_structure_is_at_most_16_bytes_per_edge_on_undirected_graphs(small_graph, tmp_path):
+def test_stored_structure_is_8_bytes_per_entry_plus_row_pointers(small_graph, tmp_path):
     m = prepare(small_graph, tmp_path / "p", 2, "hash")
     store = PartitionStore.open(tmp_path / "p")
     for k, meta in enumerate(m["parts"]):
         p = store.load(k)
-        edges = meta["nnz"] - meta["nodes"]  # without the self loops
-        assert p.structure_bytes() == meta["structure_bytes"]
-        # 8 bytes per edge, 8 more per cut edge, 4 per row pointer: under 16 per edge at mean degree 10
-        assert p.structure_bytes() / edges < 16
+        assert p.structure_bytes() == meta["structure_bytes"] == 8 * meta["nnz"] + 2 * 4 * (meta["nodes"] + 1)
         assert p.local_symmetric and len(p.local_t_indices) == 0
 
 
