@@ -6,15 +6,16 @@ Gather computes ``G_l = Â_k [Z_l | ghosts]`` with the partition's CSR. ``Z_l`` 
 one buffer of ``n_local + n_ghost`` rows, so Gather reads it in place. The loss task turns the logits
 ``G_{L-1}`` into ``dG_{L-1}``; backward runs the path in reverse: each chunk's ``dG_l`` rows give the
 peers their contribution ``Â[chunk, ghosts]ᵀ dG_l[chunk]`` to their vertices' gradients (the newest
-contribution of every peer chunk is kept, in ``remote_dz``), and Gather backward is
-``dZ_l = Âᵀ[local] dG_l + remote_dz_l``. Backward tasks produce ``dG_{l-1}`` and ``dW_l``.
+contribution of every peer chunk is kept, in ``remote_parts``), and Gather backward is
+``dZ_l = Âᵀ[local] dG_l`` plus those contributions. Backward tasks produce ``dG_{l-1}`` and ``dW_l``.
 
 Memory: the partition's arrays stay memory-mapped from the store and are never copied.
 ``Â`` is held as ``Â_LL`` (local columns) and ``Â_LG`` (ghost columns) (``kernels/sparse.py``
 :class:`BlockAdjacency`); each chunk's rows are views of them, ``Â_LL`` serves backward too when it is
 symmetric (an undirected graph; else the store's ``Â_LLᵀ`` is mapped), and only ``Â_LGᵀ`` is built,
 chunk by chunk, for the contributions: 8 bytes per edge plus 8 per cut edge in all. Features are read
-and converted to float32 (and row-normalised) one chunk at a time, when a task pulls them.
+and converted to float32 (and row-normalised) one chunk at a time, when a task pulls them. The
+process gives freed chunk-sized buffers back to the OS (``dorylus_py/heap.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from dorylus_py.data.graph import row_normalized
+from dorylus_py.heap import return_freed_memory
 from dorylus_py.kernels.sparse import BlockAdjacency, csr_nbytes
 from dorylus_py.partition.layout import Partition
 from dorylus_py.pipeline.events import TaskKey
@@ -32,6 +34,7 @@ from dorylus_py.protocol import ProtocolError, require
 class GraphState:
     def __init__(self, part: Partition, dims: list[int], chunk_counts: list[int], feature_norm: str):
         """``chunk_counts``: how many chunks every graph server has (ours included)."""
+        return_freed_memory()  # before the buffers: chunk-sized temporaries must not pile up in the heap
         self.part = part
         self.chunk_counts = chunk_counts
         self.n, self.g = part.num_local, part.num_ghosts
@@ -52,8 +55,9 @@ class GraphState:
         self.G = {t: [np.zeros((self.n, d), np.float32) for d in dims[1:]] for t in (True, False)}
         self.dG = [np.zeros((self.n, d), np.float32) for d in dims[1:]]
         self.dZ = [np.zeros((self.n, d), np.float32) for d in dims[1:]]
-        self.remote_dz = [np.zeros((self.n, d), np.float32) for d in dims[1:]]
-        self.remote_parts: dict[tuple, tuple] = {}  # (layer, peer, peer chunk) -> (our rows, its last contribution)
+        # (layer, peer, peer chunk) -> (our rows, int32; its newest contribution to them): added up only
+        # when Gather backward needs them, so no (n, d) sum of them is kept beside dZ
+        self.remote_parts: dict[tuple, tuple] = {}
         self._chunk_layouts()
 
     @property
@@ -108,12 +112,14 @@ class GraphState:
 
     def gather_backward(self, layer: int, chunk: int | None) -> None:
         """``dZ_l`` of the chunk's rows: our own chunks' ``dG_l`` through ``Âᵀ``, plus the peers' parts."""
-        dg = torch.from_numpy(self.dG[layer])
-        if chunk is None:
-            self.dZ[layer][:] = self.adj.gather_t(dg).numpy() + self.remote_dz[layer]
-        else:
-            a, b = self.chunk(chunk)
-            self.dZ[layer][a:b] = self.rows_of[chunk].gather_t(dg).numpy() + self.remote_dz[layer][a:b]
+        a, b = (0, self.n) if chunk is None else self.chunk(chunk)
+        rows = self.adj if chunk is None else self.rows_of[chunk]
+        dz = rows.gather_t(torch.from_numpy(self.dG[layer])).numpy()
+        for (part_layer, _, _), (local, contribution) in list(self.remote_parts.items()):  # a snapshot: the
+            if part_layer == layer:  # loop thread may replace parts meanwhile
+                inside = (local >= a) & (local < b)
+                dz[local[inside] - a] += contribution[inside]  # a part never repeats a row
+        self.dZ[layer][a:b] = dz
 
     # --- what goes to the peers --------------------------------------------------------------------
 
@@ -150,12 +156,7 @@ class GraphState:
         if len(np.unique(positions)) != len(positions):
             raise ProtocolError("contribution positions repeat")
         # this peer chunk's newest contribution replaces its previous one
-        key, local = (layer, src, src_chunk), self.send_ids[src].numpy()[positions]
-        old = self.remote_parts.get(key)
-        if old is not None:
-            self.remote_dz[layer][old[0]] -= old[1]
-        self.remote_dz[layer][local] += rows
-        self.remote_parts[key] = (local, np.array(rows))
+        self.remote_parts[(layer, src, src_chunk)] = (self.send_ids[src].numpy()[positions].astype(np.int32), np.array(rows))
 
     # --- tensor tasks ------------------------------------------------------------------------------
 
