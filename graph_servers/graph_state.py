@@ -103,23 +103,21 @@ class GraphState:
     # --- graph work (on the graph thread; it touches rows no running task reads) -------------------
 
     def gather(self, train: bool, layer: int, chunk: int | None) -> None:
-        zg = torch.from_numpy(self.ZG[train][layer])
-        if chunk is None:
-            self.G[train][layer][:] = self.adj.gather(zg).numpy()
-        else:
-            a, b = self.chunk(chunk)
-            self.G[train][layer][a:b] = self.rows_of[chunk].gather(zg).numpy()
+        """``G_l`` of the chunk's rows (all rows for None), written in place."""
+        a, b = (0, self.n) if chunk is None else self.chunk(chunk)
+        rows = self.adj if chunk is None else self.rows_of[chunk]
+        rows.gather(torch.from_numpy(self.ZG[train][layer]), out=torch.from_numpy(self.G[train][layer][a:b]))
 
     def gather_backward(self, layer: int, chunk: int | None) -> None:
         """``dZ_l`` of the chunk's rows: our own chunks' ``dG_l`` through ``Âᵀ``, plus the peers' parts."""
         a, b = (0, self.n) if chunk is None else self.chunk(chunk)
         rows = self.adj if chunk is None else self.rows_of[chunk]
-        dz = rows.gather_t(torch.from_numpy(self.dG[layer])).numpy()
+        dz = self.dZ[layer][a:b]
+        rows.gather_t(torch.from_numpy(self.dG[layer]), out=torch.from_numpy(dz))
         for (part_layer, _, _), (local, contribution) in list(self.remote_parts.items()):  # a snapshot: the
             if part_layer == layer:  # loop thread may replace parts meanwhile
                 inside = (local >= a) & (local < b)
                 dz[local[inside] - a] += contribution[inside]  # a part never repeats a row
-        self.dZ[layer][a:b] = dz
 
     # --- what goes to the peers --------------------------------------------------------------------
 

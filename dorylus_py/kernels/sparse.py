@@ -129,15 +129,21 @@ class BlockAdjacency:
         ll = _rows(self.local, a, b)
         return BlockAdjacency(ll, _rows(self.ghost, a, b), ll if self.symmetric else _rows(self.local_t, a, b))
 
-    def gather(self, zg: torch.Tensor) -> torch.Tensor:
-        """``(R, d)``: these rows of ``Â [Z | Z_ghost]``, ``zg`` being ``(n + g, d)`` with the ghosts last."""
+    def gather(self, zg: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``(R, d)``: these rows of ``Â [Z | Z_ghost]``, ``zg`` being ``(n + g, d)`` with the ghosts last;
+        written into ``out`` when given (no temporary of the result's size)."""
         n = self.local.shape[1]
-        out = torch.sparse.mm(self.local, zg[:n])
+        if out is None:
+            out = torch.sparse.mm(self.local, zg[:n])
+        else:
+            torch.addmm(out, self.local, zg[:n], beta=0, out=out)  # beta 0: out's old values are ignored
         return torch.addmm(out, self.ghost, zg[n:], out=out) if self.ghost.values().numel() else out
 
-    def gather_t(self, dg: torch.Tensor) -> torch.Tensor:
-        """``(R, d)``: these rows of ``Â_LLᵀ dG`` (``dg`` over all local rows)."""
-        return torch.sparse.mm(self.local_t, dg)
+    def gather_t(self, dg: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``(R, d)``: these rows of ``Â_LLᵀ dG`` (``dg`` over all local rows), into ``out`` when given."""
+        if out is None:
+            return torch.sparse.mm(self.local_t, dg)
+        return torch.addmm(out, self.local_t, dg, beta=0, out=out)
 
     def ghost_transpose(self) -> tuple[np.ndarray, torch.Tensor]:
         """``(touched, Â_LGᵀ)``: the ghosts these rows have edges from (sorted) and the transposed block

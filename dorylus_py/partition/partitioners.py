@@ -67,9 +67,12 @@ def choose(num_nodes: int, num_edges: int, parts: int, budget_bytes: int | None)
         budget_bytes = int(0.75 * psutil.virtual_memory().available)
     need = metis_bytes(num_nodes, num_edges)
     if parts == 1 or need <= budget_bytes:
-        return "metis", f"METIS needs about {need / 2**30:.1f} GB, within the {budget_bytes / 2**30:.1f} GB budget"
-    return "fennel", (f"METIS would need about {need / 2**30:.1f} GB, over the {budget_bytes / 2**30:.1f} GB "
-                      "budget: streaming Fennel instead")
+        return "metis", f"METIS needs about {_size(need)}, within the {_size(budget_bytes)} budget"
+    return "fennel", f"METIS would need about {_size(need)}, over the {_size(budget_bytes)} budget: streaming Fennel instead"
+
+
+def _size(b: int) -> str:
+    return f"{b / 2**30:.1f} GB" if b >= 2**30 else f"{b / 2**20:.0f} MB"
 
 
 def hash_owner(ids: np.ndarray, parts: int) -> np.ndarray:
