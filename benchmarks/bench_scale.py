@@ -16,7 +16,7 @@ Before a size, the job's memory is projected from the previous size (per edge) a
 skipped, with the projection printed, when it would not fit the memory available now.
 
     python benchmarks/bench_scale.py --scratch /work/scratch-scale/bench \\
-        [--sizes 0.2M/4M,2M/40M,10M/200M --epochs 3 --backends cpu,local --chunks 8 --keep]
+        [--sizes 0.2M/4M,2M/40M,5M/100M,10M/200M --epochs 3 --backends cpu,local --chunks 8 --keep]
 """
 
 from __future__ import annotations
@@ -156,12 +156,13 @@ def estimate_epoch(calibration: Path, manifest: dict, backend: str, args) -> tup
     from dorylus_py.cost.model import Prices
 
     inst = "c5.2xlarge"
+    chunks = chunks_for(manifest["nodes"], args)
     cmd = (f"dorylus cost estimate --calibration {calibration} --nodes {manifest['nodes']} --edges {manifest['edges']} "
            f"--features {manifest['features']} --classes {manifest['classes']} --backend {backend} -k 2 "
-           f"--lambdas {args.lambdas} --chunks {args.chunks} --epochs {args.epochs}")
+           f"--lambdas {args.lambdas} --chunks {chunks} --epochs {args.epochs}")
     cal = Calibration.from_record(str(calibration), inst)
     work = Workload(manifest["nodes"], manifest["edges"], [manifest["features"], 16, manifest["classes"]])
-    setup = Setup(backend, 2, 1, inst, args.lambdas, 3008, args.chunks, args.epochs)
+    setup = Setup(backend, 2, 1, inst, args.lambdas, 3008, chunks, args.epochs)
     return cal.estimate(work, setup, Prices.load(None, "us-east-1", "x86"))["epoch s"], cmd
 
 
@@ -200,11 +201,19 @@ def measure_size(nodes: int, edges: int, args, calibrations: dict, folder: Path)
     return row
 
 
+def chunks_for(nodes: int, args) -> int:
+    """Chunks per graph server: at least ``--chunks``, and at most ``--chunk-rows`` rows each (a tensor
+    task's memory, in a Lambda or a server thread, grows with its rows)."""
+    return max(args.chunks, -(-nodes // (2 * args.chunk_rows)))
+
+
 def train_run(parts: Path, backend: str, run_dir: Path, args, log: Path) -> dict:
     """`dorylus train` of ``parts`` on ``backend`` with 2 graph servers; its median epoch (epochs 2..E)."""
+    nodes = json.loads((parts / "manifest.json").read_text())["nodes"]
     train = run(dorylus("train", "--data", str(parts), "--backend", backend, "-k", "2", "--epochs", str(args.epochs),
-                        "--chunks", str(args.chunks), "--lambdas", str(args.lambdas), "--out", str(run_dir),
+                        "--chunks", str(chunks_for(nodes, args)), "--lambdas", str(args.lambdas), "--out", str(run_dir),
                         "--overwrite", "--quiet"), log)
+    train["chunks"] = chunks_for(nodes, args)
     epochs = [json.loads(line)["epoch_s"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train["epoch_s"] = statistics.median(epochs[1:] or epochs)
     return train
@@ -249,7 +258,7 @@ def report(rows: list[dict]) -> str:
             roles = ", ".join(f"{k} {g(v)}" for k, v in sorted(t["peak_by_role"].items()))
             est = (f"; estimate {t['estimate_s']:.2f} s ({100 * t['estimate_error']:+.0f} %; from the first "
                    f"calibration run {100 * t['estimate_first_error']:+.0f} %)" if "estimate_s" in t else "; calibration run")
-            lines.append(f"| {size} | train {backend} | epoch {t['epoch_s']:.2f}{est} | {g(t['job_pss_peak'])} PSS, "
+            lines.append(f"| {size} | train {backend}, {t['chunks']} chunks | epoch {t['epoch_s']:.2f}{est} | {g(t['job_pss_peak'])} PSS, "
                          f"{g(t['job_rss_peak'])} RSS | beyond store {g(t['job_pss_peak'] - r['store_bytes'])} GB PSS; "
                          f"{roles} ({t['lambda_workers']} workers); structure B/edge "
                          f"{', '.join(f'{b:.1f}' for b in t['structure_bytes_per_edge'])}; load {t['load_after'][0]:.1f} |")
@@ -262,7 +271,8 @@ def main() -> int:
     ap.add_argument("--features", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--backends", default="cpu,local")
-    ap.add_argument("--chunks", type=int, default=8, help="chunks per graph server (default 8)")
+    ap.add_argument("--chunks", type=int, default=8, help="chunks per graph server, at least (default 8)")
+    ap.add_argument("--chunk-rows", type=int, default=150_000, help="rows per chunk, at most (default 150,000)")
     ap.add_argument("--lambdas", type=int, default=4, help="local: emulated Lambdas in all (default 4)")
     ap.add_argument("--feature-dtype", default="float32", help="prepare's --feature-dtype (default float32)")
     ap.add_argument("--scratch", required=True, type=Path, help="folder for the graphs, stores and runs (GBs)")

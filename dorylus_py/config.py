@@ -1,4 +1,6 @@
-"""The one typed configuration of a training run, passed everywhere and saved as ``config.json``."""
+"""Typed configurations: a training run's (passed everywhere and saved as ``config.json``) and
+`dorylus synth`'s. Only the standard library is imported here, so the CLI parses flags (and answers
+``--help``) without loading numpy or torch."""
 
 from __future__ import annotations
 
@@ -10,6 +12,16 @@ BACKENDS = ("reference", "local", "lambda", "cpu", "gpu")
 MODES = ("sync", "async", "gossip", "allreduce")
 DECENTRAL_MODES = ("gossip", "allreduce")  # data-parallel Cluster-GCN workers (dorylus_py/decentral)
 FEATURE_NORMS = ("auto", "row", "none")
+
+
+def at_least(flag: str, value: float, low: float) -> None:
+    if value < low:
+        raise ConfigError(f"{flag} must be >= {low}, got {value}")
+
+
+def above(flag: str, value: float, low: float) -> None:
+    if value <= low:
+        raise ConfigError(f"{flag} must be > {low}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,7 @@ class TrainConfig:
     staleness: int = 1  # async: a chunk may run at most this many epochs ahead of the slowest
     switch_threshold: float = 0.0  # async: switch to sync once validation accuracy is within this of --target-acc
     async_update: str = "epoch"  # async: one Adam step per epoch's worth of chunk gradients, or per `chunk`
+    partitioner: str = "auto"  # how --data is split into K parts when it is not a store of K parts already
     lambdas: int = 4  # local: emulated Lambdas running at once, shared out among graph servers
     lambda_latency_ms: float = 0.0  # local: injected invoke latency per task
     lambda_fail_rate: float = 0.0  # local: chance that an invocation fails (before or part-way)
@@ -51,31 +64,31 @@ class TrainConfig:
     relaunch_factor: float = 3.0
     wait_timeout_s: float = 300.0  # any single wait (a peer, a task, the driver) gives up after this
     checkpoint_every: int | None = None  # distributed: checkpoint every N epochs and at the end (None: 10; 0: never)
+    checkpoint_dir: str = ""  # distributed: where checkpoints go, a folder or s3:// prefix ("": RUN_DIR/checkpoints)
     max_restarts: int = 3  # distributed: restart dead servers from the last checkpoint at most this often
-    resume: bool = False  # distributed: continue from the newest checkpoint in the partition store
+    resume: bool = False  # distributed: this run continues a record's newest checkpoint (--resume RUN_DIR)
     # --- decentralised modes (gossip, allreduce) ---
     workers: int = 4  # data-parallel worker processes
     clusters: int = 40  # Cluster-GCN: METIS parts of the graph
     clusters_per_batch: int = 4  # Cluster-GCN: clusters joined into one batch
     diag_lambda: float = 1.0  # Cluster-GCN diagonal enhancement: Ã + λ diag(Ã)
-    gossip_every: int = 1  # gossip: exchange gradients with a partner every k local steps
+    gossip_every: int = 1  # gossip: swap parameters and the latest gradient with a random peer every k steps
     straggler: str = ""  # RANK:FACTOR: that worker's compute takes FACTOR times as long (experiments)
+    peer_timeout_s: float = 5.0  # gossip/allreduce: a peer silent this long to a request is dead
+    average_every: int = 0  # gossip: every E epochs all workers adopt the recorder's average (0: never)
 
     def check(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.layers < 1:
-            raise ConfigError(f"--layers must be >= 1, got {self.layers}")
-        if self.hidden < 1:
-            raise ConfigError(f"--hidden must be >= 1, got {self.hidden}")
+        at_least("--layers", self.layers, 1)
+        at_least("--hidden", self.hidden, 1)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--dropout must be in [0, 1), got {self.dropout}")
-        if self.weight_decay < 0 or self.lr <= 0:
-            raise ConfigError("--lr must be > 0 and --weight-decay >= 0")
-        if self.epochs < 1:
-            raise ConfigError(f"--epochs must be >= 1, got {self.epochs}")
+        above("--lr", self.lr, 0)
+        at_least("--weight-decay", self.weight_decay, 0)
+        at_least("--epochs", self.epochs, 1)
         if self.feature_norm not in FEATURE_NORMS:
-            raise ConfigError(f"--feature-norm must be one of {', '.join(FEATURE_NORMS)}")
+            raise ConfigError(f"--feature-norm must be one of {', '.join(FEATURE_NORMS)}, got {self.feature_norm!r}")
         if not 0.0 <= self.target_acc <= 1.0:
             raise ConfigError(f"--target-acc must be in [0, 1], got {self.target_acc}")
         if self.mode in DECENTRAL_MODES:
@@ -84,51 +97,53 @@ class TrainConfig:
             self.check_distributed()
         if (self.resume or self.checkpoint_every) and (self.backend == "reference" or self.mode in DECENTRAL_MODES):
             raise ConfigError("--checkpoint-every and --resume are for the distributed backends (local, lambda, cpu, gpu)")
-        if self.threads < 0:
-            raise ConfigError(f"--threads must be >= 0, got {self.threads}")
+        at_least("--threads", self.threads, 0)
 
     def check_distributed(self) -> None:
-        if self.graph_servers < 1 or self.weight_servers < 1 or self.chunks < 1:
-            raise ConfigError("--graph-servers, --weight-servers and --chunks must be >= 1")
+        at_least("--graph-servers", self.graph_servers, 1)
+        at_least("--weight-servers", self.weight_servers, 1)
+        at_least("--chunks", self.chunks, 1)
         if self.weight_servers > self.layers:
             raise ConfigError(f"--weight-servers {self.weight_servers} > --layers {self.layers}: a shard would hold nothing")
         if self.mode not in MODES:
-            raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
+            raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.switch_threshold:
-            if not (0 < self.switch_threshold < 1) or self.mode != "async" or not self.target_acc:
-                raise ConfigError("--switch-threshold (in (0, 1)) needs --mode async and --target-acc")
+            if not 0 < self.switch_threshold < 1:
+                raise ConfigError(f"--switch-threshold must be in (0, 1), got {self.switch_threshold}")
+            if self.mode != "async" or not self.target_acc:
+                raise ConfigError("--switch-threshold needs --mode async and --target-acc")
             if self.async_update != "epoch":
                 raise ConfigError("--switch-threshold needs --async-update epoch (weight versions then count epochs)")
         if self.async_update not in ("epoch", "chunk"):
             raise ConfigError(f"--async-update must be epoch or chunk, got {self.async_update!r}")
-        if self.staleness < 0:
-            raise ConfigError(f"--staleness must be >= 0, got {self.staleness}")
-        if self.lambdas < 1 or self.tensor_threads < 1:
-            raise ConfigError("--lambdas and --tensor-threads must be >= 1")
+        at_least("--staleness", self.staleness, 0)
+        at_least("--lambdas", self.lambdas, 1)
+        at_least("--tensor-threads", self.tensor_threads, 1)
         if not 0.0 <= self.lambda_fail_rate < 1.0:
             raise ConfigError(f"--lambda-fail-rate must be in [0, 1), got {self.lambda_fail_rate}")
-        if self.lambda_latency_ms < 0 or self.lambda_memory_mb < 128 or self.lambda_timeout_s <= 0:
-            raise ConfigError("--lambda-latency-ms must be >= 0, --lambda-memory-mb >= 128, --lambda-timeout-s > 0")
+        at_least("--lambda-latency-ms", self.lambda_latency_ms, 0)
+        at_least("--lambda-memory-mb", self.lambda_memory_mb, 128)
+        above("--lambda-timeout-s", self.lambda_timeout_s, 0)
         if self.backend in ("cpu", "gpu"):
             self.check_device()
         if self.backend == "lambda" and not self.lambda_function:
             raise ConfigError("--backend lambda needs --lambda-function NAME (or \"lambda_function\" in the cluster file)")
-        if self.checkpoint_every is not None and self.checkpoint_every < 0:
-            raise ConfigError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
-        if self.max_restarts < 0 or self.lambda_cold_start_ms < 0:
-            raise ConfigError("--max-restarts and --lambda-cold-start-ms must be >= 0")
-        if self.relaunch_min_s <= 0 or self.relaunch_factor < 1 or self.wait_timeout_s <= 0:
-            raise ConfigError("--relaunch-min-s and --wait-timeout-s must be > 0, --relaunch-factor >= 1")
+        if self.checkpoint_every is not None:
+            at_least("--checkpoint-every", self.checkpoint_every, 0)
+        at_least("--max-restarts", self.max_restarts, 0)
+        at_least("--lambda-cold-start-ms", self.lambda_cold_start_ms, 0)
+        above("--relaunch-min-s", self.relaunch_min_s, 0)
+        at_least("--relaunch-factor", self.relaunch_factor, 1)
+        above("--wait-timeout-s", self.wait_timeout_s, 0)
 
     def check_decentral(self) -> None:
         if self.backend != "reference":
             raise ConfigError(f"--mode {self.mode} starts its own workers (--workers, --device); drop --backend {self.backend}")
-        if self.workers < 1 or self.gossip_every < 1:
-            raise ConfigError("--workers and --gossip-every must be >= 1")
+        at_least("--workers", self.workers, 1)
+        at_least("--gossip-every", self.gossip_every, 1)
         if not 1 <= self.clusters_per_batch <= self.clusters:
             raise ConfigError(f"need 1 <= --clusters-per-batch ({self.clusters_per_batch}) <= --clusters ({self.clusters})")
-        if self.diag_lambda < 0:
-            raise ConfigError(f"--diag-lambda must be >= 0, got {self.diag_lambda}")
+        at_least("--diag-lambda", self.diag_lambda, 0)
         if self.straggler:
             rank, _, factor = self.straggler.partition(":")
             try:
@@ -137,8 +152,12 @@ class TrainConfig:
                 ok = False
             if not ok:
                 raise ConfigError(f"--straggler wants RANK:FACTOR with 0 <= RANK < --workers and FACTOR >= 1, got {self.straggler!r}")
-        if self.wait_timeout_s <= 0:
-            raise ConfigError("--wait-timeout-s must be > 0")
+        above("--wait-timeout-s", self.wait_timeout_s, 0)
+        above("--peer-timeout-s", self.peer_timeout_s, 0)
+        at_least("--average-every", self.average_every, 0)
+        if self.average_every and self.mode != "gossip":
+            raise ConfigError(f"--average-every is for --mode gossip (all-reduce workers always hold one model), "
+                              f"got {self.average_every} with --mode {self.mode}")
         self.check_device()
 
     def check_device(self) -> None:
@@ -162,3 +181,34 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """A generated graph (``data/synth.py``)."""
+
+    nodes: int = 10_000
+    edges: int = 200_000  # directed edges; every undirected edge appears in both directions
+    features: int = 128
+    classes: int = 10
+    homophily: float = 0.4  # chance that an edge stays inside its block
+    degree_exponent: float = 2.5  # Pareto tail of the degree distribution (> 1; smaller = heavier tail)
+    feature_signal: float = 0.1  # centroid scale against unit noise: how much features alone reveal
+    train_frac: float = 0.1
+    val_frac: float = 0.1
+    seed: int = 0
+
+    def check(self) -> None:
+        at_least("--nodes", self.nodes, 2)
+        at_least("--classes", self.classes, 2)
+        at_least("--features", self.features, 1)
+        if self.classes > self.nodes:
+            raise ConfigError(f"--classes ({self.classes}) cannot exceed --nodes ({self.nodes})")
+        if self.nodes >= 2**31:
+            raise ConfigError(f"--nodes {self.nodes} is above the supported 2^31 - 1")
+        if not 0 <= self.edges <= self.nodes * (self.nodes - 1) // 2:
+            raise ConfigError(f"--edges {self.edges} is impossible for {self.nodes} vertices without duplicates")
+        if not 0.0 <= self.homophily <= 1.0:
+            raise ConfigError(f"--homophily must be in [0, 1], got {self.homophily}")
+        if self.degree_exponent <= 1.0:
+            raise ConfigError(f"--degree-exponent must be > 1, got {self.degree_exponent}")

@@ -16,3 +16,15 @@ class DataError(DorylusError):
 
 class ConfigError(DorylusError):
     """A flag or configuration value is out of range or contradicts another."""
+
+
+def interrupted_by_user(error: BaseException) -> bool:
+    """Ctrl-C is behind ``error``: it is a KeyboardInterrupt, or was raised while handling one."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False

@@ -114,10 +114,12 @@ class GraphState:
         rows = self.adj if chunk is None else self.rows_of[chunk]
         dz = self.dZ[layer][a:b]
         rows.gather_t(torch.from_numpy(self.dG[layer]), out=torch.from_numpy(dz))
-        for (part_layer, _, _), (local, contribution) in list(self.remote_parts.items()):  # a snapshot: the
-            if part_layer == layer:  # loop thread may replace parts meanwhile
-                inside = (local >= a) & (local < b)
-                dz[local[inside] - a] += contribution[inside]  # a part never repeats a row
+        # the peers' parts in a fixed order (the same bits every run), from a snapshot of the keys (the loop
+        # thread may add parts meanwhile)
+        for key in sorted(k for k in list(self.remote_parts) if k[0] == layer):
+            local, contribution = self.remote_parts[key]
+            inside = (local >= a) & (local < b)
+            dz[local[inside] - a] += contribution[inside]  # a part never repeats a row
 
     # --- what goes to the peers --------------------------------------------------------------------
 

@@ -15,15 +15,15 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import torch
 import zmq
 
 from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import Node
+from dorylus_py.cluster.node import Node, peak_rss_mb
 from dorylus_py.errors import DorylusError
 from dorylus_py.partition.store import PartitionStore
 from dorylus_py.pipeline import events as ev
@@ -59,13 +59,15 @@ class GraphServer:
         self.node = node
         self.spec = spec = JobSpec.from_wire(start["spec"])
         cfg = spec.config
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)  # --threads: the sparse products' intra-op threads
         self.k = node.rank
         part = PartitionStore.open(spec.data_dir).load(self.k)
         self.state = GraphState(part, spec.dims, spec.chunk_counts, spec.feature_norm)
         self.peers = {p: self._dealer(a) for p, a in enumerate(spec.graph_servers) if p != self.k}
         self.weight_servers = [self._dealer(a) for a in spec.weight_servers]
         self.platform = make_platform(spec, self.k)
-        policy = RelaunchPolicy(cfg.relaunch_min_s, cfg.relaunch_factor, getattr(self.platform, "startup_hint_s", 0.0))
+        policy = RelaunchPolicy(cfg.relaunch_min_s, cfg.relaunch_factor, self.platform.startup_hint_s)
         self.scheduler = Scheduler(
             rank=self.k, chunks=self.state.chunks, layers=spec.layers, epochs=cfg.epochs, mode=spec.mode,
             staleness=cfg.staleness, peers=tuple(self.peers), peer_chunks=spec.total_chunks - spec.chunk_counts[self.k],
@@ -111,7 +113,6 @@ class GraphServer:
             self.feed(ev.Tick(time.time()))
         self._flush_tasks()
         self.node.to_driver(Message("epoch_stats", {"rank": self.k, "finished": True}))
-        self._log_end()
         while True:  # serve late copies (they are told to stop) until the driver says stop
             self.node.serve_once(self.handle, 200)
             self._read_acks()
@@ -306,11 +307,13 @@ class GraphServer:
         t = self.scheduler.tracker
         log.info("graph server %d end %s", self.k, json.dumps({
             "rank": self.k, "epochs": self.scheduler.reported - self.spec.first_epoch + 1, "tasks": self.stats["invoked"],
+            "completed": self.stats["completed"],
             "relaunches": t.relaunches, "duplicates": t.refused, "bytes_sent": self.stats["bytes_sent"],
             "bytes_received": self.stats["bytes_received"], "workers_replaced": getattr(self.platform, "replaced", 0),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
+            "peak_rss_mb": peak_rss_mb()}))
 
     def close(self) -> None:
+        self._log_end()
         self.graph_pool.shutdown(wait=True, cancel_futures=True)
         self.wake_send.close(0)
         self.wake_recv.close(0)

@@ -16,6 +16,15 @@ def small_graph() -> Graph:
     return generate(SynthConfig(nodes=600, edges=6_000, features=16, classes=4, seed=3))
 
 
+@pytest.fixture()
+def graph_npz(small_graph, tmp_path) -> Path:
+    """The small graph as a dataset file, in this test's folder."""
+    from dorylus_py.data import write_npz
+
+    write_npz(small_graph, tmp_path / "g.npz")
+    return tmp_path / "g.npz"
+
+
 def _dataset(name: str) -> Graph:
     path = DATASETS / f"{name}.npz"
     if not path.exists():

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,6 +38,44 @@ def test_help_explains_each_command(capsys):
             main([cmd, "--help"])
         assert e.value.code == 0
         assert len(capsys.readouterr().out.splitlines()) > 5
+
+
+HEAVY = ("numpy", "torch", "scipy", "zmq", "tqdm", "matplotlib", "dorylus_py.data", "dorylus_py.partition")
+
+
+def test_parsing_and_help_import_nothing_heavy():
+    """`dorylus --help` and every `dorylus CMD --help` answer at once: parsing loads only the standard
+    library and the CLI's own light modules; the commands import the rest when they run."""
+    script = f"""
+import sys
+from dorylus_py.cli import build_parser, given_flags
+commands = [[], ["synth"], ["check"], ["prepare"], ["train"], ["report"], ["cost"], ["cost", "estimate"], ["aws"],
+            ["aws", "cluster-file"], ["graph-server"], ["weight-server"]]
+for argv in commands:
+    try:
+        build_parser().parse_args([*argv, "--help"])
+    except SystemExit:
+        pass
+build_parser().parse_args(["train", "--epochs", "3", "--backend", "local"])
+given_flags(["prepare", "g.npz", "-k", "2", "--out", "p"])
+print(sorted(m for m in {HEAVY!r} if m in sys.modules))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--epochs", "abc"], "error: argument --epochs: invalid int value: 'abc' (see `dorylus train --help`)"),
+    (["train", "--backend", "tpu"], "error: argument --backend: invalid choice: 'tpu'"),
+    (["prepare", "g.npz"], "error: the following arguments are required: --partitions/-k, --out"),
+    (["trian"], "error: argument COMMAND: invalid choice: 'trian'"),
+    (["train", "--no-such-flag"], "error: unrecognized arguments: --no-such-flag"),
+])
+def test_usage_mistakes_are_one_line(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith(message) and err.count("\n") == 1, err
 
 
 def bad_npz(tmp_path, small_graph, **override):
@@ -88,7 +127,17 @@ def test_truncated_files_exit_2(tmp_path, capsys, small_graph):
 def test_bad_flags_exit_2(tmp_path, capsys, small_graph):
     write_npz(small_graph, tmp_path / "g.npz")
     for argv, message in [
-        (["prepare", tmp_path / "g.npz", "-k", 0, "--out", tmp_path / "p"], "--partitions must be >= 1"),
+        (["prepare", tmp_path / "g.npz", "-k", 0, "--out", tmp_path / "p"], "--partitions must be >= 1, got 0"),
+        (["prepare", tmp_path / "g.npz", "-k", 0, "--out", tmp_path / "a" / "b" / "p3"], "--partitions must be >= 1"),
+        (["prepare", tmp_path / "g.npz", "-k", 2, "--out", tmp_path / "a" / "p", "--partitioner", "random"],
+         "--partitioner must be one of metis, hash, got 'random'"),
+        (["train", "--data", tmp_path / "g.npz", "--lr", -1], "--lr must be > 0, got -1.0"),
+        (["train", "--data", tmp_path / "g.npz", "--weight-decay", -0.5], "--weight-decay must be >= 0, got -0.5"),
+        (["train", "--data", tmp_path / "g.npz", "--backend", "local", "--chunks", 0], "--chunks must be >= 1, got 0"),
+        (["train", "--data", tmp_path / "g.npz", "--backend", "local", "--lambda-memory-mb", 64],
+         "--lambda-memory-mb must be >= 128, got 64"),
+        (["train", "--data", tmp_path / "g.npz", "--mode", "gossip", "--workers", 0], "--workers must be >= 1, got 0"),
+        (["synth", "--out", tmp_path / "s.npz", "--classes", 1], "--classes must be >= 2, got 1"),
         (["train", "--data", tmp_path / "g.npz", "--layers", 0], "--layers must be >= 1"),
         (["train", "--data", tmp_path / "g.npz", "--feature-norm", "row", "--out", tmp_path / "r"], "needs non-negative features"),
         (["synth", "--out", tmp_path / "s.npz", "--nodes", 10, "--edges", 10**4], "impossible"),
@@ -100,9 +149,14 @@ def test_bad_flags_exit_2(tmp_path, capsys, small_graph):
 
 
 def test_console_script_no_traceback(tmp_path):
-    """The installed entry point itself: exit code 2 and one line on stderr."""
+    """The installed `dorylus` entry point itself (and `python -m dorylus_py`): exit code 2 and one line."""
+    script = Path(sys.executable).with_name("dorylus")
+    if not script.exists():
+        pytest.skip(f"{script}: the package is not installed in this environment (pip install -e .)")
     (tmp_path / "e.txt").write_text("0 1\n")
-    proc = subprocess.run([sys.executable, "-m", "dorylus_py", "check", str(tmp_path / "e.txt")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"error: {tmp_path / 'e.txt'}: an edge list needs --features FILE.npy and --labels FILE.npy"]
+    expected = [f"error: {tmp_path / 'e.txt'}: an edge list needs --features FILE.npy and --labels FILE.npy"]
+    for argv in ([str(script)], [sys.executable, "-m", "dorylus_py"]):
+        proc = subprocess.run([*argv, "check", str(tmp_path / "e.txt")], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == expected, (argv, proc.stderr)
+    version = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=120)
+    assert version.returncode == 0 and version.stdout.startswith("dorylus-py ")

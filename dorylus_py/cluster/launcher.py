@@ -236,8 +236,8 @@ class _Run:
         self.last = now
         self.current = {"relaunches": sum(p["relaunches"] for p in parts), "duplicates": sum(p["duplicates"] for p in parts)}
         self.history.append(row)
-        self.record.log_epoch(row)
-        if self.best.update(epoch, acc[1], acc[2]):
+        self.best.update(epoch, acc[1], acc[2])
+        if self.record.log_epoch(row):  # the best of the whole record (a resumed run's earlier epochs too)
             self.record.save_weights("best_weights.npz", self.weights(link, epoch))
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{row['loss']:.4f}", val=f"{acc[1]:.3f}", refresh=False)

@@ -52,6 +52,13 @@ def exit_with_parent(code: int = 0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory, MiB (Linux reports KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 class Stopped(Exception):
     """The driver asked this server to stop."""
 

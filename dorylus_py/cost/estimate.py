@@ -96,22 +96,26 @@ class Calibration:
     @classmethod
     def from_record(cls, run_dir: str, instance: str) -> "Calibration":
         config, metrics, tasks, _ = read_record(run_dir)
-        if config.get("backend") not in ("local", "lambda", "cpu", "gpu") or not tasks:
-            raise DataError(f"{run_dir}: a calibration needs a run of a distributed backend (with tasks.jsonl)")
+        if config.get("backend") not in ("local", "lambda", "cpu", "gpu") or not tasks or not metrics:
+            raise DataError(f"{run_dir}: a calibration needs a run of a distributed backend (with tasks.jsonl and epochs)")
         setup = setup_of(config, instance)
         work = workload_of(config)
-        epochs = len(metrics)
+        # Rates come from the steady epochs: the first one also carries start-up (process launch, first
+        # touch of memory, torch's warm-up), which goes into startup_s instead.
+        rows = metrics[1:] or metrics
+        epochs = len(rows)
+        tasks = [t for t in tasks if t["epoch"] >= rows[0]["epoch"]]
         graph_s = sum(t["end"] - t["start"] for t in tasks if t["kind"] in GRAPH_KINDS) / (setup.graph_servers * epochs)
         tensor = [t for t in tasks if t["kind"] not in GRAPH_KINDS]
         task_s = _fixed_task_seconds(tensor, work)
         tensor_s = sum(t["end"] - t["start"] for t in tensor) / epochs - task_s * len(tensor) / epochs
         billed = sum(t["billed_ms"] for t in tensor) / 1000.0
-        steady = statistics.median(m["epoch_s"] for m in metrics)
-        idle = _idle_seconds(tasks, metrics, setup.graph_servers)
+        steady = statistics.median(m["epoch_s"] for m in rows)
+        idle = _idle_seconds(tasks, rows, setup.graph_servers)
         cal = cls(graph_s / work.graph_units(setup.graph_servers), max(tensor_s, 0.0) / work.tensor_units(),
                   billed / max(sum(t["end"] - t["start"] for t in tensor), 1e-9),
                   len(tensor) / (epochs * setup.graph_servers * setup.chunks),
-                  max(0.0, metrics[-1]["wall_s"] - epochs * steady), 1.0, instance, setup.memory_mb, str(run_dir),
+                  max(0.0, metrics[-1]["wall_s"] - len(metrics) * steady), 1.0, instance, setup.memory_mb, str(run_dir),
                   task_s, idle / setup.chunks)
         return cls(**(asdict(cal) | {"overlap": (steady - idle) / max(cal._parts(work, setup)[0], 1e-9)}))
 
@@ -199,10 +203,10 @@ def _fixed_task_seconds(tensor: list[dict], work: Workload) -> float:
 
 
 def _idle_seconds(tasks: list[dict], metrics: list[dict], servers: int) -> float:
-    """Median over epochs of the epoch time minus the busiest server's busy time (its tasks and graph
-    stages, overlaps counted once)."""
+    """Median over the ``metrics`` epochs of the epoch time minus the busiest server's busy time (its
+    tasks and graph stages, overlaps counted once)."""
     idle = []
-    for m in metrics[1:] or metrics:  # the first epoch also starts the workers
+    for m in metrics:
         busy = 0.0
         for k in range(servers):
             spans = sorted((t["start"], t["end"]) for t in tasks if t["epoch"] == m["epoch"] and t["server"] == k)

@@ -89,28 +89,22 @@ def run_cost(config: dict, wall_s: float, tasks: list[dict], prices: Prices, ins
 
 
 def read_record(run_dir: str | Path) -> tuple[dict, list[dict], list[dict], dict]:
-    """``config``, ``metrics`` rows, ``tasks`` rows, ``summary`` of a run record; clear errors if broken."""
+    """``config``, ``metrics`` rows, ``tasks`` rows, ``summary`` of a run record; clear errors if broken.
+    A record whose process was killed before it could write ``summary.json`` gets one from its epochs."""
+    from dorylus_py.training.record import BestTracker, epoch_summary, read_lines
+
     run_dir = Path(run_dir)
-
-    def load_json(name: str):
-        return read_json(run_dir / name, DataError, f"missing; is {run_dir} a run record (dorylus train --out)?")
-
-    def load_lines(name: str, required: bool) -> list[dict]:
-        path = run_dir / name
-        if not path.exists():
-            if required:
-                raise DataError(f"{path}: missing; is {run_dir} a run record (dorylus train --out)?")
-            return []
-        rows = []
-        for i, line in enumerate(path.read_text().splitlines(), 1):
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise DataError(f"{path}:{i}: not a JSON line (truncated file?)") from None
-        return rows
-
-    config, summary = load_json("config.json"), load_json("summary.json")
-    metrics = load_lines("metrics.jsonl", True)
-    if not metrics:
-        raise DataError(f"{run_dir / 'metrics.jsonl'}: no epochs recorded")
-    return config, metrics, load_lines("tasks.jsonl", False), summary
+    not_a_record = f"missing; is {run_dir} a run record (dorylus train --out)?"
+    config = read_json(run_dir / "config.json", DataError, not_a_record)
+    if not (run_dir / "metrics.jsonl").exists():
+        raise DataError(f"{run_dir / 'metrics.jsonl'}: {not_a_record}")
+    metrics = read_lines(run_dir / "metrics.jsonl")
+    tasks = read_lines(run_dir / "tasks.jsonl") if (run_dir / "tasks.jsonl").exists() else []
+    if (run_dir / "summary.json").exists():
+        summary = read_json(run_dir / "summary.json", DataError)
+    else:
+        best = BestTracker()
+        for m in metrics:
+            best.update(m["epoch"], m["val_acc"], m["test_acc"])
+        summary = {"status": "unknown: no summary.json (was the run killed?)", **epoch_summary(metrics, best)}
+    return config, metrics, tasks, summary

@@ -39,10 +39,17 @@ def timeline(name: str, tasks: list[dict], path: Path) -> Path | None:
     """Tasks per (server, chunk) lane over time, coloured by kind; None if the run has no tasks."""
     if not tasks:
         return None
+    fig = timeline_figure(name, tasks)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def timeline_figure(name: str, tasks: list[dict]):
     t0 = min(t["start"] for t in tasks)
     lanes = sorted({(t["server"], -1 if t["chunk"] is None else t["chunk"]) for t in tasks})
     lane_of = {lane: i for i, lane in enumerate(lanes)}
-    fig, ax = plt.subplots(figsize=SIZE, dpi=DPI)
+    fig, ax = plt.subplots(figsize=SIZE, dpi=DPI, layout="constrained")
     handles = []
     for kind, colour in KIND_COLOURS.items():
         # the evaluation forward (fwd without training) is drawn with the eval colour
@@ -56,8 +63,6 @@ def timeline(name: str, tasks: list[dict], path: Path) -> Path | None:
     ax.set_yticks(range(len(lanes)), [f"s{s} " + ("graph" if c < 0 else f"c{c}") for s, c in lanes])
     ax.set_xlabel("seconds since the first task")
     ax.set_title(f"pipeline timeline: {name}")
-    ax.legend(handles=handles, loc="upper right", fontsize="small", ncol=4)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    # outside the axes, above them: inside, it would cover the bars of the top rows
+    fig.legend(handles=handles, loc="outside upper center", fontsize="small", ncol=len(handles), frameon=False)
+    return fig

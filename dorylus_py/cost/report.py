@@ -12,7 +12,7 @@ from dorylus_py.config import DECENTRAL_MODES
 from dorylus_py.cost.model import Prices, read_record, run_cost
 
 COLUMNS = [
-    ("run", "{}"), ("backend", "{}"), ("epochs", "{}"), ("best val", "{:.4f}"), ("test@best", "{:.4f}"),
+    ("run", "{}"), ("backend", "{}"), ("status", "{}"), ("epochs", "{}"), ("best val", "{:.4f}"), ("test@best", "{:.4f}"),
     ("wall s", "{:.1f}"), ("epoch s", "{:.3f}"), ("to target s", "{}"), ("lambda calls", "{:,}"),
     ("GB-s", "{:.1f}"), ("relaunches", "{}"), ("servers $", "{:.5f}"), ("lambda $", "{:.5f}"),
     ("total $", "{:.5f}"), ("value", "{:.4g}"),
@@ -31,14 +31,15 @@ def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: 
     rows = []
     for d in run_dirs:
         config, metrics, tasks, summary = read_record(d)
-        wall = metrics[-1]["wall_s"]
+        wall = summary.get("wall_s", metrics[-1]["wall_s"] if metrics else 0.0)  # the last epoch's, as the CLI says
         cost = run_cost(config, wall, tasks, prices, instance)
         reached = [m["wall_s"] for m in metrics if target_acc is not None and m["val_acc"] >= target_acc]
         backend = run_kind(config)
         rows.append({
-            "run": Path(d).name, "backend": backend, "epochs": len(metrics),
-            "best val": summary["best_val_acc"], "test@best": summary["test_acc_at_best_val"], "wall s": wall,
-            "epoch s": statistics.median(m["epoch_s"] for m in metrics),
+            "run": Path(d).name, "backend": backend, "status": summary.get("status", "completed").split(":")[0],
+            "_status": summary.get("status", "completed"), "epochs": len(metrics),
+            "best val": summary.get("best_val_acc"), "test@best": summary.get("test_acc_at_best_val"), "wall s": wall,
+            "epoch s": statistics.median(m["epoch_s"] for m in metrics) if metrics else None,
             "to target s": f"{reached[0]:.1f}" if reached else "-", "lambda calls": cost.lambda_requests,
             "GB-s": cost.lambda_gb_seconds, "relaunches": summary.get("relaunches", 0), "servers $": cost.server_usd,
             "lambda $": cost.lambda_usd, "total $": cost.total_usd, "value": cost.value,
@@ -56,8 +57,12 @@ def time_by_kind(tasks: list[dict]) -> dict[str, float]:
     return dict(out)
 
 
+def cell(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
 def text_table(rows: list[dict], columns: list[tuple[str, str]] = COLUMNS) -> str:
-    cells = [[name for name, _ in columns]] + [[fmt.format(r[name]) for name, fmt in columns] for r in rows]
+    cells = [[name for name, _ in columns]] + [[cell(r[name], fmt) for name, fmt in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
 
@@ -67,7 +72,10 @@ def sections(rows: list[dict], prices: Prices, instance: str) -> tuple[str, list
     intro = (f"Prices: {prices.region}, servers as {instance} at ${prices.hourly(instance)}/h, Lambda "
              f"${prices.lambda_gb_second}/GB-s and ${prices.lambda_per_request}/request ({prices.source}; {prices.date}). "
              "Value = 1 / (hours x USD).")
-    tables = [("Runs", [name for name, _ in COLUMNS], [[fmt.format(r[name]) for name, fmt in COLUMNS] for r in rows])]
+    tables = [("Runs", [name for name, _ in COLUMNS], [[cell(r[name], fmt) for name, fmt in COLUMNS] for r in rows])]
+    failed = [[r["run"], r["_status"]] for r in rows if r["_status"] != r["status"]]
+    if failed:
+        tables.append(("Why runs failed", ["run", "status"], failed))
     kinds = sorted({k for r in rows for k in r["_kinds"]})
     if kinds:
         tables.append(("Task time by kind (seconds, summed over tasks)", ["run", *kinds],

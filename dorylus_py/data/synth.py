@@ -16,47 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from dorylus_py.atomic import atomic_file
+from dorylus_py.config import SynthConfig  # defined there so that `dorylus synth --help` needs no numpy
 from dorylus_py.data.extsort import KeyBuckets
 from dorylus_py.data.graph import Graph, random_split
 from dorylus_py.data.npystream import NpzWriter
-from dorylus_py.errors import ConfigError
 
 SAMPLE_BLOCK = 1 << 21  # edges sampled at once
 FEATURE_BLOCK = 1 << 16  # feature rows generated at once
-
-
-@dataclass(frozen=True)
-class SynthConfig:
-    nodes: int = 10_000
-    edges: int = 200_000  # directed edges; every undirected edge appears in both directions
-    features: int = 128
-    classes: int = 10
-    homophily: float = 0.4  # chance that an edge stays inside its block
-    degree_exponent: float = 2.5  # Pareto tail of the degree distribution (> 1; smaller = heavier tail)
-    feature_signal: float = 0.1  # centroid scale against unit noise: how much features alone reveal
-    train_frac: float = 0.1
-    val_frac: float = 0.1
-    seed: int = 0
-
-    def check(self) -> None:
-        if self.nodes < 2 or self.classes < 2 or self.features < 1:
-            raise ConfigError("synth needs --nodes >= 2, --classes >= 2 and --features >= 1")
-        if self.classes > self.nodes:
-            raise ConfigError(f"--classes ({self.classes}) cannot exceed --nodes ({self.nodes})")
-        if self.nodes >= 2**31:
-            raise ConfigError(f"--nodes {self.nodes} is above the supported 2^31 - 1")
-        if not 0 <= self.edges <= self.nodes * (self.nodes - 1) // 2:
-            raise ConfigError(f"--edges {self.edges} is impossible for {self.nodes} vertices without duplicates")
-        if not 0.0 <= self.homophily <= 1.0:
-            raise ConfigError(f"--homophily must be in [0, 1], got {self.homophily}")
-        if self.degree_exponent <= 1.0:
-            raise ConfigError(f"--degree-exponent must be > 1, got {self.degree_exponent}")
 
 
 def generate(cfg: SynthConfig, progress=None) -> Graph:

@@ -1,11 +1,12 @@
 """Start a decentralised (gossip or all-reduce) job: locally, or as one process of a ``torchrun`` job.
 
-Locally, ``dorylus train --mode gossip --workers W`` clusters the graph once, writes it and the
-clusters into RUN_DIR (the workers read them), runs the coordinator in a thread of this process and
-starts W worker processes (``python -m dorylus_py.decentral``). Under ``torchrun`` (``RANK`` and
-``WORLD_SIZE`` set), every process runs one worker; rank 0 also runs the coordinator on
-``MASTER_PORT + 1`` and writes the run record. The coordinator evaluates the averaged model on the
-whole graph at each epoch's end; that is what ``metrics.jsonl`` holds.
+Locally, ``dorylus train --mode gossip --workers W`` checks the run folder, clusters the graph once,
+writes it and the clusters into RUN_DIR (the workers read them), and starts W worker processes
+(``python -m dorylus_py.decentral``). It takes no part in training: it serves the start-up rendezvous (a
+``TCPStore`` where each worker publishes its address), follows ``metrics.jsonl`` for the progress bar,
+says when a worker dies, and reads the record the workers wrote. Under ``torchrun`` (``RANK`` and
+``WORLD_SIZE`` set) every process runs one worker and the rendezvous is torchrun's store. In both, the
+record is written by the recorder, the lowest live rank (``node.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -22,147 +24,140 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
 
 from dorylus_py.config import TrainConfig
 from dorylus_py.data.formats import write_npz
 from dorylus_py.data.graph import Graph
-from dorylus_py.decentral.batches import ClusterBatches, batch_count, enhanced_adjacency
-from dorylus_py.decentral.coordinator import Coordinator, CoordinatorClient
-from dorylus_py.decentral.worker import Worker
+from dorylus_py.decentral.batches import ClusterBatches
+from dorylus_py.decentral.node import Node
+from dorylus_py.decentral.recorder import Recorder
+from dorylus_py.decentral.worker import Trainer
 from dorylus_py.errors import DorylusError
-from dorylus_py.models.gcn import GCN
 from dorylus_py.partition.partitioners import assign
 from dorylus_py.progress import progress_bar, status
-from dorylus_py.training.record import BestTracker, RunRecord, run_summary
-from dorylus_py.training.reference import (
-    TrainResult,
-    accuracy,
-    input_features,
-    model_dims,
-    model_weights,
-)
+from dorylus_py.training.record import RunRecord
+from dorylus_py.training.reference import TrainResult, input_features, model_dims
 
 
-class EpochRecorder:
-    """The coordinator's ``on_epoch``: evaluate the averaged model on the whole graph and record it."""
-
-    def __init__(self, cfg: TrainConfig, graph: Graph, record: RunRecord, show_progress: bool):
-        self.cfg, self.record = cfg, record
-        self.adj = enhanced_adjacency(graph.indptr, graph.indices, np.arange(graph.num_nodes), graph.num_nodes,
-                                      cfg.diag_lambda)
-        self.x = torch.from_numpy(np.ascontiguousarray(input_features(cfg, graph)))
-        self.y = torch.from_numpy(graph.labels)
-        self.masks = {s: torch.from_numpy(graph.mask(s)) for s in ("train", "val", "test")}
-        self.model = GCN(model_dims(cfg, graph), 0.0)
-        self.best, self.best_weights, self.history, self.batches = BestTracker(), None, [], 0
-        self.started()
-        self.bar = progress_bar(total=cfg.epochs, desc=f"train ({cfg.mode}, {cfg.workers} workers)", unit="epoch",
-                                enabled=show_progress)
-
-    def started(self) -> None:
-        """The clock starts when every worker is ready (the coordinator's ``on_start``)."""
-        self.start = self.last = time.perf_counter()
-
-    def __call__(self, epoch: int, params: np.ndarray, stats: dict, tasks: list[dict]) -> bool:
-        now = stats["ended_at"]  # evaluation overlaps the next epoch; the time is the epoch's end
-        torch.nn.utils.vector_to_parameters(torch.from_numpy(params), self.model.parameters())
-        self.model.eval()
-        with torch.no_grad():
-            logits = self.model(self.adj, self.x)
-        acc = {s: accuracy(logits, self.y, m) for s, m in self.masks.items()}
-        row = {"epoch": epoch, "loss": stats["loss_sum"] / max(stats["count"], 1), "train_acc": acc["train"],
-               "val_acc": acc["val"], "test_acc": acc["test"], "epoch_s": now - self.last, "wall_s": now - self.start,
-               "workers": stats["workers"]}
-        self.last = now
-        self.history.append(row)
-        self.record.log_epoch(row)
-        self.record.log_tasks(tasks)
-        self.batches += sum(t["kind"] == "batch" for t in tasks)
-        if self.best.update(epoch, acc["val"], acc["test"]):
-            self.best_weights = model_weights(self.model)
-        self.bar.update(1)
-        self.bar.set_postfix(loss=f"{row['loss']:.4f}", val=f"{acc['val']:.3f}", refresh=False)
-        return not (self.cfg.target_acc and acc["val"] >= self.cfg.target_acc)
-
-    def finish(self, extra: dict) -> TrainResult:
-        self.bar.close()
-        if not self.history:
-            raise DorylusError("the job ended before its first epoch")
-        summary = run_summary(self.history, self.best, time.perf_counter() - self.start, backend="decentral",
-                              mode=self.cfg.mode, batches_trained=self.batches, **extra)
-        self.record.save_weights("weights.npz", model_weights(self.model))
-        self.record.save_weights("best_weights.npz", self.best_weights)
-        self.record.finish(summary)
-        return TrainResult(summary, self.history)
-
-
-def pool_size(cfg: TrainConfig) -> int:
-    """Batches in the coordinator's work pool each epoch; all-reduce deals them out itself (0)."""
-    return batch_count(cfg.clusters, cfg.clusters_per_batch) if cfg.mode == "gossip" else 0
-
-
-def run_worker(cfg: TrainConfig, graph: Graph, owner: np.ndarray | None, rank: int, world: int, coordinator: str,
-               init_method: str, token: str) -> int:
-    """One worker: join the process group, train until the coordinator says stop, leave it."""
+def run_worker(cfg: TrainConfig, graph: Graph, owner: np.ndarray | None, rank: int, world: int, store: dist.Store,
+               token: str, run_dir: Path, config: dict, host: str = "127.0.0.1", bind_host: str | None = None) -> dict | None:
+    """One worker: set up, meet the others at ``store``, train until the recorder stops the job.
+    Returns the run's summary if this worker wrote the final record, else None."""
     device = cfg.resolved_device()
     # NCCL needs one GPU per rank; with more workers than GPUs they share them and talk through gloo.
     backend = "nccl" if device.startswith("cuda") and world <= torch.cuda.device_count() else "gloo"
     if device == "cuda":
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank)) % torch.cuda.device_count()}"
-    torch.distributed.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                                         timeout=timedelta(seconds=cfg.wait_timeout_s))
-    client = CoordinatorClient(coordinator, token, rank, cfg.wait_timeout_s)
+    if cfg.mode == "allreduce":
+        dist.init_process_group(backend, store=dist.PrefixStore("allreduce", store), rank=rank, world_size=world,
+                                timeout=timedelta(seconds=cfg.wait_timeout_s))
     try:
         batches = ClusterBatches(graph, input_features(cfg, graph), cfg.clusters, cfg.clusters_per_batch,
                                  cfg.diag_lambda, cfg.seed, device, owner=owner)
-        comm = device if backend == "nccl" else "cpu"
-        return Worker(cfg, batches, model_dims(cfg, graph), rank, world, client, device, comm).run()
+        trainer = Trainer(cfg, batches, model_dims(cfg, graph), rank, world, device,
+                          device if backend == "nccl" else "cpu")
+        node = Node(cfg, rank, world, token, trainer.params, trainer.share,
+                    lambda: Recorder(cfg, graph, run_dir, config, rank), host, bind_host)
+        try:
+            node.start(rendezvous(store, rank, world, node.address, cfg.wait_timeout_s))
+            trainer.run(node)
+        finally:
+            node.close()
+        return node.summary
     finally:
-        client.close()
-        torch.distributed.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def rendezvous(store: dist.Store, rank: int, world: int, address: str, timeout_s: float) -> list[str]:
+    """Publish this worker's address; every worker's, once all are ready (the only moment all wait)."""
+    store.set(f"address/{rank}", address)
+    keys = [f"address/{r}" for r in range(world)]
+    deadline = time.monotonic() + timeout_s
+    while not store.check(keys):
+        if store.check(["abort"]):
+            raise DorylusError(f"the job was abandoned at its start: {store.get('abort').decode()}")
+        if time.monotonic() > deadline:
+            missing = [r for r in range(world) if not store.check([f"address/{r}"])]
+            raise DorylusError(f"workers {missing} did not start within {timeout_s:g} s")
+        time.sleep(0.05)  # polling a store at start-up, not synchronising a test
+    return [store.get(k).decode() for k in keys]
 
 
 def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict, overwrite: bool = False,
                     show_progress: bool = True) -> TrainResult | None:
-    """Run ``cfg`` (mode gossip or allreduce); return the result (None on a non-zero torchrun rank)."""
+    """Run ``cfg`` (mode gossip or allreduce); the result, or None in a torchrun process that did not
+    write the record."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return _under_torchrun(cfg, graph, run_dir, config, overwrite, show_progress)
-    record = RunRecord(run_dir, config, overwrite=overwrite)
+        return _under_torchrun(cfg, graph, run_dir, config, overwrite)
+    RunRecord(run_dir, config, overwrite=overwrite).close()  # checks the folder before anything starts
     status(f"clustering into {cfg.clusters} METIS parts")
     np.save(run_dir / "clusters.npy", assign(graph, cfg.clusters, "metis", cfg.seed))
     write_npz(graph, run_dir / "graph.npz")
     (run_dir / "logs").mkdir(exist_ok=True)
-    token = secrets.token_hex(16)
-    procs: list[subprocess.Popen] = []
-    recorder = EpochRecorder(cfg, graph, record, show_progress)
-    coord = Coordinator(cfg.workers, pool_size(cfg), token, cfg.epochs, recorder, alive=lambda r: procs[r].poll() is None,
-                        seed=cfg.seed, wait_timeout_s=cfg.wait_timeout_s, on_start=recorder.started)
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    store = dist.TCPStore("127.0.0.1", 0, world_size=cfg.workers + 1, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=cfg.wait_timeout_s))
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.workers)
-    env = dict(os.environ, DORYLUS_TOKEN=token, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, DORYLUS_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads))
+    procs: list[subprocess.Popen] = []
+    bar = progress_bar(total=cfg.epochs, desc=f"train ({cfg.mode}, {cfg.workers} workers)", unit="epoch",
+                       enabled=show_progress)
     try:
         for r in range(cfg.workers):
             with open(run_dir / "logs" / f"worker-{r}.log", "w") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "dorylus_py.decentral", "--run-dir", str(run_dir), "--rank", str(r),
-                     "--world", str(cfg.workers), "--coordinator", coord.address, "--init", init],
+                     "--world", str(cfg.workers), "--store", f"127.0.0.1:{store.port}"],
                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
-        coord.start()
-        while not coord.done.wait(0.2):
-            if cfg.mode == "allreduce":  # a synchronous job cannot go on without every worker
-                for r, p in enumerate(procs):
-                    if p.poll() not in (None, 0):
-                        raise DorylusError(f"worker {r} exited with code {p.returncode}{_last_line(run_dir, r)} "
-                                           f"(log: {run_dir / 'logs' / f'worker-{r}.log'})")
-        if coord.error is not None:
-            raise DorylusError(f"{coord.error}{_last_line(run_dir, coord.deaths[-1]) if coord.deaths else ''}")
-        _wait_or_kill(procs, 30)
+        _watch(cfg, procs, run_dir, bar)
     except KeyboardInterrupt:
         raise DorylusError(f"interrupted; every worker stopped (run record so far in {run_dir})") from None
     finally:
+        bar.close()
         _wait_or_kill(procs, 0)
-        coord.close()
-    return recorder.finish({"workers": cfg.workers, **coord.stats()})
+    return _result(run_dir)
+
+
+def _watch(cfg: TrainConfig, procs: list[subprocess.Popen], run_dir: Path, bar) -> None:
+    """Until every worker has exited: the progress bar, and a line for each worker that dies."""
+    seen, shown, done_at = set(), 0, None
+    while [p.poll() for p in procs].count(None):
+        for r, p in enumerate(procs):
+            if p.returncode not in (None, 0) and r not in seen:
+                seen.add(r)
+                line = f"worker {r} {_how(p.returncode)}" + (_last_line(run_dir, r) if p.returncode > 0 else "")
+                if cfg.mode == "allreduce" or len(seen) == len(procs):
+                    raise DorylusError(f"{line} (log: {run_dir / 'logs' / f'worker-{r}.log'})")
+                tqdm.write(f"warning: {line}; the other workers go on without it", file=sys.stderr)
+        shown = _follow(run_dir, bar, shown)
+        if done_at is None and (run_dir / "summary.json").exists():
+            done_at = time.monotonic()
+        if done_at is not None and time.monotonic() - done_at > cfg.peer_timeout_s + 30:
+            break  # the record is written; workers that linger are stopped below
+        time.sleep(0.1)  # polling child processes
+    _follow(run_dir, bar, shown)
+
+
+def _result(run_dir: Path) -> TrainResult:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        lines = [f"worker {r}{_last_line(run_dir, r)}" for r in range(len(list((run_dir / "logs").glob("worker-*.log"))))]
+        raise DorylusError("the job ended without a record: " + "; ".join(lines))
+    history = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return TrainResult(json.loads(path.read_text()), history)
+
+
+def _follow(run_dir: Path, bar, shown: int) -> int:
+    """Advance the progress bar by the epochs the recorder wrote since; how many it has shown."""
+    path = run_dir / "metrics.jsonl"
+    rows = path.read_text().splitlines() if path.exists() else []
+    rows = [json.loads(x) for x in rows if x.endswith("}")]
+    if len(rows) > shown:
+        bar.update(len(rows) - shown)
+        bar.set_postfix(loss=f"{rows[-1]['loss']:.4f}", val=f"{rows[-1]['val_acc']:.3f}", refresh=False)
+    return max(shown, len(rows))
 
 
 def worker_process(argv=None) -> int:
@@ -176,54 +171,64 @@ def worker_process(argv=None) -> int:
     ap.add_argument("--run-dir", required=True, help="run folder with config.json, graph.npz and clusters.npy")
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--world", type=int, required=True)
-    ap.add_argument("--coordinator", required=True, help="tcp://HOST:PORT")
-    ap.add_argument("--init", required=True, help="torch.distributed init method, tcp://HOST:PORT")
+    ap.add_argument("--store", required=True, help="the launcher's rendezvous store, HOST:PORT")
     args = ap.parse_args(argv)
 
     def main() -> None:
         exit_with_parent(3)
         run = Path(args.run_dir)
-        saved = json.loads((run / "config.json").read_text())
-        cfg = TrainConfig(**{k: v for k, v in saved.items() if k in TrainConfig.__dataclass_fields__})
+        config = json.loads((run / "config.json").read_text())
+        cfg = TrainConfig(**{k: v for k, v in config.items() if k in TrainConfig.__dataclass_fields__})
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        token = os.environ.get("DORYLUS_TOKEN", "")
-        run_worker(cfg, read_npz(run / "graph.npz"), np.load(run / "clusters.npy"), args.rank, args.world,
-                   args.coordinator, args.init, token)
+        host, port = args.store.rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=cfg.wait_timeout_s))
+        print(f"worker {args.rank}: pid {os.getpid()}", flush=True)
+        run_worker(cfg, read_npz(run / "graph.npz"), np.load(run / "clusters.npy"), args.rank, args.world, store,
+                   os.environ.get("DORYLUS_TOKEN", ""), run, config)
 
     return run_main(main)
 
 
-def _under_torchrun(cfg, graph, run_dir, config, overwrite, show_progress) -> TrainResult | None:
+def _under_torchrun(cfg, graph, run_dir, config, overwrite) -> TrainResult | None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     token = os.environ.get("DORYLUS_TOKEN") or os.environ.get("TORCHELASTIC_RUN_ID", "")
     if not token:
         raise DorylusError("under torchrun, set DORYLUS_TOKEN (the same in every process) or use --rdzv-id")
     cfg = TrainConfig(**(cfg.to_dict() | {"workers": world}))
+    config = config | {"workers": world}
+    store = dist.PrefixStore(f"dorylus/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", dist.TCPStore(
+        master, int(os.environ.get("MASTER_PORT", "29500")), is_master=False, timeout=timedelta(seconds=cfg.wait_timeout_s)))
+    if rank == 0:
+        try:
+            RunRecord(run_dir, config, overwrite=overwrite).close()
+        except DorylusError as e:
+            store.set("abort", str(e))
+            raise
     owner = assign(graph, cfg.clusters, "metis", cfg.seed)  # deterministic: the same in every process
-    coord_addr = f"tcp://{host}:{port + 1}"
-    if rank != 0:
-        run_worker(cfg, graph, owner, rank, world, coord_addr, "env://", token)
+    host = _own_address(master)
+    summary = run_worker(cfg, graph, owner, rank, world, store, token, run_dir, config, host, "0.0.0.0")
+    if summary is None:
         return None
-    record = RunRecord(run_dir, config | {"workers": world}, overwrite=overwrite)
-    recorder = EpochRecorder(cfg, graph, record, show_progress)
-    coord = Coordinator(world, pool_size(cfg), token, cfg.epochs, recorder, seed=cfg.seed,
-                        wait_timeout_s=cfg.wait_timeout_s, host="0.0.0.0", port=port + 1,
-                        on_start=recorder.started).start()
-    try:
-        run_worker(cfg, graph, owner, 0, world, coord_addr.replace(host, "127.0.0.1"), "env://", token)
-        coord.done.wait(cfg.wait_timeout_s)
-        if coord.error is not None:
-            raise DorylusError(str(coord.error))
-    finally:
-        coord.close()
-    return recorder.finish({"workers": world, **coord.stats()})
+    history = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return TrainResult(summary, history)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _own_address(master: str) -> str:
+    """This machine's address on the route to ``master`` (what peers on other nodes can reach)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((master, 9))  # no packet is sent: this only picks the route
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+        return f"was killed ({name})"
+    return f"exited with code {code}"
 
 
 def _last_line(run_dir: Path, rank: int) -> str:

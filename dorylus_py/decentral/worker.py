@@ -1,14 +1,20 @@
-"""One worker of decentralised training: Cluster-GCN batches, with gossip or all-reduce between workers.
+"""One worker's training loop: Cluster-GCN batches, with gossip or all-reduce between workers.
 
-``gossip``: take a batch from the coordinator's pool, compute its gradient, and every ``gossip_every``
-local steps average it with a partner's (the pair the coordinator formed), then step. A fast worker
-simply trains more batches. ``allreduce`` (the baseline): each epoch's batches are dealt out round-robin
-and every step averages all workers' gradients, so each step waits for the slowest worker.
-At an epoch's end every worker sends its parameters to the coordinator and continues from their average.
+``gossip`` (after AD-PSGD, Lian et al., ICML 2018): the worker does what its work pool says
+(``pool.py``, through ``node.py``): train a batch (forward, backward, an Adam step), steal batches from a
+peer, report an epoch. Every ``--gossip-every k`` steps it sends its parameters to a random live peer and
+takes the mean of its own and the peer's answer; the peer's receive thread answers at once with its
+current parameters and mixes ours into its own at its next step. Nobody waits for a partner's compute,
+and no epoch ends at a barrier: a fast worker trains more batches.
+
+``allreduce`` (the baseline): each epoch's batches are dealt out round-robin and every step averages all
+workers' gradients with one ``all_reduce``, so each step waits for the slowest worker. The recorder's
+stop rides in the all-reduce, so every worker stops at the same step.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,7 +26,10 @@ import torch.nn.functional as F
 
 from dorylus_py.config import TrainConfig
 from dorylus_py.decentral.batches import Batch, ClusterBatches
-from dorylus_py.decentral.coordinator import CoordinatorClient
+from dorylus_py.decentral.node import Node
+from dorylus_py.decentral.pool import AwaitSteal, Idle, Report, Steal, Train, deal
+from dorylus_py.decentral.recorder import set_flat
+from dorylus_py.errors import DorylusError
 from dorylus_py.models.gcn import GCN
 
 
@@ -32,46 +41,27 @@ def parse_straggler(spec: str) -> tuple[int, float]:
     return int(rank), float(factor)
 
 
-def exchange(flat: torch.Tensor, partner: int, tag: int) -> torch.Tensor:
-    """Swap ``flat`` with ``partner``: both post their receive and their send together, then wait.
-
-    One operation per direction on the pair, with a tag unique to the round: never several sends (or
-    receives) in flight on one gloo pair, which is where gloo mismatches and hangs. Both directions at
-    once cost one latency instead of two in turn (measured here: 2.9 ms against 3.8 ms per exchange
-    under load). NCCL gets them as one grouped call, so neither side's operation blocks the other's;
-    gloo gets them plainly (grouping costs gloo about 0.3 ms an exchange here).
-    """
-    other = torch.empty_like(flat)
-    if dist.get_backend() == "nccl":
-        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, other, partner, tag=tag),
-                                        dist.P2POp(dist.isend, flat, partner, tag=tag)])
-    else:
-        works = [dist.irecv(other, partner, tag=tag), dist.isend(flat, partner, tag=tag)]
-    for work in works:
-        work.wait()
-    return other
-
-
 @dataclass
 class EpochLog:
     loss_sum: float = 0.0
     count: int = 0
+    exchanges: int = 0
     tasks: list = field(default_factory=list)
 
     def task(self, kind: str, epoch: int, rank: int, start: float, **extra) -> None:
         self.tasks.append({"kind": kind, "train": True, "server": rank, "chunk": None, "epoch": epoch,
-                           "start": start, "end": time.time(), "where": "worker", **extra})
+                           "start": round(start, 4), "end": round(time.time(), 4), "where": "worker", **extra})
 
 
-class Worker:
+class Trainer:
     def __init__(self, cfg: TrainConfig, batches: ClusterBatches, dims: list[int], rank: int, world: int,
-                 client: CoordinatorClient, device: str, comm_device: str = "cpu"):
-        """``comm_device``: where tensors are exchanged (the GPU with NCCL; the CPU with gloo)."""
-        self.cfg, self.batches, self.rank, self.world, self.client, self.device = cfg, batches, rank, world, client, device
+                 device: str, comm_device: str = "cpu"):
+        """``comm_device``: where all-reduce runs (the GPU with NCCL; the CPU with gloo)."""
+        self.cfg, self.batches, self.rank, self.world, self.device = cfg, batches, rank, world, device
         self.comm_device = comm_device
         self.model = GCN(dims, cfg.dropout, seed=cfg.seed).to(device)  # same initial weights everywhere
         self.model.seed = cfg.seed * 1_000_003 + rank  # but each worker its own dropout masks
-        for w in self.model.weights:  # gradients live in place, exchanged and averaged as one vector
+        for w in self.model.weights:  # gradients live in place (all-reduce averages them as one vector)
             w.grad = torch.zeros_like(w)
         first, rest = list(self.model.weights)[:1], list(self.model.weights)[1:]
         groups = [{"params": first, "weight_decay": cfg.weight_decay}] + ([{"params": rest, "weight_decay": 0.0}] if rest else [])
@@ -79,34 +69,126 @@ class Worker:
         slow_rank, factor = parse_straggler(cfg.straggler)
         self.slowdown = factor if slow_rank == rank else 1.0
         self.steps = 0
-        self.prefetch = ThreadPoolExecutor(1, thread_name_prefix="prefetch")  # builds leased batches ahead
+        self.last_grad: np.ndarray | None = None  # this worker's latest own gradient, and its step number
+        self.grad_step = 0
+        self.logs: dict[int, EpochLog] = {}  # epoch -> what this worker did in it, until reported
+        self.prefetch = ThreadPoolExecutor(1, thread_name_prefix="prefetch")  # builds the next batch ahead
+        # All-reduce builds its next batch while the all-reduce waits. Gossip never waits, so a build
+        # thread only helps where a core is free for it; on a busy CPU it only fights for the GIL.
+        self.build_ahead = cfg.mode == "allreduce" or device.startswith("cuda") or (os.cpu_count() or 1) >= 2 * world
         self.ahead: tuple[tuple[int, int], Future] | None = None  # ((epoch, batch), its build)
 
-    def run(self) -> int:
-        """Train until the coordinator says stop; return the number of batches this worker trained."""
-        epoch, trained, first = 1, 0, None
-        self.client.ask("hello")  # everyone starts together
-        with self.prefetch:
-            while epoch:
-                log = EpochLog()
-                batches = self._gossip_epoch(epoch, log, first) if self.cfg.mode == "gossip" else self._allreduce_epoch(epoch, log)
-                trained += batches
-                params = torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu().numpy()
-                reply = self.client.ask("epoch_end", {"epoch": epoch, "loss_sum": log.loss_sum, "count": log.count,
-                                                      "batches": batches, "tasks": log.tasks}, {"params": params})
-                avg = torch.from_numpy(np.array(reply.tensors["params"])).to(self.device)
-                torch.nn.utils.vector_to_parameters(avg, self.model.parameters())
-                epoch, first = reply["next"], reply.get("batch")
-        return trained
+    def params(self) -> np.ndarray:
+        """A copy of the parameters as one float32 vector (the node calls it with its lock held)."""
+        return torch.cat([p.detach().reshape(-1) for p in self.model.parameters()]).cpu().numpy()
 
-    # --- one batch ---------------------------------------------------------------------------------
+    def run(self, node: Node) -> int:
+        """Train until the recorder stops the job; return the number of batches this worker trained."""
+        with self.prefetch:
+            (self._gossip if self.cfg.mode == "gossip" else self._allreduce)(node)
+        if node.error:
+            raise DorylusError(node.error)
+        return self.steps
+
+    def _log(self, epoch: int) -> EpochLog:
+        return self.logs.setdefault(epoch, EpochLog())
+
+    # --- gossip ------------------------------------------------------------------------------------
+
+    def _gossip(self, node: Node) -> None:
+        idle_since = None
+        while True:
+            node.poll()
+            action = node.next_action()
+            if isinstance(action, Train):
+                t0 = time.perf_counter()
+                self._train(node, action.epoch, action.batch)
+                took = time.perf_counter() - t0
+                node.cycle = took if node.cycle is None else 0.7 * node.cycle + 0.3 * took
+            elif isinstance(action, Steal):
+                node.post_steal(action)
+            elif isinstance(action, AwaitSteal):
+                t0 = time.time()
+                node.await_steal()
+                self._log(node.pool.epoch).task("steal_wait", node.pool.epoch, self.rank, t0)
+            elif isinstance(action, Report):
+                log = self.logs.pop(action.epoch, EpochLog())
+                node.report(action, log.loss_sum, log.count, log.tasks, log.exchanges)
+            elif isinstance(action, Idle):  # every epoch left: the recorder's stop comes next
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since > self.cfg.wait_timeout_s:
+                    raise DorylusError(f"worker {self.rank}: no word from the recorder for {self.cfg.wait_timeout_s:g} s")
+                node.wait(0.5)
+            else:
+                return
+            if not isinstance(action, Idle):
+                idle_since = None
+
+    def _train(self, node: Node, epoch: int, index: int) -> None:
+        """Forward and backward on one batch; the step, with what peers sent since the last one; then,
+        every ``--gossip-every`` steps, send the parameters to a random peer."""
+        self._gradient(epoch, index, self._built(epoch, index))
+        node.poll()
+        with node.lock:
+            self._step(node.take_mailbox())
+            node.pool.trained(epoch, index)
+            upcoming, ahead = node.pool.peek(), node.pool.steal_ahead()
+        if ahead is not None:
+            node.post_steal(ahead)
+        if upcoming is not None and self.build_ahead:
+            self._build_ahead(*upcoming)
+        if self.steps % self.cfg.gossip_every == 0:
+            with node.lock:
+                shared = self.share()
+            partner = node.post_mix(shared)
+            log = self._log(epoch)
+            log.exchanges += partner >= 0
+            log.task("gossip", epoch, self.rank, time.time(), partner=partner)
+
+    def _step(self, mail: list[tuple[str, np.ndarray]]) -> None:
+        """The Adam step on our gradient; one more for each gradient a partner sent, as if trained here;
+        then the partners' shifts and the recorder's averages."""
+        own = torch.cat([w.grad.reshape(-1) for w in self.model.weights])
+        self.opt.step()
+        for kind, g in mail:
+            if kind == "grad":
+                self._set_grads(torch.from_numpy(g).to(self.device))
+                self.opt.step()
+        self.last_grad, self.grad_step = own.cpu().numpy(), self.steps
+        self._apply([m for m in mail if m[0] != "grad"])
+
+    def share(self) -> tuple[dict[str, np.ndarray], dict]:
+        """What a gossip partner gets: the parameters and the latest gradient, with its step number
+        (the node calls it with its lock held)."""
+        if self.last_grad is None:
+            return {"params": self.params()}, {}
+        return {"params": self.params(), "grad": self.last_grad}, {"grad_step": self.grad_step}
+
+    def _set_grads(self, flat: torch.Tensor) -> None:
+        at = 0
+        for w in self.model.weights:
+            w.grad.copy_(flat[at:at + w.numel()].view_as(w))
+            at += w.numel()
+
+    def _apply(self, mail: list[tuple[str, np.ndarray]]) -> None:
+        """Add the partners' shifts (half-way to each; k of them count 1/k each, so never past their mean)
+        and the recorder's averages (all of each)."""
+        if not mail:
+            return
+        flat = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
+        shifts = [m for m in mail if m[0] == "shift"]
+        for kind, shift in mail:  # several exchanges at once: half-way to their mean, not past it
+            flat.add_(torch.from_numpy(shift).to(self.device), alpha=1.0 / len(shifts) if kind == "shift" else 1.0)
+        set_flat(self.model, flat)
+
+    # --- one batch's gradient ----------------------------------------------------------------------
 
     def _build(self, epoch: int, index: int) -> tuple[Batch, float]:
         """Batch ``index`` of ``epoch`` and the seconds it took to build (the straggler's sleep counts them)."""
         t0 = time.perf_counter()
         return self.batches.batch(epoch, index), time.perf_counter() - t0
 
-    def _gradient(self, epoch: int, index: int, built: tuple[Batch, float], log: EpochLog) -> None:
+    def _gradient(self, epoch: int, index: int, built: tuple[Batch, float]) -> None:
         """Forward and backward on batch ``index``; ``.grad`` of each weight holds the result."""
         t0, c0 = time.time(), time.perf_counter()
         b, build_s = built
@@ -115,6 +197,7 @@ class Worker:
         self.steps += 1
         logits = self.model(b.adj, b.x, self.steps)
         n = int(b.train.sum())
+        log = self._log(epoch)
         if n:
             loss = F.cross_entropy(logits[b.train], b.y[b.train])
             loss.backward()
@@ -124,74 +207,43 @@ class Worker:
             time.sleep((self.slowdown - 1.0) * (build_s + time.perf_counter() - c0))
         log.task("batch", epoch, self.rank, t0, batch=index, nodes=len(b.nodes), train_nodes=n)
 
-    def _grads(self) -> torch.Tensor:
-        return torch.cat([w.grad.reshape(-1) for w in self.model.weights]).to(self.comm_device)
+    # --- all-reduce (the baseline) -----------------------------------------------------------------
 
-    def _set_grads(self, flat: torch.Tensor) -> None:
-        flat = flat.to(self.device)
-        at = 0
-        for w in self.model.weights:
-            w.grad.copy_(flat[at:at + w.numel()].view_as(w))
-            at += w.numel()
-
-    # --- the two modes -----------------------------------------------------------------------------
-
-    def _gossip_epoch(self, epoch: int, log: EpochLog, first: int | None) -> int:
-        """Train pool batches until the pool is drained; return how many.
-
-        At a gossip point the pair request reports the batch just trained and its answer leases the next,
-        which is built on the prefetch thread while the gradients are exchanged. Once the pool is empty
-        an answer also names this worker's first batch of the next epoch (``ahead``), built while the
-        epoch ends; the next epoch's ``model`` answer leases it (``first``).
-        """
-        done, finished, index = 0, None, first
-        while True:
-            if index is None:
-                reply = self.client.ask("claim", {"epoch": epoch, "finished": finished})
-                self._build_ahead(epoch + 1, reply.get("ahead"))
-                if reply.op == "drained":
-                    return done
-                index = reply["batch"]
-            finished = None
-            self._gradient(epoch, index, self._built(epoch, index), log)
-            done += 1
-            if self.steps % self.cfg.gossip_every == 0:
+    def _allreduce(self, node: Node) -> None:
+        """This worker's share of each epoch's batches, one all-reduce per step; the next batch is built
+        while the all-reduce waits, as gossip builds its next batch while it trains."""
+        per_epoch = self.batches.batches_per_epoch
+        mine = list(deal(per_epoch, list(range(self.world)), self.rank))
+        n = sum(w.numel() for w in self.model.weights)
+        for epoch in range(1, self.cfg.epochs + 1):
+            for s in range(-(-per_epoch // self.world)):
+                flat = torch.zeros(n + 2, device=self.comm_device)  # gradient sum, batches, stop votes
+                if s < len(mine):
+                    self._gradient(epoch, mine[s], self._built(epoch, mine[s]))
+                    following = mine[s + 1] if s + 1 < len(mine) else (mine[0] if mine else None)
+                    self._build_ahead(epoch if s + 1 < len(mine) else epoch + 1, following)
+                    flat[:n] = torch.cat([w.grad.reshape(-1) for w in self.model.weights]).to(self.comm_device)
+                    flat[n] = 1.0
+                flat[n + 1] = float(node.pool.stopped)
                 t0 = time.time()
-                pair = self.client.ask("pair", {"epoch": epoch, "finished": index})
-                index = pair["batch"]
-                self._build_ahead(epoch, index)
-                self._build_ahead(epoch + 1, pair.get("ahead"))
-                partner = pair["partner"]
-                if partner >= 0:
-                    mine = self._grads()
-                    self._set_grads((mine + exchange(mine, partner, pair["round"] % (1 << 20))) / 2)
-                log.task("gossip", epoch, self.rank, t0, partner=partner)
-            else:
-                finished, index = index, None
-            self.opt.step()
-
-    def _allreduce_epoch(self, epoch: int, log: EpochLog) -> int:
-        """Train this worker's share of the epoch's batches (dealt round-robin), one all-reduce per step.
-
-        Each next batch, and the next epoch's first, is built while the all-reduce (or the epoch's end)
-        waits, as gossip builds its next batch during its exchange.
-        """
-        mine = list(range(self.rank, self.batches.batches_per_epoch, self.world))
-        steps = -(-self.batches.batches_per_epoch // self.world)
-        for s in range(steps):
-            if s < len(mine):
-                self._gradient(epoch, mine[s], self._built(epoch, mine[s]), log)
-                self._build_ahead(epoch, mine[s + 1] if s + 1 < len(mine) else None)
-                flat = torch.cat([self._grads(), torch.ones(1, device=self.comm_device)])
-            else:  # this worker has no batch left this step: it adds nothing but still takes part
-                flat = torch.zeros(sum(w.numel() for w in self.model.weights) + 1, device=self.comm_device)
-            t0 = time.time()
-            dist.all_reduce(flat)
-            log.task("allreduce", epoch, self.rank, t0)
-            self._set_grads(flat[:-1] / flat[-1])
-            self.opt.step()
-        self._build_ahead(epoch + 1, mine[0] if mine else None)
-        return len(mine)
+                try:
+                    dist.all_reduce(flat)
+                except RuntimeError as e:  # a peer died mid-collective (gloo says so; NCCL times out)
+                    raise DorylusError(node.error or f"worker {self.rank}: the all-reduce failed: {e}") from None
+                self._log(epoch).task("allreduce", epoch, self.rank, t0)
+                if flat[n] > 0:
+                    self._set_grads((flat[:n] / flat[n]).to(self.device))
+                    with node.lock:
+                        self.opt.step()
+                if flat[n + 1] > 0:  # some worker heard the recorder's stop: all stop at this step
+                    return
+            log = self.logs.pop(epoch, EpochLog())
+            node.report(Report(epoch, tuple(mine), left=True), log.loss_sum, log.count, log.tasks, 0)
+        deadline = time.monotonic() + self.cfg.wait_timeout_s
+        while not node.pool.stopped:
+            if time.monotonic() > deadline:
+                raise DorylusError(f"worker {self.rank}: no word from the recorder for {self.cfg.wait_timeout_s:g} s")
+            node.wait(0.5)
 
     # --- batches built ahead -----------------------------------------------------------------------
 

@@ -68,8 +68,17 @@ def prepare(
     out = Path(out)
     if out.exists() and not overwrite:
         raise DataError(f"{out}: already exists (pass --overwrite to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda msg: None)
+    made = _make_parents(out.parent)
+    try:
+        return _prepare_into(source, out, parts, method, seed, overwrite, feature_dtype, memory_budget, scratch, say)
+    except BaseException:
+        for folder in made:  # a failure leaves no folders behind (the store's own is atomic)
+            folder.rmdir()
+        raise
+
+
+def _prepare_into(source, out: Path, parts, method, seed, overwrite, feature_dtype, memory_budget, scratch, say) -> dict:
     seconds = {}
     t0 = time.perf_counter()
     with atomic_dir(out, overwrite=overwrite) as tmp, tempfile.TemporaryDirectory(
@@ -98,6 +107,13 @@ def prepare(
         manifest["parts"] = [stats | {"files": files} for stats, files in zip(writer.stats, writer.files)]
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; return those created, deepest first."""
+    missing = [p for p in [folder, *folder.parents] if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
 
 
 def _assign(csr: DiskCSR, parts: int, method: str, seed: int, work: Path, say) -> np.ndarray:

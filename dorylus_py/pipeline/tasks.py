@@ -7,8 +7,8 @@ returns False); the weight server also drops a repeated gradient key.
 
 Relaunch cannot livelock: at most ``max_copies`` copies of a key run at once; a copy is overdue
 only after ``max(min_s, factor x usual)`` of its current phase, where *usual* is learned per task kind
-(start-up: launch to first pull, which includes queueing and cold starts; run: pull to result), and
-before anything is learned the start-up allowance is the platform's cold-start hint; each overdue
+from every copy (start-up: launch to first pull, which includes queueing and cold starts; run: pull to
+result), and before anything is learned the usual start-up is the platform's hint; each overdue
 relaunch of a key doubles its allowance (up to ``max_backoff``). A key that fails ``max_attempts``
 times is reported, and the job stops with its last error instead of retrying forever.
 """
@@ -35,6 +35,7 @@ class RelaunchPolicy:
 class _Task:
     launched: float  # when the newest copy was launched
     attempts: int = 1  # copies launched so far; the newest is attempt number `attempts`
+    launch_times: dict = field(default_factory=dict)  # attempt -> when it was launched
     in_flight: set = field(default_factory=lambda: {1})  # attempts still running
     started: dict = field(default_factory=dict)  # attempt -> when it first pulled its rows
     failed: bool = False  # a copy failed and none replaced it yet
@@ -55,7 +56,7 @@ class TaskTracker:
     def launch(self, key: TaskKey, now: float) -> None:
         if key in self.done or key in self.running:
             raise ValueError(f"task {key} launched twice")
-        self.running[key] = _Task(now)
+        self.running[key] = _Task(now, launch_times={1: now})
 
     def is_running(self, key: TaskKey) -> bool:
         return key in self.running
@@ -73,10 +74,9 @@ class TaskTracker:
         t = self.running.get(key)
         if t is None:
             return False
-        if attempt not in t.started:
+        if attempt not in t.started and attempt in t.launch_times:
             t.started[attempt] = now
-            if attempt == t.attempts:  # learn start-up time from the copy whose clock we watch
-                self._learn(self.startup_s, key.kind, now - t.launched)
+            self._learn(self.startup_s, key.kind, now - t.launch_times[attempt])
         return True
 
     def complete(self, key: TaskKey, now: float, attempt: int | None = None) -> bool:
@@ -111,9 +111,8 @@ class TaskTracker:
         if began is not None:
             usual = self.run_s.get(key.kind)
             return began, max(p.min_s, p.factor * usual if usual is not None else p.min_s) * backoff
-        usual = self.startup_s.get(key.kind)
-        guess = p.factor * usual if usual is not None else p.startup_hint_s
-        return t.launched, max(p.min_s, guess) * backoff
+        usual = self.startup_s.get(key.kind, p.startup_hint_s)
+        return t.launched, max(p.min_s, p.factor * usual) * backoff
 
     def due(self, now: float) -> list[tuple[TaskKey, int]]:
         """``(key, attempt)`` of copies to launch now: for keys whose copies all failed, and for keys
@@ -130,7 +129,7 @@ class TaskTracker:
             t.failed = False
             t.attempts += 1
             t.in_flight.add(t.attempts)
-            t.launched = now
+            t.launched = t.launch_times[t.attempts] = now
             self.relaunches += 1
             out.append((key, t.attempts))
         return out

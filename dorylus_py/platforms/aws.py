@@ -44,8 +44,27 @@ def billed_from_log(log_result: str | None) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def deployed_memory_mb(function: str, region: str = "", profile: str = "", endpoint_url: str = "") -> int:
+    """The memory size ``function`` is deployed with, from the Lambda API: what AWS bills a run for,
+    whatever a flag says. A run reads it once, at its start, and records it."""
+    try:
+        import boto3
+        from botocore.config import Config
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        raise ConfigError("the lambda backend needs boto3: pip install 'dorylus-py[aws]'") from None
+    try:
+        client = boto3.Session(profile_name=profile or None, region_name=region or None).client(
+            "lambda", endpoint_url=endpoint_url or None,
+            config=Config(connect_timeout=10, read_timeout=30, retries={"total_max_attempts": 3}))
+        return int(client.get_function_configuration(FunctionName=function)["MemorySize"])
+    except (BotoCoreError, ClientError) as e:
+        raise ConfigError(f"cannot read the configuration of Lambda function {function} ({e})") from None
+
+
 class AwsLambdaPlatform(Platform):
     name = "aws-lambda"
+    startup_hint_s = 1.0  # a warm invocation starts in tens of ms; a cold one is hedged after a few seconds
 
     def __init__(self, function: str, concurrency: int, memory_mb: int, region: str | None = None,
                  profile: str | None = None, endpoint_url: str | None = None, timeout_s: float = 60.0,

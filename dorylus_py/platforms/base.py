@@ -26,6 +26,7 @@ class Completion:
 
 class Platform:
     name = "abstract"
+    startup_hint_s = 0.0  # what a task may take to start before the scheduler has measured it
 
     def __init__(self):
         self._done: queue.Queue[Completion] = queue.Queue()

@@ -33,10 +33,10 @@ OPS = frozenset(
         "ghosts", "progress",
         # driver <-> servers
         "hello", "start", "switch", "epoch_stats", "tasks", "stop", "ping", "heartbeat",
-        # decentralised worker -> coordinator (dorylus_py/decentral)
-        "claim", "pair", "epoch_end",
+        # decentralised worker <-> worker (dorylus_py/decentral; also ping and stop)
+        "steal", "mix", "snapshot", "report", "dead", "row", "average",
         # replies
-        "batch", "drained", "partner", "model", "state", "ok", "rows", "weights", "duplicate", "cancel", "error",
+        "batches", "params", "state", "ok", "rows", "weights", "duplicate", "cancel", "error",
     }
 )  # fmt: skip
 

@@ -3,51 +3,110 @@
 ``config.json`` (the configuration and the dataset's counts), ``metrics.jsonl`` (one line per epoch:
 epoch, loss, train/val/test accuracy, epoch seconds, wall seconds), ``tasks.jsonl`` (one line per task,
 for distributed backends), ``summary.json`` and ``weights.npz`` / ``best_weights.npz``.
+
+However a run ends, its record ends with ``summary.json``: :meth:`RunRecord.finish` writes status
+``completed``, :meth:`RunRecord.abort` ``interrupted`` or ``failed: <line>`` with what the epochs
+logged so far give. The epoch fields of a summary (final and best accuracies, ``wall_s``) are always
+computed here, from every epoch the record holds, so a resumed run's summary covers the whole run.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
+import weakref
 from pathlib import Path
 
 import numpy as np
 
 from dorylus_py.atomic import atomic_file
-from dorylus_py.errors import ConfigError
+from dorylus_py.errors import ConfigError, DataError, DorylusError, interrupted_by_user
 
 METRIC_KEYS = ("epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s", "wall_s")
+_unfinished: "weakref.WeakSet[RunRecord]" = weakref.WeakSet()  # records of this process without a summary yet
+_stopped: list[Path] = []  # folders of this process's records that ended without completing
 
 
 class RunRecord:
-    def __init__(self, run_dir: str | os.PathLike, config: dict, overwrite: bool = False):
-        self.dir = Path(run_dir)
-        if self.dir.exists() and any(self.dir.iterdir()) and not overwrite:
-            raise ConfigError(f"{self.dir}: run folder exists and is not empty (pass --overwrite to replace it)")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("metrics.jsonl", "tasks.jsonl", "summary.json", "weights.npz", "best_weights.npz"):
-            (self.dir / stale).unlink(missing_ok=True)
-        self._write_json("config.json", config)
-        self._metrics = open(self.dir / "metrics.jsonl", "w")
-        self._tasks = None
+    """A run folder being written. ``continue_after=E`` reopens an existing record to go on after its
+    epoch E (a resumed run): later epochs' lines are dropped, and logged wall times continue its clock."""
 
-    def log_epoch(self, row: dict) -> None:
+    def __init__(self, run_dir: str | os.PathLike, config: dict, overwrite: bool = False,
+                 continue_after: int | None = None):
+        self.dir = Path(run_dir)
+        self.history: list[dict] = []  # every epoch of the record, as in metrics.jsonl
+        self.best = BestTracker()
+        self.summary: dict | None = None  # once written
+        self._best_weights: dict[str, np.ndarray] | None = None
+        self._tasks = None
+        if continue_after is None:
+            self._create(overwrite)
+        else:
+            self._reopen(continue_after)
+        self._wall_offset = self.history[-1]["wall_s"] if self.history else 0.0
+        self._first_epoch = self.history[-1]["epoch"] + 1 if self.history else 1  # this run's first
+        self._write_json("config.json", config)
+        self._metrics = open(self.dir / "metrics.jsonl", "a")
+        _unfinished.add(self)
+
+    def _create(self, overwrite: bool) -> None:
+        if self.dir.exists() and any(self.dir.iterdir()):
+            if not overwrite:
+                raise ConfigError(f"{self.dir}: run folder exists and is not empty (pass --overwrite to replace it, or "
+                                  f"--resume {self.dir} to continue an interrupted distributed run)")
+            if not (self.dir / "config.json").exists():
+                raise ConfigError(f"{self.dir}: not a run record (no config.json); --overwrite replaces only run records")
+            shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _reopen(self, after: int) -> None:
+        old = read_lines(self.dir / "metrics.jsonl") if (self.dir / "metrics.jsonl").exists() else []
+        for row in (r for r in old if r["epoch"] <= after):
+            self.history.append(row)
+            self.best.update(row["epoch"], row["val_acc"], row["test_acc"])
+        self._rewrite_lines("metrics.jsonl", self.history)
+        if (self.dir / "tasks.jsonl").exists():
+            self._rewrite_lines("tasks.jsonl", [t for t in read_lines(self.dir / "tasks.jsonl") if t["epoch"] <= after])
+        try:
+            old_best = json.loads((self.dir / "summary.json").read_text()).get("best_epoch")
+        except (OSError, ValueError):
+            old_best = None
+        if not self.history or old_best != self.best.best_epoch:  # best_weights.npz is of an epoch dropped
+            (self.dir / "best_weights.npz").unlink(missing_ok=True)
+        for stale in ("summary.json", "weights.npz"):
+            (self.dir / stale).unlink(missing_ok=True)
+
+    # --- while the run goes on ---------------------------------------------------------------------
+
+    def log_epoch(self, row: dict) -> bool:
+        """Append one metrics row; return True when its validation accuracy is the best so far."""
         missing = [k for k in METRIC_KEYS if k not in row]
         if missing:
             raise ValueError(f"metrics row lacks {missing}")
+        if self._wall_offset:  # a resumed run's clock goes on from the record's last epoch
+            row = row | {"wall_s": row["wall_s"] + self._wall_offset}
+        self.history.append(row)
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
+        return self.best.update(row["epoch"], row["val_acc"], row["test_acc"])
 
     def rewind_metrics(self, history: list[dict]) -> None:
-        """Keep only ``history`` in ``metrics.jsonl`` (a restarted job redoes the epochs after its checkpoint)."""
+        """Drop the epochs after ``history``'s last (a restarted job redoes the epochs after its
+        checkpoint); a resumed run's earlier epochs stay."""
+        last = history[-1]["epoch"] if history else (self._first_epoch - 1)
         self._metrics.close()
-        with atomic_file(self.dir / "metrics.jsonl") as tmp:
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in history))
+        self.history = [r for r in self.history if r["epoch"] <= last]
+        self.best = BestTracker()
+        for row in self.history:
+            self.best.update(row["epoch"], row["val_acc"], row["test_acc"])
+        self._rewrite_lines("metrics.jsonl", self.history)
         self._metrics = open(self.dir / "metrics.jsonl", "a")
 
     def log_tasks(self, rows: list[dict]) -> None:
         if self._tasks is None:
-            self._tasks = open(self.dir / "tasks.jsonl", "w")
+            self._tasks = open(self.dir / "tasks.jsonl", "a")
         self._tasks.writelines(json.dumps(r) + "\n" for r in rows)
         self._tasks.flush()
 
@@ -56,11 +115,45 @@ class RunRecord:
             with open(tmp, "wb") as f:
                 np.savez(f, **arrays)
 
-    def finish(self, summary: dict) -> None:
+    def keep_best_weights(self, arrays: dict[str, np.ndarray]) -> None:
+        """The weights of the best epoch so far, held until the record ends and then written as
+        ``best_weights.npz`` (by :meth:`finish` or :meth:`abort`). Pass copies."""
+        self._best_weights = arrays
+
+    # --- the end -----------------------------------------------------------------------------------
+
+    def finish(self, summary: dict) -> dict:
+        """The run completed: write ``summary.json`` (``summary``'s fields, status ``completed``, the
+        epoch fields recomputed over every epoch of the record) and the held best weights."""
+        return self._end("completed", summary)
+
+    def abort(self, status: str, **fields) -> dict | None:
+        """The run stopped early (``status``: ``interrupted`` or ``failed: <line>``): write a partial
+        ``summary.json`` with ``fields`` and what the epochs logged so far give, and the held best
+        weights. Does nothing once the record has ended, and never raises: it runs on the way out of
+        an error, which must stay the error the user sees."""
+        if self.summary is not None:
+            return None
+        try:
+            return self._end(status, fields)
+        except Exception as e:  # noqa: BLE001  (a full disk must not hide the original error)
+            logging.getLogger(__name__).warning("%s: could not write summary.json (%s)", self.dir, e)
+            return None
+
+    def _end(self, status: str, fields: dict) -> dict:
+        summary = {"status": status, **{k: v for k, v in fields.items() if k != "status"},
+                   **epoch_summary(self.history, self.best)}
+        if self._best_weights is not None:
+            self.save_weights("best_weights.npz", self._best_weights)
         self._write_json("summary.json", summary)
+        self.summary = summary
+        if status != "completed":
+            _stopped.append(self.dir)
         self.close()
+        return summary
 
     def close(self) -> None:
+        _unfinished.discard(self)
         self._metrics.close()
         if self._tasks is not None:
             self._tasks.close()
@@ -69,18 +162,58 @@ class RunRecord:
         with atomic_file(self.dir / name) as tmp:
             tmp.write_text(json.dumps(obj, indent=2) + "\n")
 
+    def _rewrite_lines(self, name: str, rows: list[dict]) -> None:
+        with atomic_file(self.dir / name) as tmp:
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-def run_summary(history: list[dict], best: "BestTracker", wall_s: float, **fields) -> dict:
-    """What ``summary.json`` holds for any trainer: final and best accuracies, time, and ``fields``
-    (backend, mode, backend-specific counts)."""
+
+def abort_unfinished(status: str) -> list[Path]:
+    """End every record of this process that has no summary yet (the CLI's last word on an error);
+    return the folders of the records that ended without completing since the last call, oldest first."""
+    for record in list(_unfinished):
+        record.abort(status)
+    stopped = list(_stopped)
+    _stopped.clear()
+    return stopped
+
+
+def end_status(error: BaseException) -> str:
+    """A stopped run's ``status``: ``interrupted`` when Ctrl-C is behind ``error``, else ``failed: <line>``."""
+    if interrupted_by_user(error):
+        return "interrupted"
+    line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"failed: {line}" if isinstance(error, DorylusError) else f"failed: {type(error).__name__}: {line}"
+
+
+def read_lines(path: Path) -> list[dict]:
+    """The rows of a ``.jsonl`` file of a run record; a broken line is a one-line error."""
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise DataError(f"{path}:{i}: not a JSON line (truncated file?)") from None
+    return rows
+
+
+def epoch_summary(history: list[dict], best: "BestTracker") -> dict:
+    """The summary fields that the epochs give: final and best accuracies, and ``wall_s``, the last
+    epoch's wall time (the same clock as ``metrics.jsonl``; what reports show)."""
+    if not history:
+        return {"epochs": 0}
     row = history[-1]
     return {
-        "status": "completed", **fields, "epochs": len(history),
-        "final_loss": row["loss"], "final_train_acc": row["train_acc"], "final_val_acc": row["val_acc"],
-        "final_test_acc": row["test_acc"], "best_val_acc": best.best_val_acc, "best_epoch": best.best_epoch,
-        "test_acc_at_best_val": best.test_acc_at_best_val, "wall_s": wall_s,
+        "epochs": len(history), "final_loss": row["loss"], "final_train_acc": row["train_acc"],
+        "final_val_acc": row["val_acc"], "final_test_acc": row["test_acc"], "best_val_acc": best.best_val_acc,
+        "best_epoch": best.best_epoch, "test_acc_at_best_val": best.test_acc_at_best_val, "wall_s": row["wall_s"],
         "median_epoch_s": float(np.median([r["epoch_s"] for r in history])),
     }
+
+
+def run_summary(history: list[dict], best: "BestTracker", job_s: float, **fields) -> dict:
+    """What ``summary.json`` holds for any trainer: status, ``fields`` (backend, mode, backend-specific
+    counts), the epoch fields and ``job_s``: the whole job, start-up and shutdown included."""
+    return {"status": "completed", **fields, **epoch_summary(history, best), "job_s": job_s}
 
 
 class BestTracker:

@@ -21,7 +21,7 @@ from dorylus_py.errors import ConfigError
 from dorylus_py.kernels.sparse import NormalizedAdjacency
 from dorylus_py.models.gcn import GCN
 from dorylus_py.progress import progress_bar
-from dorylus_py.training.record import BestTracker, RunRecord, run_summary
+from dorylus_py.training.record import BestTracker, RunRecord, end_status, run_summary
 
 
 def model_dims(cfg: TrainConfig, graph: Graph) -> list[int]:
@@ -79,45 +79,51 @@ def train_reference(
     opt = torch.optim.Adam(groups, lr=cfg.lr)
 
     best = BestTracker()
-    best_weights = None
     start = time.perf_counter()
     bar = progress_bar(range(1, cfg.epochs + 1), desc="train", unit="epoch", enabled=show_progress)
     history: list[dict] = []
-    for epoch in bar:
-        t0 = time.perf_counter()
-        model.train()
-        opt.zero_grad(set_to_none=True)
-        logits = model(adj, x, epoch)
-        loss = F.cross_entropy(logits[train_idx], y[train_idx])
-        loss.backward()
-        opt.step()
-        model.eval()
-        with torch.no_grad():
-            logits = model(adj, x)
-        acc = {s: accuracy(logits, y, m) for s, m in masks.items()}
-        now = time.perf_counter()
-        row = {
-            "epoch": epoch,
-            "loss": loss.item(),
-            "train_acc": acc["train"],
-            "val_acc": acc["val"],
-            "test_acc": acc["test"],
-            "epoch_s": now - t0,
-            "wall_s": now - start,
-        }
-        history.append(row)
-        if best.update(epoch, acc["val"], acc["test"]):
-            best_weights = model_weights(model)
+    try:
+        for epoch in bar:
+            t0 = time.perf_counter()
+            model.train()
+            opt.zero_grad(set_to_none=True)
+            logits = model(adj, x, epoch)
+            loss = F.cross_entropy(logits[train_idx], y[train_idx])
+            loss.backward()
+            opt.step()
+            model.eval()
+            with torch.no_grad():
+                logits = model(adj, x)
+            acc = {s: accuracy(logits, y, m) for s, m in masks.items()}
+            now = time.perf_counter()
+            row = {
+                "epoch": epoch,
+                "loss": loss.item(),
+                "train_acc": acc["train"],
+                "val_acc": acc["val"],
+                "test_acc": acc["test"],
+                "epoch_s": now - t0,
+                "wall_s": now - start,
+            }
+            history.append(row)
+            if best.update(epoch, acc["val"], acc["test"]) and record is not None:
+                record.keep_best_weights(model_weights(model))
+            if record is not None:
+                record.log_epoch(row)
+            bar.set_postfix(loss=f"{row['loss']:.4f}", val=f"{acc['val']:.3f}", refresh=False)
+            if cfg.target_acc and acc["val"] >= cfg.target_acc:
+                break
+    except BaseException as e:
+        bar.close()
         if record is not None:
-            record.log_epoch(row)
-        bar.set_postfix(loss=f"{row['loss']:.4f}", val=f"{acc['val']:.3f}", refresh=False)
+            record.abort(end_status(e), backend=cfg.backend, job_s=time.perf_counter() - start)
+        raise
     bar.close()
 
     summary = run_summary(history, best, time.perf_counter() - start, backend=cfg.backend)
     if record is not None:
         record.save_weights("weights.npz", model_weights(model))
-        record.save_weights("best_weights.npz", best_weights)
-        record.finish(summary)
+        summary = record.finish(summary)
     return TrainResult(summary, history)
 
 

@@ -17,15 +17,20 @@ replication would need every replica to apply every gradient.
 
 from __future__ import annotations
 
+import json
+import logging
+
 import numpy as np
+import torch
 
 from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import Node, serve_process
+from dorylus_py.cluster.node import Node, peak_rss_mb, serve_process
 from dorylus_py.models.gcn import GCN
 from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.weights.store import WeightError, WeightStore
 
 STATE_NAMES = ("W", "adam_m", "adam_v", "adam_step", "version")
+log = logging.getLogger("dorylus.weight_server")
 
 
 def initial_weights(dims: list[int], seed: int) -> list[np.ndarray]:
@@ -42,6 +47,8 @@ class WeightServer:
         self.node = node
         spec = JobSpec.from_wire(start["spec"])
         cfg = spec.config
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
         init = initial_weights(spec.dims, cfg.seed)
         mine = [l for l in range(len(init)) if shard(l, len(spec.weight_servers)) == node.rank]
         self.store = WeightStore(
@@ -58,8 +65,13 @@ class WeightServer:
                 self.store.restore(layer, {k: start.tensors[f"{k}{layer}"] for k in STATE_NAMES})
         self.waiting: list[tuple[bytes, Message]] = []
         self.duplicates = 0
+        self.bytes = {"sent": 0, "received": 0}
+        log.info("weight server %d start %s", node.rank, json.dumps({
+            "rank": node.rank, "layers": mine, "parameters": int(sum(init[l].size for l in mine)),
+            "peers": len(spec.graph_servers), "first_epoch": spec.first_epoch, "restart": spec.restart}))
 
     def handle(self, identity: bytes, msg: Message) -> None:
+        self.bytes["received"] += sum(t.nbytes for t in msg.tensors.values())
         if msg.op == "pull_weights":
             require(msg, "layer", "version")
             if not self._try_pull(identity, msg):
@@ -85,6 +97,15 @@ class WeightServer:
         while True:
             self.node.serve_once(self.handle, timeout_ms=200)
 
+    def close(self) -> None:
+        log.info("weight server %d end %s", self.node.rank, json.dumps({
+            "rank": self.node.rank, "updates": self.store.updates, "duplicates": self.duplicates,
+            "bytes_sent": self.bytes["sent"], "bytes_received": self.bytes["received"], "peak_rss_mb": peak_rss_mb()}))
+
+    def _reply(self, identity: bytes, msg: Message) -> None:
+        self.bytes["sent"] += sum(t.nbytes for t in msg.tensors.values())
+        self.node.reply(identity, msg)
+
     def _retry_waiting(self) -> None:
         """Answer the deferred pulls an update made possible; one that can no longer be served gets
         its own error reply (with its request id), and the rest go on waiting."""
@@ -104,13 +125,13 @@ class WeightServer:
         if msg.op == "pull_state":
             state = self.store.state(layer, version)
             if state is not None:
-                self.node.reply(identity, Message("state", {"layer": layer, "req": msg.get("req")}, state))
+                self._reply(identity, Message("state", {"layer": layer, "req": msg.get("req")}, state))
             return state is not None
         got = self.store.pull(layer, version, msg.get("hold"))
         if got is None:
             return False
         v, w = got
-        self.node.reply(identity, Message("weights", {"layer": layer, "version": v, "req": msg.get("req")}, {"W": w}))
+        self._reply(identity, Message("weights", {"layer": layer, "version": v, "req": msg.get("req")}, {"W": w}))
         return True
 
 

@@ -1,8 +1,8 @@
 """The weight server's state, without sockets: versioned weights, gradient accumulation, Adam.
 
 Version ``v`` of a layer is its weights after ``v`` updates. With ``update="epoch"`` the store sums
-``expected`` chunk gradients (an epoch's worth: every chunk of every graph server), then takes one
-Adam step: in sync mode that is exactly full-batch training; in async mode the gradients may come
+``expected`` chunk gradients (an epoch's worth: every chunk of every graph server), in the order of
+their keys so that the sum does not depend on the order they came in, then takes one Adam step: in sync mode that is exactly full-batch training; in async mode the gradients may come
 from different epochs, and the step is taken as soon as the last one arrives, with no barrier. With
 ``update="chunk"`` it takes one step per chunk gradient as it arrives. **Stashing**: a forward pull may *hold* the version
 it got under a task key; the chunk's backward pulls that same version, and its gradient push releases
@@ -37,8 +37,7 @@ class _Layer:
     param: torch.nn.Parameter
     versions: dict[int, np.ndarray]  # version -> weights, what is still held or newest
     holds: dict[int, set] = field(default_factory=lambda: defaultdict(set))  # version -> task keys
-    grad_sum: torch.Tensor | None = None
-    received: int = 0  # gradients summed into grad_sum (epoch updates)
+    pending: dict = field(default_factory=dict)  # epoch updates: gradient key -> gradient, until the step
     seen: set = field(default_factory=set)  # gradient keys ever applied or accumulated
     version: int = 0
     snapshots: OrderedDict = field(default_factory=OrderedDict)  # version -> state at an epoch boundary
@@ -105,11 +104,10 @@ class WeightStore:
         if self.update == "chunk":
             self._step(layer, g)
         else:
-            st.grad_sum = g if st.grad_sum is None else st.grad_sum + g
-            st.received += 1
-            if st.received == self.expected:
-                self._step(layer, st.grad_sum)
-                st.grad_sum, st.received = None, 0
+            st.pending[key] = g
+            if len(st.pending) == self.expected:  # summed in key order: the same bits whatever the arrival order
+                self._step(layer, torch.stack([st.pending[k] for k in sorted(st.pending)]).sum(0))
+                st.pending.clear()
         return True
 
     def state(self, layer: int, version: int | None = None) -> dict[str, np.ndarray] | None:

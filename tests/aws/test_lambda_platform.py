@@ -141,3 +141,35 @@ def test_training_through_the_aws_platform_against_moto(moto_url, tmp_path, smal
     loss = {name: [json.loads(x)["loss"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
             for name in ("aws", "local")}
     np.testing.assert_allclose(loss["aws"], loss["local"], rtol=1e-5)
+
+
+def test_runs_are_billed_at_the_deployed_memory(moto_url, tmp_path, small_graph, capsys):
+    """The function is deployed with 1024 MB: the run reads that from the Lambda API, records it in
+    config.json and tasks.jsonl, and reports price it; a --lambda-memory-mb that disagrees is refused."""
+    import boto3
+
+    from dorylus_py.cli import main
+    from dorylus_py.cost import Prices, read_record, run_cost
+    from dorylus_py.data import write_npz
+    from dorylus_py.errors import ConfigError
+    from dorylus_py.platforms.aws import deployed_memory_mb
+
+    role = boto3.client("iam").create_role(RoleName="dorylus-lambda", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    boto3.client("lambda").create_function(
+        FunctionName="dorylus-small", Role=role, PackageType="Image", MemorySize=1024, Timeout=60,
+        Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/dorylus-lambda:latest"})
+    assert deployed_memory_mb("dorylus-small") == 1024
+    with pytest.raises(ConfigError, match="cannot read the configuration of Lambda function nope"):
+        deployed_memory_mb("nope")
+    write_npz(small_graph, tmp_path / "g.npz")
+    train = ["train", "--backend", "lambda", "--lambda-function", "dorylus-small", "--lambda-run-here", "--data",
+             str(tmp_path / "g.npz"), "-k", "1", "--chunks", "2", "--lambdas", "2", "--epochs", "2", "--quiet"]
+    assert main([*train, "--lambda-memory-mb", "3008", "--out", str(tmp_path / "bad")]) == 2
+    assert "--lambda-memory-mb 3008 disagrees with dorylus-small, deployed with 1024 MB" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    assert main([*train, "--out", str(tmp_path / "run")]) == 0
+    config, metrics, tasks, summary = read_record(tmp_path / "run")
+    lam = [t for t in tasks if t["where"] == "aws-lambda"]
+    assert config["lambda_memory_mb"] == 1024 and lam and {t["memory_mb"] for t in lam} == {1024}
+    cost = run_cost(config, summary["wall_s"], tasks, Prices.load(), "c5.2xlarge")
+    assert cost.lambda_gb_seconds == pytest.approx(sum(t["billed_ms"] for t in lam) / 1000 * 1024 / 1024)

@@ -78,7 +78,7 @@ def test_graph_servers_train_from_s3(graph_file, bucket, tmp_path):
     assert main(["prepare", str(graph_file), "-k", "2", "--out", uri]) == 0
     out = tmp_path / "run"
     assert main(["train", "--backend", "cpu", "--data", uri, "--graph-servers", "2", "--epochs", "3", "--quiet",
-                 "--checkpoint-every", "2", "--out", str(out)]) == 0
+                 "--checkpoint-every", "2", "--checkpoint-dir", f"{uri}/checkpoints", "--out", str(out)]) == 0
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
     keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket, Prefix="train/checkpoints/")["Contents"]}
     assert keys == {"train/checkpoints/epoch-000002.npz", "train/checkpoints/epoch-000003.npz", "train/checkpoints/latest.json"}

@@ -95,7 +95,8 @@ def test_iam_is_least_privilege():
     lam = {s["sid"]: s for s in st["lambda"]}
     assert set(lam) == {"OwnLogs", "VpcNetworkInterfaces"}
     assert lam["OwnLogs"]["resources"] == ["${aws_cloudwatch_log_group.lambda.arn}:*"]
-    assert all(a.startswith("ec2:") and "NetworkInterface" in a or "PrivateIp" in a for a in lam["VpcNetworkInterfaces"]["actions"])
+    assert all(a.startswith("ec2:") and ("NetworkInterface" in a or "PrivateIp" in a)
+               for a in lam["VpcNetworkInterfaces"]["actions"])
     server = {s["sid"]: s for s in st["server"]}
     assert server["InvokeTensorWorker"]["resources"] == ["${aws_lambda_function.tensor.arn}"]
     assert server["WriteCheckpoints"]["actions"] == ["s3:PutObject"]

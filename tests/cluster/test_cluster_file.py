@@ -5,6 +5,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 import sys
 
 import numpy as np
@@ -76,3 +77,58 @@ def test_cluster_job_needs_a_prepared_store(small_graph, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--cluster needs --data to be a folder made by `dorylus prepare`" in err
     assert not (tmp_path / "run").exists()
+
+
+def start_cluster_job(small_graph, tmp_path):
+    """Servers from a cluster file and a driver, each its own process; returns them once an epoch is done."""
+    write_npz(small_graph, tmp_path / "g.npz")
+    assert main(["prepare", str(tmp_path / "g.npz"), "-k", "2", "--out", str(tmp_path / "parts")]) == 0
+    d, g0, g1, w0 = free_ports(4)
+    cluster = {"driver": f"tcp://127.0.0.1:{d}", "graph_servers": [f"tcp://127.0.0.1:{g0}", f"tcp://127.0.0.1:{g1}"],
+               "weight_servers": [f"tcp://127.0.0.1:{w0}"]}
+    (tmp_path / "cluster.json").write_text(json.dumps(cluster))
+    env = dict(os.environ, DORYLUS_TOKEN="shared-secret")
+    servers = {f"{role}-{rank}": subprocess.Popen(
+        [sys.executable, "-m", "dorylus_py", role, "--cluster", str(tmp_path / "cluster.json"), "--rank", str(rank),
+         "--bind", "127.0.0.1"], env=env, stderr=subprocess.PIPE, text=True)
+        for role, rank in [("graph-server", 0), ("graph-server", 1), ("weight-server", 0)]}
+    driver = subprocess.Popen([sys.executable, "-m", "dorylus_py", "train", "--data", str(tmp_path / "parts"), "--backend",
+                               "cpu", "--cluster", str(tmp_path / "cluster.json"), "--epochs", "100000", "--out",
+                               str(tmp_path / "run"), "--quiet"], env=env, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size):
+        assert driver.poll() is None, driver.stderr.read()
+        time.sleep(0.1)
+    assert metrics.stat().st_size, "no epoch finished"
+    return driver, servers
+
+
+def test_servers_exit_soon_after_losing_the_driver(small_graph, tmp_path):
+    driver, servers = start_cluster_job(small_graph, tmp_path)
+    try:
+        driver.kill()
+        t0 = time.monotonic()
+        for name, p in servers.items():
+            p.wait(timeout=30)
+            assert "the driver has not answered for 6 s; exiting" in p.stderr.read(), name
+        assert time.monotonic() - t0 < 10  # every server gone within 10 s of the driver
+    finally:
+        for p in [driver, *servers.values()]:
+            p.kill()
+
+
+def test_the_driver_reports_a_dead_server_soon(small_graph, tmp_path):
+    driver, servers = start_cluster_job(small_graph, tmp_path)
+    try:
+        servers["graph-server-1"].kill()
+        t0 = time.monotonic()
+        _, err = driver.communicate(timeout=60)
+        assert time.monotonic() - t0 < 10 and driver.returncode == 2
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("error: graph-server-1 at tcp://127.0.0.1:") and "presumed dead" in last, last
+        for p in servers.values():
+            p.wait(timeout=30)  # the driver stopped the others
+    finally:
+        for p in [driver, *servers.values()]:
+            p.kill()

@@ -91,10 +91,15 @@ def test_async_switches_back_to_sync_near_the_target(small_graph, tmp_path):
     assert got.summary["weight_updates"] == 12 * 2  # epoch updates before and after the switch
 
 
-def test_gpu_backend_on_the_cpu_device(small_graph, tmp_path):
+def test_gpu_backend_honours_device_cpu(small_graph, tmp_path):
+    """--backend gpu --device cpu: the device flag reaches the graph servers' tensor threads (tasks ran
+    `inproc-cpu`) and the maths is the reference's. This is the cpu backend's code path on the device
+    named; tensor work on a CUDA device is exercised only where one is present."""
     ref = train_reference(small_graph, TrainConfig(epochs=2, dropout=0.0, feature_norm="none"), show_progress=False)
     got = run(small_graph, tmp_path, "run", backend="gpu", device="cpu", graph_servers=2, epochs=2)
     assert_same_losses(got, ref)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "tasks.jsonl").read_text().splitlines()]
+    assert {r["where"] for r in rows if r["where"] != "graph-server"} == {"inproc-cpu"}
 
 
 def test_gpu_backend_without_cuda_is_a_clear_error():

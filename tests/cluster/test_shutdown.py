@@ -1,5 +1,6 @@
 """Nothing hangs and nothing is left behind: Ctrl-C, or a server that dies, stops the whole job."""
 
+import json
 import os
 import signal
 import subprocess
@@ -35,9 +36,10 @@ def test_ctrl_c_stops_every_process(small_graph, tmp_path):
     proc, family = start_job(small_graph, tmp_path)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 2
+    assert proc.returncode == 130  # 128 + SIGINT, as shells report an interrupted command
     assert err.strip().splitlines()[-1].startswith("error: interrupted; every process stopped")
     assert_all_gone(family)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "interrupted"
 
 
 def test_a_dying_server_beyond_max_restarts_stops_the_job_with_its_name(small_graph, tmp_path):
@@ -48,5 +50,7 @@ def test_a_dying_server_beyond_max_restarts_stops_the_job_with_its_name(small_gr
     assert proc.returncode == 2
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: graph-server-1 was killed by signal 9"), last
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed: " + last.removeprefix("error: ")
     assert last.endswith("the job stops after 0 restarts (--max-restarts)"), last
     assert_all_gone(family)

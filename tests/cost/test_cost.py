@@ -75,3 +75,38 @@ def test_report_plots_are_real_pngs(tmp_path, capsys):
     for name in ("accuracy_vs_time.png", "accuracy_vs_cost.png", "timeline_a.png"):
         path = tmp_path / "plots" / name
         assert path.stat().st_size > 5000 and png_size(path) == (800, 450)
+
+
+def test_timeline_legend_covers_no_bars():
+    """The legend sits outside the axes, whatever the number of lanes and kinds."""
+    from dorylus_py.cost.plots import KIND_COLOURS, timeline_figure
+
+    tasks = [{"kind": kind, "train": True, "server": s, "chunk": c, "start": 0.1 * i, "end": 0.1 * i + 0.3}
+             for i, kind in enumerate(k for k in KIND_COLOURS if k != "eval") for s in (0, 1) for c in (None, 0, 1, 2, 3)]
+    fig = timeline_figure("t", tasks)
+    fig.canvas.draw()
+    legend, axes = fig.legends[0].get_window_extent(), fig.axes[0].get_window_extent()
+    assert len(fig.legends[0].get_texts()) == len(KIND_COLOURS) - 1
+    assert not legend.overlaps(axes), (legend, axes)
+
+
+def test_report_reads_records_that_did_not_complete(tmp_path, capsys):
+    """Interrupted, failed, killed (no summary.json) and zero-epoch records are reported with their status."""
+    done = make_record(tmp_path / "done")
+    stopped = make_record(tmp_path / "stopped")
+    (stopped / "summary.json").write_text(json.dumps({"status": "interrupted", "best_val_acc": 0.4,
+                                                      "test_acc_at_best_val": 0.2, "wall_s": 3600.0}))
+    killed = make_record(tmp_path / "killed")
+    (killed / "summary.json").unlink()
+    failed = make_record(tmp_path / "failed")
+    (failed / "metrics.jsonl").write_text("")
+    (failed / "summary.json").write_text(json.dumps({"status": "failed: graph-server-1 exited with code -9",
+                                                     "epochs": 0}))
+    assert main(["report", *(str(d) for d in (done, stopped, killed, failed)), "--markdown", str(tmp_path / "r.md")]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:5]}
+    assert rows["done"][3] == "completed" and rows["stopped"][3] == "interrupted" and rows["failed"][3] == "failed"
+    assert rows["killed"][3] == "unknown" and rows["killed"][5] == "0.4000"  # from its metrics: epoch 2's val
+    assert rows["failed"][4] == "0" and rows["failed"][5] == "-"  # no epochs: no accuracy to show
+    assert "failed: failed: graph-server-1 exited with code -9" in out  # the reason, under the table
+    assert "| failed | failed: graph-server-1 exited with code -9 |" in (tmp_path / "r.md").read_text()

@@ -1,16 +1,17 @@
-"""Reports and estimates on real runs: numbers recomputed from tasks.jsonl, a run reproduced from its
-own calibration, hand-computed estimates, --search, bad input."""
+"""Reports and estimates on real runs: report numbers recomputed from tasks.jsonl; the estimator,
+calibrated on one run, predicting two other configurations measured here; --search; bad input."""
 
 from __future__ import annotations
 
 import json
-import re
+import math
+import statistics
 from dataclasses import replace
 
 import pytest
 
 from dorylus_py.cli import main
-from dorylus_py.cost.estimate import Calibration, Setup, Workload, setup_of, vcpus
+from dorylus_py.cost.estimate import Calibration, Setup, Workload, setup_of, vcpus, workload_of
 from dorylus_py.cost.model import Prices, read_record
 from dorylus_py.cost.report import report_rows
 from dorylus_py.data import write_npz
@@ -53,47 +54,87 @@ def test_report_numbers_agree_with_tasks_jsonl(runs, tmp_path, capsys):
     assert "<table>" in text and "Task time by kind" in text
 
 
-@pytest.mark.parametrize("name", ["local", "cpu"])
-def test_estimate_reproduces_a_run_from_its_own_calibration(runs, name, capsys):
-    prices = Prices.load()
-    row = report_rows([str(runs / name)], prices, "c5.2xlarge", None)[0]
-    config, *_ = read_record(runs / name)
-    cal = Calibration.from_record(str(runs / name), "c5.2xlarge")
-    from dorylus_py.cost.estimate import workload_of
+# The estimator is calibrated on one configuration and predicts two others: a graph four times larger,
+# and another number of graph servers. On this one 2-core machine, K servers share its cores, so each
+# configuration's servers are described as instances with 2/K of its vCPUs (the estimator only uses the
+# ratio of vCPUs); servers and tensor work run one thread each (OMP_NUM_THREADS=1, --tensor-threads 1).
+# The machine is shared with other work, which can slow a whole run 2x: each configuration runs twice,
+# interleaved, and the less disturbed run (the smaller median epoch) counts, the calibration's too.
+# Measured errors (README, load averages 3 to 11): -6 to +92 % for the larger graph; -5 to +175 % for one
+# server instead of two. One machine is the wrong place to scale servers: two servers pay for their
+# exchange of ghost rows with every stage, more so when other work takes the cores, and the model (made
+# for one instance per server) counts no such cost, so it predicts one server no faster than two while
+# one server is 1-2.8x faster here. Allowed: within a factor of ALLOWED_FACTOR either way; and for the
+# larger graph, closer than the naive guess "as long as the calibration run", which a model blind to
+# the graph's size would make.
+ALLOWED_FACTOR = 4.0
+SHARE_OF_THIS_MACHINE = {2: "c5.xlarge", 1: "c5.2xlarge"}  # graph servers -> an instance with 2/K of its vCPUs
+CONFIGURATIONS = (("calibration", 20_000, 2), ("4x graph", 80_000, 2), ("1 server", 20_000, 1))
 
-    est = cal.estimate(workload_of(config), setup_of(config, "c5.2xlarge"), prices)
-    assert est["total $"] == pytest.approx(row["total $"], rel=0.10)
-    assert est["wall s"] == pytest.approx(row["wall s"], rel=0.10)
-    # and through the CLI, from the graph's counts
-    g = config["graph"]
+
+def steady_epoch_s(run_dir) -> float:
+    _, metrics, *_ = read_record(run_dir)
+    return statistics.median(m["epoch_s"] for m in metrics[1:])  # the steady epochs, as calibrated
+
+
+@pytest.fixture(scope="module")
+def configurations(tmp_path_factory):
+    root = tmp_path_factory.mktemp("estimate")
+    runs: dict[str, list] = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")  # the graph-server processes inherit it
+        for rep in (1, 2):
+            for name, nodes, k in CONFIGURATIONS:
+                data = root / f"g{nodes}.npz"
+                if not data.exists():
+                    assert main(["synth", "--out", str(data), "--nodes", str(nodes), "--edges", str(20 * nodes),
+                                 "--features", "64", "--classes", "8"]) == 0
+                out = root / f"{name.replace(' ', '-')}-{rep}"
+                assert main(["train", "--backend", "cpu", "--data", str(data), "--graph-servers", str(k),
+                             "--partitioner", "hash", "--chunks", "2", "--tensor-threads", "1", "--epochs", "6",
+                             "--dropout", "0", "--quiet", "--out", str(out)]) == 0
+                runs.setdefault(name, []).append(out)
+    return {name: min(dirs, key=steady_epoch_s) for name, dirs in runs.items()}
+
+
+def estimated_epoch_s(cal: Calibration, run_dir) -> float:
+    config, *_ = read_record(run_dir)
+    setup = setup_of(config, SHARE_OF_THIS_MACHINE[config["graph_servers"]])
+    return cal.estimate(workload_of(config), setup, Prices.load())["epoch s"]
+
+
+def test_estimate_predicts_a_larger_graph_and_another_server_count(configurations, capsys):
+    cal = Calibration.from_record(str(configurations["calibration"]), SHARE_OF_THIS_MACHINE[2])
+    for name in ("4x graph", "1 server"):
+        measured, estimated = steady_epoch_s(configurations[name]), estimated_epoch_s(cal, configurations[name])
+        with capsys.disabled():  # the errors, for the README (pytest -s)
+            print(f"{name}: measured {measured:.4f} s an epoch, estimated {estimated:.4f} s "
+                  f"({100 * (estimated / measured - 1):+.0f} %)")
+        assert 1 / ALLOWED_FACTOR <= estimated / measured <= ALLOWED_FACTOR, (name, measured, estimated)
+    measured, naive = steady_epoch_s(configurations["4x graph"]), steady_epoch_s(configurations["calibration"])
+    estimated = estimated_epoch_s(cal, configurations["4x graph"])
+    assert abs(math.log(estimated / measured)) < abs(math.log(naive / measured)), (measured, estimated, naive)
+    # the CLI gives the same estimate, from the graph file's counts
     capsys.readouterr()
-    assert main(["cost", "estimate", "--calibration", str(runs / name), "--backend", name, "--nodes", str(g["nodes"]),
-                 "--edges", str(g["edges"]), "--features", str(g["features"]), "--classes", str(g["classes"]),
-                 "--graph-servers", "2", "--chunks", "2", "--lambdas", "2", "--epochs", "4"]) == 0
-    total = float(re.findall(r"\d+\.\d{5}", capsys.readouterr().out.splitlines()[-1])[-1])
-    assert total == pytest.approx(row["total $"], rel=0.10)
+    config, *_ = read_record(configurations["4x graph"])
+    assert main(["cost", "estimate", "--calibration", str(configurations["calibration"]), "--calibration-instance",
+                 SHARE_OF_THIS_MACHINE[2], "--as-instance", SHARE_OF_THIS_MACHINE[2], "--backend", "cpu",
+                 "--data", config["data"], "--graph-servers", "2", "--chunks", "2", "--tensor-threads", "1"]) == 0
+    epoch_s = float(capsys.readouterr().out.splitlines()[-1].split()[4])
+    assert epoch_s == pytest.approx(estimated_epoch_s(cal, configurations["4x graph"]), rel=1e-3, abs=1e-3)
 
 
-def test_hand_computed_estimate():
+def test_estimate_moves_with_server_speed_lambda_memory_and_edges():
+    """Directions the model must get right, whatever its calibration."""
     cal = Calibration(graph_s_per_unit=1e-6, tensor_s_per_unit=1e-8, billed_per_measured=1.0, tasks_per_server_chunk=8,
                       startup_s=10.0, overlap=1.0, instance="c5.2xlarge", memory_mb=3008, source="hand")
-    prices = Prices("us-east-1", {"c5.2xlarge": 0.36, "c5.4xlarge": 0.72}, 1e-5, 2e-7, "t", "t")
-    work = Workload(nodes=1000, edges=100_000, dims=[100, 10, 5])  # tensor units 1000 x (1000 + 50)
+    prices = Prices.load()
+    work = Workload(nodes=1000, edges=100_000, dims=[100, 10, 5])
     setup = Setup("lambda", 2, 1, "c5.2xlarge", lambdas=4, memory_mb=2048, chunks=2, epochs=100)
     e = cal.estimate(work, setup, prices)
-    graph = 1e-6 * (100_000 / 2) * 2 * 15  # 1.5 s per epoch
-    tensor_total = 1e-8 * 1000 * 1050  # 0.0105 s per epoch, over min(4 Lambdas, 8 x 2 x 2 tasks)
-    assert e["epoch s"] == pytest.approx(graph + tensor_total / 4)
-    wall = 10 + 100 * e["epoch s"]
-    assert e["wall s"] == pytest.approx(wall)
-    assert e["servers $"] == pytest.approx(3 * wall / 3600 * 0.36)
-    gb_s = tensor_total * 100 * 2048 / 1024
-    assert e["GB-s"] == pytest.approx(gb_s) and e["requests"] == 8 * 2 * 2 * 100
-    assert e["lambda $"] == pytest.approx(gb_s * 1e-5 + 3200 * 2e-7)
-    faster = cal.estimate(work, replace(setup, instance="c5.4xlarge"), prices)  # twice the vCPUs
-    assert faster["epoch s"] == pytest.approx(graph / 2 + tensor_total / 4)
-    small = cal.estimate(work, replace(setup, memory_mb=512), prices)  # a fraction of a vCPU: slower
-    assert small["epoch s"] > e["epoch s"]
+    assert cal.estimate(work, replace(setup, instance="c5.4xlarge"), prices)["epoch s"] < e["epoch s"]
+    assert cal.estimate(work, replace(setup, memory_mb=512), prices)["epoch s"] > e["epoch s"]
+    assert cal.estimate(replace(work, edges=200_000), setup, prices)["epoch s"] > e["epoch s"]
     assert vcpus("c5.xlarge") == 4 and vcpus("c5n.4xlarge") == 16 and vcpus("m5.large") == 2
 
 

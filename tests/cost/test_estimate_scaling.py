@@ -26,8 +26,8 @@ def test_fixed_task_cost_is_the_intercept_of_duration_against_work():
 def test_idle_is_epoch_time_minus_the_busiest_servers_busy_time():
     tasks = [_task("fwd", 0, 1.0, server=0, start=0.0), _task("fwd", 0, 1.0, server=0, start=0.5),  # busy 1.5
              _task("gather", 0, 0.5, server=1, start=0.0)]
-    metrics = [{"epoch": 1, "epoch_s": 9.0}, {"epoch": 2, "epoch_s": 2.0}]
-    assert _idle_seconds(tasks, metrics, 2) == pytest.approx(0.5)  # epoch 1 (start-up) is left out
+    metrics = [{"epoch": 2, "epoch_s": 2.0}, {"epoch": 3, "epoch_s": 2.5}]  # epoch 3: nothing ran
+    assert _idle_seconds(tasks, metrics, 2) == pytest.approx((0.5 + 2.5) / 2)
 
 
 def test_idle_grows_with_chunks_and_work_with_the_graph():

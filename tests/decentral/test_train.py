@@ -1,4 +1,5 @@
-"""Decentralised training end to end through the CLI: accuracy, the run record, errors."""
+"""Decentralised training end to end through the CLI: the run record, exact-ratio accuracies, errors,
+torchrun, and accuracy against all-reduce on Cora."""
 
 from __future__ import annotations
 
@@ -28,7 +29,12 @@ def small_npz(small_graph, tmp_path):
     return path
 
 
-def test_gossip_with_a_straggler_trains_every_batch_once_per_epoch(tmp_path, small_npz, capsys):
+def _exact(value: float, count: int) -> bool:
+    """``value`` is a ratio k / count as Python computes it, not float32 noise."""
+    return value == round(value * count) / count
+
+
+def test_gossip_with_a_straggler_trains_every_batch_once_per_epoch(tmp_path, small_npz, small_graph, capsys):
     summary, metrics, tasks = _train(tmp_path, small_npz, "g", "--mode", "gossip", "--epochs", "6", "--clusters", "12",
                                      "--clusters-per-batch", "2", "--straggler", "1:20")
     assert [m["epoch"] for m in metrics] == list(range(1, 7))
@@ -36,21 +42,26 @@ def test_gossip_with_a_straggler_trains_every_batch_once_per_epoch(tmp_path, sma
     for epoch in range(1, 7):
         assert sorted(t["batch"] for t in batches if t["epoch"] == epoch) == list(range(6))  # exactly once
     per_worker = Counter(t["server"] for t in batches)
-    assert per_worker[1] < min(n for r, n in per_worker.items() if r != 1)  # the pool gave the straggler less
-    assert summary["batches_trained"] == 36 and summary["gossip_rounds"] > 0 and summary["worker_deaths"] == []
-    assert metrics[-1]["loss"] < metrics[0]["loss"]
-    # reports read decentralised records like any other
-    assert main(["report", str(tmp_path / "g")]) == 0
+    assert summary["batches_per_worker"] == [per_worker[r] for r in range(4)] and summary["batches_trained"] == 36
+    assert per_worker[1] < min(n for r, n in per_worker.items() if r != 1)  # the others took the straggler's share
+    assert summary["gossip_rounds"] > 0 and summary["worker_deaths"] == [] and summary["workers_at_end"] == 4
+    assert summary["recorded_by"] == 0 and summary["average_every"] == 0
+    n_val = int(small_graph.mask("val").sum())
+    assert all(_exact(m["val_acc"], n_val) for m in metrics) and _exact(summary["final_val_acc"], n_val)
+    assert all(round(m["wall_s"], 4) == m["wall_s"] for m in metrics)
+    assert "[" in capsys.readouterr().out  # batches by rank in the CLI's line
+    assert main(["report", str(tmp_path / "g")]) == 0  # reports read decentralised records like any other
     assert "gossip x4" in capsys.readouterr().out
 
 
 def test_allreduce_run_record(tmp_path, small_npz):
     summary, metrics, tasks = _train(tmp_path, small_npz, "a", "--mode", "allreduce", "--epochs", "3", "--clusters", "12",
                                      "--clusters-per-batch", "2", "--target-acc", "0.01")
-    assert len(metrics) == 2  # the target is met at epoch 1; the stop takes effect at the next epoch's end
+    assert len(metrics) == 1  # the target is met at epoch 1: every worker stops within the next epoch
     kinds = Counter(t["kind"] for t in tasks)
-    assert kinds["batch"] == 12 and kinds["allreduce"] == 4 * 2 * 2  # 2 steps per epoch, 4 workers
+    assert kinds["batch"] == 6 and kinds["allreduce"] == 4 * 2  # 2 steps per epoch, 4 workers
     assert summary["mode"] == "allreduce" and np.isfinite(summary["final_loss"])
+    assert summary["batches_per_worker"] == [2, 2, 1, 1] and summary["gossip_rounds"] == 0
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -58,6 +69,9 @@ def test_allreduce_run_record(tmp_path, small_npz):
     (["--mode", "gossip", "--straggler", "7:2"], "--straggler"),
     (["--mode", "gossip", "--straggler", "1:x"], "--straggler"),
     (["--mode", "allreduce", "--clusters", "4", "--clusters-per-batch", "5"], "clusters-per-batch"),
+    (["--mode", "allreduce", "--average-every", "2"], "--average-every"),
+    (["--mode", "gossip", "--average-every", "-1"], "--average-every"),
+    (["--mode", "gossip", "--peer-timeout-s", "0"], "--peer-timeout-s"),
     (["--mode", "gossip", "--device", "cuda"], "CUDA"),
 ])
 def test_bad_flags_exit_2(tmp_path, small_npz, capsys, flags, message):
@@ -73,13 +87,13 @@ def test_bad_flags_exit_2(tmp_path, small_npz, capsys, flags, message):
 
 
 def test_cora_gossip_within_1_5_points_of_allreduce(tmp_path, cora):
-    """3 seeds each, 4 CPU workers; measured 80.6 % gossip, 81.4 % all-reduce (80 epochs)."""
+    """2 seeds each, 4 CPU workers, 60 epochs (accuracy at the best validation epoch)."""
     path = tmp_path / "cora.npz"
     write_npz(cora, path)
     acc = {}
     for mode in ("gossip", "allreduce"):
-        acc[mode] = np.mean([_train(tmp_path, path, f"{mode}{s}", "--mode", mode, "--epochs", "80", "--seed", str(s))[0]
-                             ["test_acc_at_best_val"] for s in range(3)])
+        acc[mode] = np.mean([_train(tmp_path, path, f"{mode}{s}", "--mode", mode, "--epochs", "60", "--seed", str(s))[0]
+                             ["test_acc_at_best_val"] for s in range(2)])
     assert acc["gossip"] > 0.78 and abs(acc["gossip"] - acc["allreduce"]) <= 0.015, acc
 
 
@@ -95,3 +109,4 @@ def test_same_entry_point_under_torchrun(tmp_path, small_npz):
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["batches_trained"] == 4 and summary["epochs"] == 2
+    assert summary["recorded_by"] == 0 and sum(summary["batches_per_worker"]) == 4

@@ -1,0 +1,170 @@
+"""`dorylus report` and `dorylus cost estimate`: what runs cost, from their records, and what a
+configuration would cost, before it runs. Parsers here import nothing heavy; the commands do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dorylus_py.cli import command
+from dorylus_py.config import at_least
+from dorylus_py.errors import DorylusError
+
+
+def add_report(sub) -> None:
+    p = command(sub, "report", "accuracy, time and cost (as if on AWS) of runs, side by side, from their run records")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run records written by `dorylus train --out`")
+    p.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type each graph/weight server is priced as (default c5.2xlarge)")
+    p.add_argument("--region", default="us-east-1", help="price region (default us-east-1)")
+    p.add_argument("--prices", metavar="FILE", help="price table JSON replacing the built-in one (same layout)")
+    p.add_argument("--arch", choices=("x86", "arm"), default="x86", help="Lambda architecture priced (default x86)")
+    p.add_argument("--target-acc", type=float, help="also report the wall time to reach this validation accuracy")
+    p.add_argument("--markdown", metavar="FILE.md", help="also write the report as Markdown")
+    p.add_argument("--html", metavar="FILE.html", help="also write a self-contained HTML report, plots inlined")
+    p.add_argument("--plots", metavar="DIR", help="also write PNG plots: accuracy vs time and vs cost, and one "
+                   "pipeline timeline per run (its first epochs)")
+    p.add_argument("--timeline-epochs", type=int, default=2, help="epochs shown in a timeline (default 2)")
+    p.add_argument("--servers", action="store_true", help="also show what each server did, from its log's start "
+                   "and end lines: partition, peers, Lambda pool, epochs, tasks, relaunches, bytes, peak memory")
+    p.set_defaults(run=_run_report)
+
+
+def _run_report(args) -> int:
+    import tempfile
+
+    from dorylus_py.atomic import atomic_file
+    from dorylus_py.cost.model import Prices
+    from dorylus_py.cost.report import html, markdown, report_rows, text_table
+
+    prices = Prices.load(args.prices, args.region, args.arch)
+    prices.hourly(args.as_instance)  # an unknown instance type is an error before any work
+    rows = report_rows(args.runs, prices, args.as_instance, args.target_acc)
+    print(text_table(rows))
+    for row in rows:
+        if row["_status"] != row["status"]:  # the failure's line did not fit in the table
+            print(f"{row['run']}: {row['_status']}")
+    if args.servers:
+        from dorylus_py.cost.server_logs import server_rows, server_table
+
+        for run in args.runs:
+            print(f"\nservers of {run}:\n{server_table(server_rows(run))}")
+    with tempfile.TemporaryDirectory() as tmp:
+        images = []
+        if args.plots or args.html:
+            images = _report_plots(args, rows, Path(args.plots or tmp))
+            if args.plots:
+                print("wrote " + ", ".join(str(p) for p in images))
+        if args.markdown:
+            with atomic_file(args.markdown) as out:
+                out.write_text(markdown(rows, prices, args.as_instance))
+            print(f"wrote {args.markdown}")
+        if args.html:
+            with atomic_file(args.html) as out:
+                out.write_text(html(rows, prices, args.as_instance, images))
+            print(f"wrote {args.html}")
+    return 0
+
+
+def _report_plots(args, rows: list[dict], out: Path) -> list[Path]:
+    from dorylus_py.cost.model import read_record
+    from dorylus_py.cost.plots import accuracy_plots, timeline
+
+    out.mkdir(parents=True, exist_ok=True)
+    runs, written = [], []
+    for d, row in zip(args.runs, rows):
+        _, metrics, tasks, _ = read_record(d)
+        runs.append((row["run"], metrics, row["total $"] / max(row["wall s"], 1e-9)))
+        shown = [t for t in tasks if t["epoch"] <= args.timeline_epochs]
+        written.append(timeline(row["run"], shown, out / f"timeline_{row['run']}.png"))
+    return accuracy_plots(runs, out) + [p for p in written if p is not None]
+
+
+def add_cost(sub) -> None:
+    from dorylus_py.config import TrainConfig
+
+    d = TrainConfig()
+    p = command(sub, "cost", "price a configuration before running it (see `dorylus cost estimate --help`)")
+    cost = p.add_subparsers(title="cost commands", metavar="COST_COMMAND", required=True)
+    e = command(cost, "estimate", "estimate epoch time and cost of a configuration from a graph's size and a "
+                 "calibration (a previous run's record, or built-in numbers); --search lists the cheapest, the "
+                 "fastest and the best-value configurations of a grid",
+                 epilog="The estimate scales what the calibration run measured: Gather time with edges per server "
+                        "and the widths gathered, tensor time with vertices x layer sizes, spread over the Lambdas "
+                        "(or the servers' tensor threads), server speed with vCPUs relative to the calibration's "
+                        "instance. From its own calibration a run is reproduced; far from it, treat the numbers as "
+                        "a guide (dorylus_py/cost/estimate.py).")
+    g = e.add_argument_group("the graph (from --data, or given)")
+    g.add_argument("--data", metavar="PATH", help="dataset or prepared folder to read the counts from")
+    g.add_argument("--nodes", type=int, help="vertices")
+    g.add_argument("--edges", type=int, help="directed edges")
+    g.add_argument("--features", type=int, help="feature width")
+    g.add_argument("--classes", type=int, help="classes")
+    g.add_argument("--layers", type=int, default=d.layers, help=f"GCN layers (default {d.layers})")
+    g.add_argument("--hidden", type=int, default=d.hidden, help=f"hidden width (default {d.hidden})")
+    c = e.add_argument_group("the configuration")
+    c.add_argument("--backend", choices=("lambda", "local", "cpu", "gpu"), default="lambda", help="default lambda")
+    c.add_argument("--graph-servers", "-k", type=int, default=d.graph_servers, help=f"default {d.graph_servers}")
+    c.add_argument("--weight-servers", type=int, default=d.weight_servers, help=f"default {d.weight_servers}")
+    c.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type of every server (default c5.2xlarge)")
+    c.add_argument("--lambdas", type=int, default=32, help="Lambdas at once (default 32)")
+    c.add_argument("--lambda-memory-mb", type=int, default=d.lambda_memory_mb, help=f"default {d.lambda_memory_mb}")
+    c.add_argument("--chunks", type=int, default=d.chunks, help=f"default {d.chunks}")
+    c.add_argument("--tensor-threads", type=int, default=d.tensor_threads, help=f"cpu/gpu (default {d.tensor_threads})")
+    c.add_argument("--epochs", type=int, default=d.epochs, help=f"default {d.epochs}")
+    k = e.add_argument_group("calibration, prices and search")
+    k.add_argument("--calibration", metavar="RUN_DIR", help="a distributed run's record to scale from (default: built-in)")
+    k.add_argument("--calibration-instance", default="c5.2xlarge",
+                   help="the EC2 type the calibration run's servers count as (default c5.2xlarge, as `dorylus report`)")
+    k.add_argument("--region", default="us-east-1", help="price region (default us-east-1)")
+    k.add_argument("--prices", metavar="FILE", help="price table JSON replacing the built-in one")
+    k.add_argument("--arch", choices=("x86", "arm"), default="x86", help="Lambda architecture priced (default x86)")
+    k.add_argument("--search", action="store_true", help="estimate a grid (backend lambda/cpu x 1-16 graph servers x "
+                   "instance types x 16-256 Lambdas) and list the cheapest, fastest and best-value ones")
+    k.add_argument("--top", type=int, default=5, help="rows per list with --search (default 5)")
+    e.set_defaults(run=_run_cost_estimate)
+
+
+ESTIMATE_COLUMNS = [
+    ("backend", "{}"), ("graph servers", "{}"), ("instance", "{}"), ("lambdas", "{}"), ("epoch s", "{:.3f}"),
+    ("wall s", "{:.1f}"), ("GB-s", "{:.1f}"), ("requests", "{:,}"), ("servers $", "{:.5f}"), ("lambda $", "{:.5f}"),
+    ("total $", "{:.5f}"), ("value", "{:.4g}"),
+]  # fmt: skip
+
+
+def _run_cost_estimate(args) -> int:
+    from dorylus_py.cost.estimate import Calibration, Setup, Workload, search
+    from dorylus_py.cost.model import Prices
+    from dorylus_py.cost.report import text_table
+
+    prices = Prices.load(args.prices, args.region, args.arch)
+    prices.hourly(args.as_instance)
+    if args.data:
+        from dorylus_py.data import load_graph
+
+        s = load_graph(args.data).summary()
+        counts = {k: s[k] for k in ("nodes", "edges", "features", "classes")}
+    else:
+        counts = {k: getattr(args, k) for k in ("nodes", "edges", "features", "classes")}
+        missing = [k for k, v in counts.items() if v is None]
+        if missing:
+            raise DorylusError(f"give --data, or all of --nodes --edges --features --classes (missing --{missing[0]})")
+    for name, value in [*counts.items(), *((k, getattr(args, k)) for k in (
+            "layers", "hidden", "graph_servers", "weight_servers", "lambdas", "chunks", "epochs", "tensor_threads"))]:
+        at_least(f"--{name.replace('_', '-')}", value, 1)
+    work = Workload(counts["nodes"], counts["edges"],
+                    [counts["features"]] + [args.hidden] * (args.layers - 1) + [counts["classes"]])
+    cal = (Calibration.from_record(args.calibration, args.calibration_instance) if args.calibration
+           else Calibration.default())
+    setup = Setup(args.backend, args.graph_servers, args.weight_servers, args.as_instance, args.lambdas,
+                  args.lambda_memory_mb, args.chunks, args.epochs, args.tensor_threads)
+    print(f"graph: {work.nodes:,} vertices, {work.edges:,} edges, layers {work.dims}; {args.epochs} epochs; "
+          f"prices {prices.region} ({prices.date}); calibration: {cal.source}")
+    if not args.search:
+        print(text_table([cal.estimate(work, setup, prices)], ESTIMATE_COLUMNS))
+        return 0
+    instances = [i for i in ("c5.xlarge", "c5.2xlarge", "c5.4xlarge", "c5n.2xlarge", "c5n.4xlarge", "m5.2xlarge",
+                             "r5.2xlarge") if i in prices.ec2_hourly]
+    rows = search(cal, work, setup, prices, instances)
+    for title, key, reverse in (("cheapest", "total $", False), ("fastest", "wall s", False), ("best value", "value", True)):
+        print(f"\n{title} of {len(rows)} configurations:")
+        print(text_table(sorted(rows, key=lambda r: r[key], reverse=reverse)[:args.top], ESTIMATE_COLUMNS))
+    return 0

@@ -1,0 +1,425 @@
+"""One decentralised worker's shell around its pure state (``pool.py``, ``ledger.py``): the messages.
+
+Three threads share the state under one lock, each holding it only briefly:
+
+- the training loop (``worker.py``) asks :meth:`Node.next_action` what to do; sends steals and gossip
+  exchanges without waiting (:meth:`Node.post_steal`, :meth:`Node.post_mix`), takes their answers when
+  they come (:meth:`Node.poll`), and broadcasts its epoch reports (:meth:`Node.report`);
+- the receive thread (``peers.Inbox``) answers peers at once from the state: steals from the tail of the
+  queue, gossip exchanges with this worker's current parameters and gradient, snapshots, pings; and
+  applies notices (reports, deaths, the recorder's rows, averages, stop);
+- the service thread watches peers (``pool.watched``: the next live rank; the recorder watches all),
+  sends the notices other threads leave it, and, in the lowest live rank, does the recorder's duty
+  (``recorder.RecorderDuty``: adopt a dead worker's missing batches, snapshot and evaluate each complete
+  epoch, stop the job at the end).
+
+A peer that does not answer a steal, a gossip exchange, a snapshot or a ping within ``--peer-timeout-s``
+is dead: every live worker is told (and told again by whoever hears it first), it is dropped from
+pairing and stealing, and what it held is trained by others. A worker told it was declared dead leaves
+the job with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import random
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from dorylus_py.config import TrainConfig
+from dorylus_py.decentral.batches import batch_count
+from dorylus_py.decentral.ledger import EpochLedger
+from dorylus_py.decentral.peers import Inbox, Links
+from dorylus_py.decentral.recorder import RecorderDuty
+from dorylus_py.decentral.pool import Report, Steal, WorkPool, watched
+from dorylus_py.errors import DorylusError
+from dorylus_py.protocol import Message, ProtocolError, require
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    def __init__(self, cfg: TrainConfig, rank: int, world: int, token: str, params: Callable[[], np.ndarray],
+                 share: Callable[[], tuple[dict[str, np.ndarray], dict]], make_recorder: Callable[[], object],
+                 host: str = "127.0.0.1", bind_host: str | None = None):
+        """``params()``: a copy of this worker's parameters; ``share()``: what it sends a gossip partner
+        (its parameters, maybe its last gradient); both called with :attr:`lock` held;
+        ``make_recorder()``: this worker's ``Recorder``, made now in rank 0 (the first recorder), or when
+        this worker becomes the recorder."""
+        self.cfg, self.rank, self.world, self.token = cfg, rank, world, token
+        self.per_epoch = batch_count(cfg.clusters, cfg.clusters_per_batch)
+        self.timeout = cfg.peer_timeout_s
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)  # the training loop waits on it when idle
+        self.pool = WorkPool(rank, world, cfg.epochs, self.per_epoch, cfg.seed)
+        self.ledger = EpochLedger(world, cfg.epochs, self.per_epoch)
+        self.params, self.share, self.make_recorder = params, share, make_recorder
+        self.pending: dict[int, tuple[str, int, int, float]] = {}  # request id -> (op, peer, epoch, sent at)
+        self.sent: dict[int, np.ndarray] = {}  # request id -> the parameters a gossip request sent
+        self.grads_seen: dict[int, int] = {}  # peer -> the step of its latest gradient taken here
+        self.n_params = len(params())
+        self.mailbox: list[tuple[str, np.ndarray]] = []  # peers' parameters to mix in, averages to apply
+        self.kept: dict[int, np.ndarray] = {}  # epoch -> the snapshot sent for it (--average-every)
+        self.best_params: np.ndarray | None = None
+        self.deaths: dict[int, dict] = {}
+        self.cycle: float | None = None  # this worker's seconds per batch (moving average)
+        self.rng = random.Random(cfg.seed * 7_919 + rank)  # gossip partners
+        self.error: str | None = None  # why this worker leaves the job with an error
+        self.summary: dict | None = None  # set in the worker that wrote the final record
+        self.recorder = make_recorder() if rank == 0 else None  # ready before the start: the first recorder
+        self.duty: RecorderDuty | None = None
+        self.inbox = Inbox(rank, world, token, host, bind_host)
+        self.address = self.inbox.address
+        self._outbox: queue.Queue = queue.Queue()  # notices the receive thread wants sent (it has no links)
+        self._poked = threading.Event()
+        self._closing = threading.Event()
+        self._service = threading.Thread(target=self._serve, name="service", daemon=True)
+
+    # --- life cycle --------------------------------------------------------------------------------
+
+    def start(self, addresses: list[str]) -> None:
+        """Every worker is ready (the rendezvous gave their addresses): the clock starts."""
+        self.start_time = time.perf_counter()
+        stopping = lambda: self.pool.stopped  # noqa: E731
+        self.main_links = Links(self.rank, self.token, addresses, give_up=stopping)
+        self.service_links = Links(self.rank, self.token, addresses, give_up=lambda: self._closing.is_set())
+        self.inbox.start(self._handle)
+        self._service.start()
+
+    def close(self) -> None:
+        if self.duty is not None:
+            self.duty.close()
+        self._closing.set()
+        self._poked.set()
+        if self._service.is_alive():
+            self._service.join(timeout=self.timeout + 10)
+        self.inbox.close()
+        for links in (getattr(self, "main_links", None), getattr(self, "service_links", None)):
+            if links is not None:
+                links.close()
+
+    # --- what the training loop asks ---------------------------------------------------------------
+
+    def next_action(self):
+        with self.lock:
+            return self.pool.next_action()
+
+    def post_steal(self, action: Steal) -> None:
+        """Ask ``action.peers`` for batches; the answers are taken by :meth:`poll` (or :meth:`await_steal`)."""
+        for peer in action.peers:
+            self._post(peer, "steal", action.epoch, {"epoch": action.epoch, "cycle": self.cycle})
+
+    def post_mix(self, shared: tuple[dict[str, np.ndarray], dict]) -> int:
+        """Send this worker's parameters (and gradient) to a random live peer, which mixes them in at its
+        next step and answers with its own, mixed in here at our next step. Never waited on. The peer,
+        or -1 when none is left."""
+        with self.lock:
+            peers = [p for p in self.pool.live() if p != self.rank]
+        if not peers:
+            return -1
+        peer = self.rng.choice(peers)
+        tensors, fields = shared
+        if (request_id := self._post(peer, "mix", 0, fields, tensors)) is not None:
+            self.sent[request_id] = tensors["params"]
+        return peer
+
+    def poll(self, wait_s: float = 0.0) -> None:
+        """Take the answers that have come; a request unanswered for ``--peer-timeout-s`` declares its peer dead."""
+        for peer, reply in self.main_links.collect(wait_s):
+            self._on_answer(peer, reply)
+        now = time.monotonic()
+        for request_id, (op, peer, epoch, sent) in list(self.pending.items()):
+            if now - sent > self.timeout:
+                del self.pending[request_id]
+                self.sent.pop(request_id, None)
+                self._unanswered(op, peer, epoch, None)
+
+    def await_steal(self) -> None:
+        """Nothing to train before a steal that is out is answered: wait for one answer (bounded)."""
+        out = {i for i, (op, *_) in self.pending.items() if op == "steal"}
+        while out and out <= self.pending.keys() and not self.pool.stopped:
+            self.poll(0.05)
+
+    def _post(self, peer: int, op: str, epoch: int, fields: dict | None, tensors: dict | None = None) -> int | None:
+        """Send a request; its id, or None if it could not even be queued (the peer stopped reading)."""
+        request_id = self.main_links.post(peer, op, fields, tensors)
+        if request_id < 0:
+            self._unanswered(op, peer, epoch, None)
+            return None
+        self.pending[request_id] = (op, peer, epoch, time.monotonic())
+        return request_id
+
+    def _on_answer(self, peer: int, reply: Message) -> None:
+        op, _, epoch, _ = self.pending.pop(reply.get("id"), ("late", peer, 0, 0.0))
+        sent = self.sent.pop(reply.get("id"), None)
+        if not self.answered(reply, peer, f"a {op} request", self.main_links):
+            self._unanswered(op, peer, epoch, reply)
+            return
+        if reply.op == "batches":  # even a late answer's batches are taken: they left the peer's queue
+            items = reply.get("items")
+            if not isinstance(items, list) or not all(
+                    isinstance(i, list) and len(i) == 2 and _is_int(i[0]) and _is_int(i[1])
+                    and 1 <= i[0] <= self.cfg.epochs and 0 <= i[1] < self.per_epoch for i in items):
+                log.warning("worker %d: worker %d answered a steal with bad batches", self.rank, peer)
+                items = []
+            with self.lock:
+                self.pool.on_steal_reply(peer, epoch, [(e, b) for e, b in items])
+        elif reply.op == "params" and sent is not None:
+            try:
+                mail = self._shared_of(peer, reply, sent)
+            except ProtocolError as e:
+                log.warning("worker %d: a bad answer from worker %d: %s", self.rank, peer, e)
+                return
+            with self.lock:
+                self.mailbox.extend(mail)
+
+    def _unanswered(self, op: str, peer: int, epoch: int, reply: Message | None) -> None:
+        """A request got no answer in time (``reply`` None: the peer is dead), or a refusal."""
+        if reply is None:
+            self.answered(None, peer, f"a {op} request", self.main_links)
+        if op == "steal":  # nothing from that peer
+            with self.lock:
+                self.pool.on_steal_reply(peer, epoch, [])
+
+    def report(self, action: Report, loss_sum: float, count: int, tasks: list[dict], exchanges: int) -> None:
+        """Record this worker's report and broadcast it to every live peer."""
+        fields = {"epoch": action.epoch, "batches": list(action.batches), "left": action.left,
+                  "loss_sum": loss_sum, "count": count, "exchanges": exchanges}
+        with self.lock:
+            self.ledger.add(self.rank, action.epoch, list(action.batches), action.left, loss_sum, count, tasks, exchanges)
+            peers = [p for p in self.pool.live() if p != self.rank]
+        blob = np.frombuffer(json.dumps(tasks).encode(), np.uint8)  # task rows ride as bytes: no header limit
+        for p in peers:
+            self.main_links.tell(p, "report", fields, {"tasks": blob})
+        self._poked.set()
+
+    def wait(self, timeout_s: float) -> None:
+        """Idle: until something changes (stop, adopted work) or ``timeout_s``."""
+        with self.wake:
+            self.wake.wait(timeout_s)
+
+    def take_mailbox(self) -> list[tuple[str, np.ndarray]]:
+        """The peers' parameters and averages received since the last step (call with :attr:`lock` held)."""
+        mail, self.mailbox = self.mailbox, []
+        return mail
+
+    # --- deaths ------------------------------------------------------------------------------------
+
+    def declare_dead(self, rank: int, why: str, links: Links | None = None) -> None:
+        """``rank`` is gone: drop it, tell every live peer (and it, should it be alive after all)."""
+        with self.lock:
+            if not self.pool.on_peer_dead(rank):
+                return
+            peers = [p for p in self.pool.live() if p != self.rank] + [rank]
+            self.deaths[rank] = {"rank": rank, "why": why, "noticed_at": round(time.time(), 3)}
+            self.wake.notify_all()
+        log.warning("worker %d: worker %d is gone (%s); %s", self.rank, rank, why,
+                    "the job stops" if self.cfg.mode == "allreduce" else "the others take over its batches")
+        if self.cfg.mode == "allreduce":
+            self._fail(f"worker {rank} is gone ({why}); --mode allreduce cannot go on without every worker")
+        for p in peers:
+            if links is None:
+                self.send_later(p, "dead", {"dead": rank, "why": why})
+            else:
+                links.tell(p, "dead", {"dead": rank, "why": why})
+        self._poked.set()
+
+    def answered(self, reply: Message | None, peer: int, what: str, links: Links) -> bool:
+        """Whether ``reply`` is an answer to use. None (no answer in time) declares ``peer`` dead; "you were
+        declared dead" makes this worker leave; another refusal is logged."""
+        if reply is None:
+            if not self.pool.stopped and not self._closing.is_set():
+                self.declare_dead(peer, f"no answer to {what} within {self.timeout:g} s", links)
+            return False
+        if reply.op == "error":
+            if reply.get("declared_dead"):
+                self._left_out(peer)
+            else:
+                log.warning("worker %d: worker %d refused %s: %s", self.rank, peer, what, reply.get("reason"))
+            return False
+        return True
+
+    def _left_out(self, by: int) -> None:
+        with self.lock:
+            if self.pool.stopped:
+                return
+            self.pool.on_peer_dead(self.rank)
+            self.error = f"worker {self.rank} was declared dead by worker {by} (too slow to answer); it leaves the job"
+            self.wake.notify_all()
+
+    def _fail(self, error: str) -> None:
+        """Stop this worker with ``error`` (a synchronous job that lost a worker, a recorder that failed)."""
+        with self.lock:
+            self.error = self.error or error
+            self.pool.stop()
+            self.wake.notify_all()
+
+    # --- the receive thread ------------------------------------------------------------------------
+
+    def _handle(self, sender: int, msg: Message) -> Message | None:
+        with self.lock:
+            if sender in self.pool.dead and msg.op != "dead":
+                return Message("error", {"reason": f"worker {sender} was declared dead", "declared_dead": True})
+        handler = {"steal": self._on_steal, "mix": self._on_mix, "snapshot": self._on_snapshot, "ping": self._on_ping,
+                   "dead": self._on_dead, "report": self._on_report, "row": self._on_row, "average": self._on_average,
+                   "stop": self._on_stop}.get(msg.op)
+        if handler is None:
+            raise ProtocolError(f"op {msg.op} is not for a decentralised worker")
+        return handler(sender, msg)
+
+    def _on_steal(self, sender: int, msg: Message) -> Message:
+        epoch, cycle = _int(msg["epoch"]), msg.get("cycle")
+        if cycle is not None and not (isinstance(cycle, (int, float)) and cycle > 0):
+            raise ProtocolError(f"steal: bad cycle {cycle!r}")
+        with self.lock:
+            items = self.pool.serve_steal(sender, epoch, cycle, self.cycle)
+        return Message("batches", {"items": [list(i) for i in items]})
+
+    def _on_mix(self, sender: int, msg: Message) -> Message:
+        with self.lock:
+            tensors, fields = self.share()
+            self.mailbox.extend(self._shared_of(sender, msg, tensors["params"]))
+        return Message("params", fields, tensors)
+
+    def _on_snapshot(self, sender: int, msg: Message) -> Message:
+        epoch, keep = _int(msg["epoch"]), bool(msg.get("keep"))
+        with self.lock:
+            mine = self.params()
+            if keep:
+                self.kept[epoch] = mine
+        return Message("params", {"epoch": epoch}, {"params": mine})
+
+    def _on_ping(self, sender: int, msg: Message) -> Message:
+        return Message("ok")
+
+    def _on_dead(self, sender: int, msg: Message) -> None:
+        dead, why = _int(msg["dead"]), str(msg.get("why", ""))[:200]
+        if dead == self.rank:
+            self._left_out(sender)
+        elif 0 <= dead < self.world:
+            self.declare_dead(dead, f"told by worker {sender}: {why}")  # news is passed on
+
+    def _on_report(self, sender: int, msg: Message) -> None:
+        require(msg, "epoch", "batches", "left", "loss_sum", "count", "exchanges", shapes={"tasks": (None,)})
+        epoch, batches = _int(msg["epoch"]), msg["batches"]
+        if not 1 <= epoch <= self.cfg.epochs or not isinstance(batches, list) or not all(
+                0 <= _int(b) < self.per_epoch for b in batches):
+            raise ProtocolError(f"report from worker {sender}: bad epoch or batches")
+        tasks = json.loads(bytes(msg.tensors["tasks"]))
+        if not isinstance(tasks, list):
+            raise ProtocolError(f"report from worker {sender}: tasks is not a list")
+        with self.lock:
+            self.ledger.add(sender, epoch, batches, bool(msg["left"]), float(msg["loss_sum"]), _int(msg["count"]),
+                            tasks, _int(msg["exchanges"]))
+        self._poked.set()
+
+    def _on_row(self, sender: int, msg: Message) -> None:
+        row = msg["row"]
+        if not isinstance(row, dict) or not isinstance(row.get("epoch"), int):
+            raise ProtocolError(f"row from worker {sender}: not a metrics row")
+        with self.lock:
+            self.ledger.add_row(row)
+            if "best" in msg.tensors:
+                self.best_params = np.array(self.params_of(msg, "best"))
+
+    def _on_average(self, sender: int, msg: Message) -> None:
+        epoch, average = _int(msg["epoch"]), self.params_of(msg)
+        with self.lock:
+            if epoch in self.kept:  # keep what this worker learnt since its snapshot: add the snapshot's shift
+                self.mailbox.append(("average", average - self.kept.pop(epoch)))
+
+    def _on_stop(self, sender: int, msg: Message) -> None:
+        if msg.get("error"):
+            self._fail(f"stopped by worker {sender}: {str(msg['error'])[:500]}")
+        with self.lock:
+            self.pool.stop()
+            self.wake.notify_all()
+
+    def _shared_of(self, peer: int, msg: Message, mine: np.ndarray) -> list[tuple[str, np.ndarray]]:
+        """What gossip partner ``peer`` sent, as mailbox entries: the shift half-way from ``mine`` (this
+        worker's parameters when the two exchanged) to its parameters; its latest gradient, unless this
+        worker has had that one already (a slow peer is asked again before it has a new one)."""
+        mail = [("shift", 0.5 * (self.params_of(msg) - mine))]
+        step = msg.get("grad_step")
+        if "grad" in msg.tensors and _is_int(step) and step > self.grads_seen.get(peer, 0):
+            self.grads_seen[peer] = step
+            mail.append(("grad", np.array(self.params_of(msg, "grad"))))
+        return mail
+
+    def params_of(self, msg: Message, name: str = "params") -> np.ndarray:
+        require(msg, shapes={name: (self.n_params,)})
+        if msg.tensors[name].dtype != np.float32:
+            raise ProtocolError(f"op {msg.op}: {name} must be float32")
+        return msg.tensors[name]
+
+    # --- the service thread: watching peers, and the recorder's duty -------------------------------
+
+    def _serve(self) -> None:
+        ping_every = min(1.0, self.timeout / 3)
+        next_ping = time.monotonic()
+        while not self._closing.is_set():
+            self._poked.clear()
+            self._flush()
+            if time.monotonic() >= next_ping and not self.pool.stopped:
+                with self.lock:
+                    targets = watched(self.rank, self.pool.live())
+                for peer, answer in self.service_links.ask_all(targets, "ping", timeout_s=self.timeout).items():
+                    self.answered(answer, peer, "a ping", self.service_links)
+                next_ping = time.monotonic() + ping_every
+            try:
+                self._recorder_duty()
+            except Exception as e:  # a record that cannot be written stops the job with its reason
+                log.exception("worker %d: the recorder failed", self.rank)
+                self.stop_all(f"the recorder (worker {self.rank}) failed: {e}")
+            self._poked.wait(max(0.0, next_ping - time.monotonic()))
+        self._flush()  # the last rows, the stop
+
+    def _flush(self) -> None:
+        while not self._outbox.empty():
+            self.service_links.tell(*self._outbox.get())
+
+    def _recorder_duty(self) -> None:
+        with self.lock:
+            mine = not self.pool.stopped and self.pool.live()[0] == self.rank
+        if mine:
+            if self.duty is None:  # rank 0 at the start, or a takeover
+                self.duty = RecorderDuty(self, self.recorder or self.make_recorder())
+                self.recorder = None
+            self.duty.step()
+
+    def send_later(self, peer: int, op: str, fields: dict | None = None, tensors: dict | None = None) -> None:
+        """A notice from a thread without links (receive thread, evaluator), sent by the service thread."""
+        self._outbox.put((peer, op, fields, tensors))
+        self.poke()
+
+    def poke(self) -> None:
+        """Wake the service thread: something for the recorder, or notices to send."""
+        self._poked.set()
+
+    def stop_all(self, error: str | None) -> None:
+        """Stop the job: every live worker (``error``: with it, as their one line), then this one."""
+        with self.lock:
+            peers = [p for p in self.pool.live() if p != self.rank]
+        for p in peers:
+            self.send_later(p, "stop", {"error": error} if error else {})
+        if error:
+            self._fail(error)
+        with self.lock:
+            self.pool.stop()
+            self.wake.notify_all()
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(value) -> int:
+    """A peer's integer field, or a ProtocolError (bools and floats are not integers here)."""
+    if not _is_int(value):
+        raise ProtocolError(f"expected an integer, got {value!r}")
+    return value

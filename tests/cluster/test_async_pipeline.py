@@ -1,0 +1,120 @@
+"""Asynchronous mode, checked from the task record itself: in `tasks.jsonl`, chunks of different epochs
+really ran at the same time, no chunk ever ran more than --staleness epochs ahead of the slowest, and a
+run that switched back to sync mode ran its later epochs with a barrier after every stage.
+
+Each check is also run where it must come out the other way (sync mode, staleness 0, the epochs before
+the switch), so that it cannot pass for a run that did not do what is claimed. Only the tasks' start
+times are compared: a tensor task pushes its result before its worker takes its end time, so a server
+may act on a result before that result's task "ended"; a start, though, is always before its result.
+All times are `time.time()` on this one machine.
+"""
+
+import json
+from collections import defaultdict
+
+import pytest
+
+from dorylus_py.cluster.launcher import train_distributed
+from dorylus_py.config import TrainConfig
+from dorylus_py.partition import prepare
+from dorylus_py.training import RunRecord
+
+
+@pytest.fixture(scope="module")
+def parts(small_graph, tmp_path_factory):
+    path = tmp_path_factory.mktemp("async") / "parts"
+    prepare(small_graph, path, 2)
+    return path
+
+
+def run(parts, tmp_path, name, **kw) -> tuple[dict, list[dict]]:
+    """A `local` job with 3 chunks and 3 emulated Lambdas per graph server; no relaunch (so no
+    duplicate task rows) however loaded the machine. Returns the summary and the tasks that counted."""
+    cfg = TrainConfig(**{"backend": "local", "graph_servers": 2, "chunks": 3, "lambdas": 6, "dropout": 0.0,
+                         "feature_norm": "none", "relaunch_min_s": 120.0} | kw)
+    record = RunRecord(tmp_path / name, cfg.to_dict())
+    summary = train_distributed(cfg, parts, record, "none", show_progress=False).summary
+    rows = [json.loads(line) for line in (tmp_path / name / "tasks.jsonl").read_text().splitlines()]
+    first: dict[tuple, dict] = {}  # the first result of a task is the one its server accepted
+    for r in sorted((r for r in rows if r["ok"]), key=lambda r: r["end"]):
+        first.setdefault((r["server"], r["chunk"], r["epoch"], r["layer"], r["kind"], r["train"]), r)
+    return summary, list(first.values())
+
+
+def starts(tasks: list[dict], key) -> dict:
+    """key(task) -> (first start, last start) of the tasks with that key."""
+    out: dict = {}
+    for t in tasks:
+        k = key(t)
+        first, last = out.get(k, (t["start"], t["start"]))
+        out[k] = (min(first, t["start"]), max(last, t["start"]))
+    return out
+
+
+def epoch_leads(tasks: list[dict]) -> list[float]:
+    """Per server and epoch e: seconds by which its epoch e+1 began before the last task of its epoch e
+    began (> 0: the epochs overlapped)."""
+    span = starts(tasks, lambda t: (t["server"], t["epoch"]))
+    return [span[(k, e)][1] - span[(k, e + 1)][0] for k, e in span if (k, e + 1) in span]
+
+
+def max_lead(tasks: list[dict]) -> int:
+    """The most epochs by which a chunk, when it began an epoch, was ahead of the slowest chunk of the job:
+    the lowest epoch whose last task some chunk had not begun yet."""
+    span = starts(tasks, lambda t: (t["server"], t["chunk"], t["epoch"]))
+    chunks = {(k, c) for k, c, _ in span}
+    lead = 0
+    for (k, c, e), (began, _) in span.items():
+        slowest = min(min((e2 for (k2, c2, e2), (_, last) in span.items() if (k2, c2) == other and last > began),
+                          default=e) for other in chunks)
+        lead = max(lead, e - slowest)
+    return lead
+
+
+def barrier_breaks(tasks: list[dict], server: int, epoch: int) -> int:
+    """In one server's epoch, how many tensor stages (training forward per layer, loss, backward per layer,
+    evaluation forward per layer, eval) began before the previous stage's last task began. With a barrier
+    after each stage (sync mode) none can: a stage is launched once every result of the one before is in."""
+    layers = 1 + max(t["layer"] for t in tasks)
+    order = {("fwd", True, l): l for l in range(layers)} | {("loss", True, layers - 1): layers} | {
+        ("bwd", True, l): 2 * layers - l for l in range(layers)} | {
+        ("fwd", False, l): 2 * layers + 1 + l for l in range(layers)} | {("eval", False, layers - 1): 3 * layers + 1}
+    span = starts([t for t in tasks if t["server"] == server and t["epoch"] == epoch
+                   and (t["kind"], t["train"], t["layer"]) in order],
+                  lambda t: order[(t["kind"], t["train"], t["layer"])])
+    stages = [span[i] for i in sorted(span)]
+    return sum(b[0] < a[1] for a, b in zip(stages, stages[1:]))
+
+
+def test_chunks_of_different_epochs_overlap_within_the_staleness_bound(parts, tmp_path):
+    _, tasks = run(parts, tmp_path, "s1", epochs=4, mode="async", staleness=1)
+    leads = epoch_leads(tasks)
+    assert max(leads) > 0, f"no epoch began before the previous one's last task: {leads}"
+    assert max_lead(tasks) == 1  # ran ahead, and never more than --staleness 1
+    assert any(barrier_breaks(tasks, k, e) for k in (0, 1) for e in range(1, 5))
+
+
+def test_staleness_zero_and_sync_mode_never_overlap_epochs(parts, tmp_path):
+    _, s0 = run(parts, tmp_path, "s0", epochs=4, mode="async", staleness=0)
+    _, sync = run(parts, tmp_path, "sync", epochs=4, mode="sync")
+    for name, tasks in (("s0", s0), ("sync", sync)):
+        assert max(epoch_leads(tasks)) < 0, (name, epoch_leads(tasks))
+    assert max_lead(s0) == 0  # no chunk starts an epoch before every chunk of the job finished the last
+    assert any(barrier_breaks(s0, k, e) for k in (0, 1) for e in range(1, 5))  # within an epoch: no barriers
+    assert not any(barrier_breaks(sync, k, e) for k in (0, 1) for e in range(1, 5))
+
+
+def test_switch_to_sync_runs_later_epochs_with_barriers(parts, tmp_path):
+    """The switch level (--target-acc minus --switch-threshold) is 0.01, so the first epoch's report
+    triggers it: the run switches as soon as it can, leaving several sync epochs to check."""
+    summary, tasks = run(parts, tmp_path, "switch", epochs=6, mode="async", staleness=1, target_acc=0.99,
+                         switch_threshold=0.98)
+    at = summary["switched_to_sync_at"]
+    assert at is not None and 2 <= at <= 5, at  # as soon as the servers can freeze; epochs 5 and 6 are sync at least
+    assert summary["weight_updates"] == 6 * 2  # one per layer and epoch, before the switch and after
+    after = [t for t in tasks if t["epoch"] >= at]
+    assert after and not any(barrier_breaks(tasks, k, e) for k in (0, 1) for e in range(at, 7))
+    assert all(t["chunk"] is None for t in after if t["kind"] in ("gather", "gather_bwd"))  # whole-server Gathers
+    assert max(epoch_leads([t for t in tasks if t["epoch"] >= at - 1])) < 0
+    before = [t for t in tasks if t["epoch"] < at]
+    assert any(barrier_breaks(before, k, e) for k in (0, 1) for e in range(1, at))  # asynchronous until then

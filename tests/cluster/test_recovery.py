@@ -1,0 +1,127 @@
+"""Processes killed mid-run: a dead emulated Lambda is replaced, a dead graph or weight server is
+restarted from the last checkpoint, and a sync run ends with the loss of an undisturbed one.
+
+Each test runs the driver on a thread of this process, waits (on the run record, not on the clock)
+until the job is well under way, then kills one of its processes with SIGKILL."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from dorylus_py.cluster.launcher import train_distributed
+from dorylus_py.config import TrainConfig
+from dorylus_py.partition import prepare
+from dorylus_py.training import RunRecord
+
+EPOCHS = 8
+
+
+def config(**kw):
+    return TrainConfig(**{"backend": "local", "graph_servers": 2, "epochs": EPOCHS, "chunks": 3, "lambdas": 4,
+                          "dropout": 0.5, "feature_norm": "none", "checkpoint_every": 2} | kw)
+
+
+@pytest.fixture(scope="module")
+def parts(small_graph, tmp_path_factory):
+    path = tmp_path_factory.mktemp("recovery") / "parts"
+    prepare(small_graph, path, 2)
+    return path
+
+
+@pytest.fixture(scope="module")
+def undisturbed(parts, tmp_path_factory):
+    cfg = config()
+    out = tmp_path_factory.mktemp("undisturbed") / "run"
+    return train_distributed(cfg, parts, RunRecord(out, cfg.to_dict()), "none", show_progress=False)
+
+
+class Running:
+    """``train_distributed`` on a thread; ``result`` or ``error`` once it ends."""
+
+    def __init__(self, cfg, parts, run_dir):
+        self.run_dir, self.result, self.error = run_dir, None, None
+        self.thread = threading.Thread(target=self._go, args=(cfg, parts), daemon=True)
+        self.thread.start()
+
+    def _go(self, cfg, parts):
+        try:
+            self.result = train_distributed(cfg, parts, RunRecord(self.run_dir, cfg.to_dict()), "none", show_progress=False)
+        except BaseException as e:  # noqa: BLE001  (the test reads it)
+            self.error = e
+
+    def wait_for_epoch(self, epoch, timeout_s=300):
+        metrics = self.run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.thread.is_alive():
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= epoch:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"epoch {epoch} never came ({self.error!r})")
+
+    def join(self, timeout_s=300):
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "the job hangs"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def servers():
+    return {" ".join(p.cmdline()): p for p in psutil.Process().children() if "--rank" in p.cmdline()}
+
+
+def server(role_module, rank):
+    return next(p for cmd, p in servers().items() if f"-m {role_module} " in cmd and cmd.endswith(f"--rank {rank}"))
+
+
+def losses(result):
+    return [r["loss"] for r in result.history]
+
+
+def test_a_killed_lambda_worker_is_replaced_and_the_run_is_unchanged(parts, undisturbed, tmp_path):
+    job = Running(config(lambda_latency_ms=200), parts, tmp_path / "run")  # workers are busy nearly all the time
+    job.wait_for_epoch(2)
+    workers = [p for p in server("graph_servers", 1).children() if "spawn_main" in " ".join(p.cmdline())]
+    assert len(workers) == 2  # --lambdas 4 shared by 2 graph servers
+    os.kill(workers[0].pid, signal.SIGKILL)
+    got = job.join()
+    assert got.summary["restarts"] == 0
+    np.testing.assert_allclose(losses(got), losses(undisturbed), rtol=1e-6)
+    end = [json.loads(line.split(" end ", 1)[1]) for line in (tmp_path / "run" / "logs" / "graph-server-1.log")
+           .read_text().splitlines() if " end {" in line]
+    assert end and end[-1]["workers_replaced"] == 1
+    tasks = [json.loads(line) for line in (tmp_path / "run" / "tasks.jsonl").read_text().splitlines()]
+    died = [t for t in tasks if t["error"].startswith("worker died")]
+    assert len(died) == 1 and died[0]["server"] == 1  # the task it was running failed, and was run again:
+    key = lambda t: (t["kind"], t["train"], t["epoch"], t["layer"], t["chunk"])  # noqa: E731
+    assert [t["ok"] for t in tasks if t["where"] == "local-lambda" and key(t) == key(died[0]) and t["server"] == 1
+            ] == [False, True]
+
+
+@pytest.mark.parametrize("victim", [("graph_servers", 1), ("dorylus_py.weights", 0)])
+def test_a_killed_server_is_restarted_from_the_checkpoint(parts, undisturbed, tmp_path, victim):
+    job = Running(config(), parts, tmp_path / "run")
+    job.wait_for_epoch(3)
+    os.kill(server(*victim).pid, signal.SIGKILL)
+    got = job.join()
+    assert got.summary["restarts"] == 1
+    assert [r["epoch"] for r in got.history] == list(range(1, EPOCHS + 1))
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in metrics] == list(range(1, EPOCHS + 1))  # redone epochs are not written twice
+    np.testing.assert_allclose(losses(got), losses(undisturbed), rtol=1e-5)
+    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]  # nothing left behind
+
+
+def test_an_async_run_recovers_too(parts, tmp_path):
+    job = Running(config(mode="async", staleness=1, epochs=6, dropout=0.0), parts, tmp_path / "run")
+    job.wait_for_epoch(3)
+    os.kill(server("graph_servers", 0).pid, signal.SIGKILL)
+    got = job.join()
+    assert got.summary["restarts"] == 1 and [r["epoch"] for r in got.history] == list(range(1, 7))
+    assert got.history[-1]["loss"] < got.history[0]["loss"]

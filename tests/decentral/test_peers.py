@@ -1,0 +1,137 @@
+"""Peer messages: the receive thread answers, rejects what is bad and keeps serving; a silent peer costs
+one bounded wait; a worker's handlers check every field before they touch its state."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import zmq
+
+from dorylus_py.config import TrainConfig
+from dorylus_py.decentral.node import Node
+from dorylus_py.decentral.peers import Inbox, Links
+from dorylus_py.protocol import Message, ProtocolError, decode, encode
+
+TOKEN = "t" * 32
+
+
+def test_the_inbox_answers_rejects_and_keeps_serving():
+    inbox = Inbox(rank=0, world=3, token=TOKEN)
+    seen = []
+
+    def handle(sender, msg):
+        seen.append((sender, msg.op))
+        if msg.op == "steal":
+            raise ProtocolError("bad steal")
+        if msg.op == "mix":
+            raise RuntimeError("a bug in a handler")
+        return Message("ok") if msg.op == "ping" else None
+
+    inbox.start(handle)
+    links = Links(1, TOKEN, [inbox.address] * 3)
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(inbox.address)
+    try:
+        assert links.ask(0, "ping").op == "ok"
+        assert links.ask(0, "steal", {"epoch": 1}).get("reason") == "bad steal"
+        assert links.ask(0, "mix").get("reason") == "internal error"  # the receive thread survived a bug
+        links.tell(0, "report", {"epoch": 1})  # a notice: handled, not answered
+        for frames in ([b"not json"], encode(Message("ping", {"rank": 1, "id": 5}), "wrong-token")):
+            raw.send_multipart(frames)  # unauthenticated: dropped without a word
+        for rank in (7, 0, True, None):  # out of range, the inbox's own rank, not an integer, missing
+            raw.send_multipart(encode(Message("ping", {"rank": rank, "id": 9}), TOKEN))
+            assert raw.poll(5000)
+            reply = decode(raw.recv_multipart(), TOKEN)
+            assert reply.op == "error" and reply["id"] == 9 and "not a peer" in reply["reason"]
+        assert links.ask(0, "ping").op == "ok"
+        assert inbox.rejected == 2 + 2 + 4
+        assert seen.count((1, "report")) == 1 and not raw.poll(200)
+    finally:
+        raw.close(0)
+        links.close()
+        inbox.close()
+
+
+def test_a_silent_peer_costs_one_bounded_wait_and_its_late_answer_is_dropped():
+    silent = zmq.Context.instance().socket(zmq.ROUTER)
+    silent.setsockopt(zmq.LINGER, 0)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    links = Links(1, TOKEN, [f"tcp://127.0.0.1:{port}"] * 2)
+    try:
+        assert links.ask(0, "ping", timeout_s=0.3) is None
+        identity, *body = silent.recv_multipart()
+        late = decode(body, TOKEN)
+        silent.send_multipart([identity, *encode(Message("ok", {"id": late["id"], "late": True}), TOKEN)])
+        second_id = links.post(0, "ping")
+        identity, *body = silent.recv_multipart()
+        silent.send_multipart([identity, *encode(Message("ok", {"id": second_id}), TOKEN)])
+        answers = []
+        while len(answers) < 2:
+            answers += links.collect(5.0)
+        assert [a.get("late", False) for _, a in answers] == [True, False]  # collect brings all; ask_all matches ids
+        assert links.ask_all([], "ping") == {}
+        stopping = Links(1, TOKEN, [f"tcp://127.0.0.1:{port}"], give_up=lambda: True)
+        assert stopping.ask(0, "ping", timeout_s=60) is None  # a stopping job does not wait
+        stopping.close()
+    finally:
+        links.close()
+        silent.close(0)
+
+
+@pytest.fixture()
+def node():
+    cfg = TrainConfig(mode="gossip", workers=3, epochs=2, clusters=12, clusters_per_batch=2)
+    params = np.arange(4, dtype=np.float32)
+    n = Node(cfg, rank=1, world=3, token=TOKEN, params=lambda: params.copy(),
+             share=lambda: ({"params": params.copy()}, {}), make_recorder=lambda: None)
+    yield n
+    n.inbox.close()
+
+
+def test_a_workers_handlers_check_fields_before_touching_state(node):
+    bad = [
+        Message("steal", {"epoch": "1"}),
+        Message("steal", {"epoch": 1, "cycle": -2.0}),
+        Message("mix", {}, {"params": np.zeros(5, np.float32)}),  # wrong length
+        Message("mix", {}, {"params": np.zeros(4, np.float64)}),  # wrong dtype
+        Message("report", {"epoch": 1, "batches": [9], "left": True, "loss_sum": 0.0, "count": 0, "exchanges": 0},
+                {"tasks": np.frombuffer(b"[]", np.uint8)}),  # batch 9 of 6
+        Message("report", {"epoch": 1, "batches": [0], "left": True, "loss_sum": 0.0, "count": 0, "exchanges": 0},
+                {"tasks": np.frombuffer(b"{not json", np.uint8)}),
+        Message("row", {"row": [1, 2]}),
+        Message("claim", {}),  # a known op, not a worker's
+    ]
+    for msg in bad:
+        with pytest.raises((ProtocolError, KeyError, ValueError, TypeError)):
+            node._handle(0, msg)
+    assert not node.ledger.epoch and not node.mailbox and not node.pool.queues
+
+
+def test_a_workers_handlers_answer_from_its_state(node):
+    answer = node._handle(0, Message("steal", {"epoch": 1, "cycle": 0.01}))
+    assert answer.op == "batches" and answer["items"] == [[1, 4]]  # half of its share 1, 4: the tail
+    answer = node._handle(2, Message("mix", {"grad_step": 3}, {"params": np.full(4, 2.0, np.float32),
+                                                                "grad": np.ones(4, np.float32)}))
+    assert answer.op == "params" and np.array_equal(answer.tensors["params"], np.arange(4))
+    (kind, shift), (kind2, grad) = node.mailbox
+    assert kind == "shift" and np.allclose(shift, 0.5 * (2.0 - np.arange(4))) and kind2 == "grad"
+    node._handle(2, Message("mix", {"grad_step": 3}, {"params": np.zeros(4, np.float32), "grad": np.ones(4, np.float32)}))
+    assert [k for k, _ in node.mailbox] == ["shift", "grad", "shift"]  # the same gradient is taken once
+    tasks = np.frombuffer(json.dumps([{"kind": "batch"}]).encode(), np.uint8)
+    node._handle(0, Message("report", {"epoch": 1, "batches": [0, 3], "left": True, "loss_sum": 2.0, "count": 4,
+                                       "exchanges": 2}, {"tasks": tasks}))
+    assert node.ledger.epoch[1].trained == {0, 3} and node.ledger.batches_per_worker == [2, 0, 0]
+    node.mailbox.clear()
+    snap = node._handle(0, Message("snapshot", {"epoch": 2, "keep": True}))  # --average-every: kept ...
+    node._handle(0, Message("average", {"epoch": 2}, {"params": np.full(4, 5.0, np.float32)}))
+    node._handle(0, Message("average", {"epoch": 3}, {"params": np.zeros(4, np.float32)}))  # ... no snapshot: ignored
+    assert len(node.mailbox) == 1 and np.allclose(node.mailbox[0][1], 5.0 - snap.tensors["params"])
+    node._handle(0, Message("dead", {"dead": 2, "why": "test"}))
+    assert node.pool.dead == {2}
+    refused = node._handle(2, Message("ping", {}))
+    assert refused.op == "error" and refused["declared_dead"]
+    node._handle(0, Message("dead", {"dead": 1, "why": "test"}))  # this worker itself
+    assert node.pool.stopped and "declared dead by worker 0" in node.error
