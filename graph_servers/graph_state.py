@@ -13,7 +13,7 @@ Memory: the partition's arrays stay memory-mapped from the store and are never c
 ``Â`` is held as ``Â_LL`` (local columns) and ``Â_LG`` (ghost columns) (``kernels/sparse.py``
 :class:`BlockAdjacency`); each chunk's rows are views of them, ``Â_LL`` serves backward too when it is
 symmetric (an undirected graph; else the store's ``Â_LLᵀ`` is mapped), and only ``Â_LGᵀ`` is built,
-chunk by chunk, for the contributions: 8 bytes per edge plus 8 per cut edge in all. Features are read
+chunk by chunk, for the contributions: 8 bytes per edge plus 8-12 per cut edge in all. Features are read
 and converted to float32 (and row-normalised) one chunk at a time, when a task pulls them. The
 process gives freed chunk-sized buffers back to the OS (``dorylus_py/heap.py``).
 """
