@@ -24,6 +24,19 @@ def checkpoint_root(store: str) -> str:
     return f"{str(store).rstrip('/')}/checkpoints"
 
 
+def refuse_to_delete_checkpoints(store) -> None:
+    """Raise if replacing ``store`` would delete checkpoints: the weights of training runs, which
+    re-partitioning cannot bring back."""
+    root = checkpoint_root(str(store))
+    if s3.is_s3(root):
+        found = s3.count_objects(root)
+    else:
+        found = sum(1 for p in Path(root).rglob("*") if p.is_file()) if Path(root).is_dir() else 0
+    if found:
+        raise DataError(f"{root}: holds {found} checkpoint files that --overwrite would delete; move them away first, "
+                        "or pass --delete-checkpoints as well")
+
+
 def save_checkpoint(root: str, epoch: int, arrays: dict[str, np.ndarray]) -> str:
     """Write ``arrays`` (and ``epoch``) as the newest checkpoint under ``root``; return its address."""
     name = f"epoch-{epoch:06d}.npz"

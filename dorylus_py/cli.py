@@ -95,6 +95,7 @@ def given_flags(argv: list[str]) -> set[str]:
 def build_parser() -> argparse.ArgumentParser:
     from dorylus_py.cli_aws import add_aws
     from dorylus_py.cli_cost import add_cost, add_report
+    from dorylus_py.keys import add_keys_command
 
     p = Parser(prog="dorylus", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"dorylus-py {__version__}")
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report(sub)
     add_cost(sub)
     add_aws(sub)
+    add_keys_command(sub, command)
     _add_server(sub, "graph-server", "run one graph server of a multi-machine job, from a cluster file")
     _add_server(sub, "weight-server", "run one weight server of a multi-machine job, from a cluster file")
     return p
@@ -245,7 +247,9 @@ def _add_prepare(sub, data) -> None:
     p.add_argument("--scratch", metavar="DIR", help="folder for temporary files, about 16 bytes per edge "
                    "(default: beside --out)")
     p.add_argument("--seed", type=int, default=0, help="METIS / Fennel seed (default 0)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (refused if its "
+                   "checkpoints/ holds files, unless --delete-checkpoints)")
+    p.add_argument("--delete-checkpoints", action="store_true", help="with --overwrite: delete the store's checkpoints too")
     p.set_defaults(run=_run_prepare)
 
 
@@ -270,7 +274,8 @@ def _run_prepare(args) -> int:
     source = open_source(args.input, _sources(args))
     budget = None if args.memory_budget is None else int(args.memory_budget * 2**30)
     m = prepare(source, args.out, args.partitions, args.partitioner, args.seed, args.overwrite, progress=status,
-                feature_dtype=args.feature_dtype, memory_budget=budget, scratch=args.scratch)
+                feature_dtype=args.feature_dtype, memory_budget=budget, scratch=args.scratch,
+                delete_checkpoints=args.delete_checkpoints)
     if m["partitioner_note"]:
         print(f"partitioner auto: {m['partitioner_note']}")
     print(
@@ -286,13 +291,13 @@ def _run_prepare(args) -> int:
 
 
 def _add_train(sub, data) -> None:
-    from dorylus_py.config import BACKENDS, FEATURE_NORMS, MODES, TrainConfig
+    from dorylus_py.config import BACKENDS, FEATURE_NORMS, MODELS, MODES, TrainConfig
 
     d = TrainConfig()
     p = command(
         sub,
         "train",
-        "train a GCN and write a run record (config.json, metrics.jsonl, summary.json, weights)",
+        "train a GNN (GCN, GAT or GraphSAGE) and write a run record (config.json, metrics.jsonl, summary.json, weights)",
         [data],
         DATA_FORMATS + "\nWithout --data, a graph is generated with `dorylus synth`'s defaults.\n",
     )
@@ -309,10 +314,19 @@ def _add_train(sub, data) -> None:
                         "are deleted when the run ends (so is its --resume point; pass a `dorylus prepare` store as "
                         "--data to keep both out of the record)")
     m = p.add_argument_group("model and optimiser")
-    m.add_argument("--layers", type=int, default=d.layers, help=f"GCN layers (default {d.layers})")
-    m.add_argument("--hidden", type=int, default=d.hidden, help=f"hidden width (default {d.hidden})")
+    m.add_argument("--model", choices=MODELS, default=d.model,
+                   help="gcn: Kipf & Welling; gat: graph attention (Velickovic et al.), attention per edge computed "
+                        "in ApplyEdge tasks; sage: GraphSAGE with the mean aggregator (default gcn)")
+    m.add_argument("--layers", type=int, default=d.layers, help=f"layers (default {d.layers})")
+    m.add_argument("--hidden", type=int, default=d.hidden, help=f"hidden width; for gat the width of each head (default {d.hidden})")
     m.add_argument("--dropout", type=float, default=d.dropout, help=f"dropout on each layer's input (default {d.dropout})")
-    m.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"L2 on the first layer (default {d.weight_decay})")
+    m.add_argument("--heads", type=int, default=d.heads, help=f"gat: attention heads of each hidden layer, concatenated (default {d.heads})")
+    m.add_argument("--out-heads", type=int, default=d.out_heads, help=f"gat: heads of the last layer, averaged (default {d.out_heads})")
+    m.add_argument("--attn-dropout", type=float, default=d.attn_dropout, metavar="P",
+                   help="gat: dropout on the attention coefficients, keyed by edge (default: the same as --dropout)")
+    m.add_argument("--negative-slope", type=float, default=d.negative_slope, help=f"gat: LeakyReLU slope of the attention scores (default {d.negative_slope})")
+    m.add_argument("--weight-decay", type=float, default=d.weight_decay,
+                   help=f"L2 weight decay: gcn on the first layer, gat and sage on every weight but the biases (default {d.weight_decay})")
     m.add_argument("--lr", type=float, default=d.lr, help=f"Adam learning rate (default {d.lr})")
     m.add_argument("--epochs", type=int, default=d.epochs, help=f"epochs (default {d.epochs})")
     m.add_argument("--seed", type=int, default=d.seed, help="weights and dropout seed (default 0)")
@@ -321,7 +335,8 @@ def _add_train(sub, data) -> None:
     m.add_argument("--target-acc", type=float, default=d.target_acc, help="stop once validation accuracy reaches this")
     c = p.add_argument_group("distributed backends (local, cpu, gpu)")
     c.add_argument("--graph-servers", "-k", type=int, default=d.graph_servers, help=f"graph servers = partitions (default: the prepared store's partitions, else {d.graph_servers})")
-    c.add_argument("--weight-servers", type=int, default=d.weight_servers, help=f"weight servers; layer l on server l %% M (default {d.weight_servers})")
+    c.add_argument("--weight-servers", type=int, default=d.weight_servers,
+                   help=f"weight servers; every weight tensor is cut into row blocks dealt over them, so M may exceed the layers (default {d.weight_servers})")
     c.add_argument("--chunks", type=int, default=d.chunks, help=f"vertex intervals per graph server (default {d.chunks})")
     c.add_argument("--mode", choices=MODES, default=d.mode,
                    help="sync: barriers per layer, equals full-batch training (default); async: bounded staleness; "
@@ -479,26 +494,31 @@ def _run_train(args) -> int:
 
 
 def _add_server(sub, role: str, help: str) -> None:
-    p = command(sub, role, help, epilog="The job token is read from the environment variable DORYLUS_TOKEN; "
-                 "the driver (`dorylus train --cluster FILE`) must have the same one.")
+    p = command(sub, role, help, epilog="The job key comes from DORYLUS_KEY (hex), or from the Secrets Manager "
+                "secret the cluster file names (key_secret); the driver (`dorylus train --cluster FILE`) reads the "
+                "same one. With curve_public_key in the cluster file, every connection is encrypted (CurveZMQ).")
     p.add_argument("--cluster", required=True, metavar="FILE", help="cluster file: driver, graph_servers, weight_servers addresses")
     p.add_argument("--rank", type=int, required=True, help="which graph/weight server of the file this is")
-    p.add_argument("--bind", default="0.0.0.0", help="interface to listen on (default all; the file's address is advertised)")
+    p.add_argument("--bind", default="", help="interface to listen on (default: the host of this server's address in "
+                   "the file; 0.0.0.0 for all); the file's address is what peers are told")
     p.set_defaults(run=_run_server, role=role)
 
 
 def _run_server(args) -> int:
+    from dorylus_py.cluster.driver_link import cluster_curve
     from dorylus_py.cluster.node import Stopped, serve
     from dorylus_py.cluster.spec import ClusterSpec
+    from dorylus_py.jobkey import load_job_key
 
     cluster = ClusterSpec.load(args.cluster)
     host, port = ClusterSpec.host_port(cluster.address(args.role, args.rank))
+    key, curve = load_job_key(cluster.key_secret, cluster.region), cluster_curve(cluster)
     if args.role == "graph-server":
         from graph_servers.server import GraphServer as build
     else:
         from dorylus_py.weights.server import WeightServer as build
     try:
-        serve(args.role, build, cluster.driver, args.rank, host, port, bind_host=args.bind)
+        serve(args.role, build, cluster.driver, args.rank, host, port, bind_host=args.bind or None, key=key, curve=curve)
     except Stopped:
         pass
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dorylus_py.cli import command
+from dorylus_py.keys import add_put_secret_command
 
 
 def add_aws(sub) -> None:
@@ -26,6 +27,7 @@ def add_aws(sub) -> None:
     u.add_argument("--region", default="", help="AWS region (default: from the AWS environment)")
     u.add_argument("--profile", default="", help="AWS credentials profile (default: from the AWS environment)")
     u.set_defaults(run=_run_update_function)
+    add_put_secret_command(aws, command)
 
 
 def _run_build_context(args) -> int:

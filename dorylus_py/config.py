@@ -12,6 +12,7 @@ BACKENDS = ("reference", "local", "lambda", "cpu", "gpu")
 MODES = ("sync", "async", "gossip", "allreduce")
 DECENTRAL_MODES = ("gossip", "allreduce")  # data-parallel Cluster-GCN workers (dorylus_py/decentral)
 FEATURE_NORMS = ("auto", "row", "none")
+MODELS = ("gcn", "gat", "sage")  # dorylus_py/models/spec.py describes each
 
 
 def at_least(flag: str, value: float, low: float) -> None:
@@ -28,9 +29,14 @@ def above(flag: str, value: float, low: float) -> None:
 class TrainConfig:
     data: str | None = None  # dataset path; None = a generated graph (see `dorylus synth`)
     backend: str = "reference"  # where the work runs; `reference` is the single-process oracle
-    layers: int = 2  # GCN layers (weight matrices)
-    hidden: int = 16  # width of every hidden layer
+    model: str = "gcn"  # gcn (Kipf & Welling) | gat (Veličković et al.) | sage (GraphSAGE, mean aggregator)
+    layers: int = 2  # layers (Gather + ApplyVertex each)
+    hidden: int = 16  # width of every hidden layer (GAT: of each head)
     dropout: float = 0.5  # on each layer's input, as in Kipf & Welling
+    heads: int = 8  # GAT: attention heads of the hidden layers (concatenated)
+    out_heads: int = 1  # GAT: heads of the last layer (averaged)
+    attn_dropout: float | None = None  # GAT: dropout on attention coefficients (None: the same as `dropout`)
+    negative_slope: float = 0.2  # GAT: LeakyReLU slope of the attention scores
     weight_decay: float = 5e-4  # L2 on the first layer only (the paper's choice)
     lr: float = 0.01  # Adam learning rate
     epochs: int = 200
@@ -80,8 +86,17 @@ class TrainConfig:
     def check(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.model not in MODELS:
+            raise ConfigError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
         at_least("--layers", self.layers, 1)
+        if self.layers > 255:
+            raise ConfigError(f"--layers must be at most 255 (dropout keys), got {self.layers}")
         at_least("--hidden", self.hidden, 1)
+        at_least("--heads", self.heads, 1)
+        at_least("--out-heads", self.out_heads, 1)
+        at_least("--negative-slope", self.negative_slope, 0)
+        if not 0.0 <= self.attention_dropout() < 1.0:
+            raise ConfigError(f"--attn-dropout must be in [0, 1), got {self.attention_dropout()}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--dropout must be in [0, 1), got {self.dropout}")
         above("--lr", self.lr, 0)
@@ -101,10 +116,8 @@ class TrainConfig:
 
     def check_distributed(self) -> None:
         at_least("--graph-servers", self.graph_servers, 1)
-        at_least("--weight-servers", self.weight_servers, 1)
+        at_least("--weight-servers", self.weight_servers, 1)  # more than the layers is fine: weights go by row block
         at_least("--chunks", self.chunks, 1)
-        if self.weight_servers > self.layers:
-            raise ConfigError(f"--weight-servers {self.weight_servers} > --layers {self.layers}: a shard would hold nothing")
         if self.mode not in MODES:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.switch_threshold:
@@ -169,6 +182,10 @@ class TrainConfig:
             who = f"--mode {self.mode}" if self.mode in DECENTRAL_MODES else f"--backend {self.backend}"
             raise ConfigError(f"{who} wants device {device}, but torch sees no CUDA device "
                               "(use --device cpu, or --backend cpu)")
+
+    def attention_dropout(self) -> float:
+        """GAT's dropout on attention coefficients: ``attn_dropout``, or ``dropout`` when unset."""
+        return self.dropout if self.attn_dropout is None else self.attn_dropout
 
     def checkpoint_interval(self) -> int:
         """Epochs between checkpoints (0: none): every 10 for distributed runs unless set."""

@@ -1,5 +1,6 @@
 """What a user runs to deploy on AWS besides Terraform: the Lambda image's build context, the cluster
-file from Terraform's outputs, and pointing the function at a newly pushed image."""
+file from Terraform's outputs (addresses, the function, and the name of the job key's secret, never a
+secret itself), and pointing the function at a newly pushed image."""
 
 from __future__ import annotations
 
@@ -13,8 +14,13 @@ from dorylus_py.jsonfile import read_json
 
 REPO = Path(__file__).resolve().parents[1]
 # The handler imports these and nothing else of the package (tests/aws/test_deploy.py checks it).
-HANDLER_MODULES = ["__init__.py", "errors.py", "kernels/__init__.py", "kernels/dropout.py", "kernels/gcn_ops.py",
-                   "kernels/sparse.py", "protocol/__init__.py", "protocol/messages.py"]
+HANDLER_MODULES = ["__init__.py", "errors.py", "jobkey.py", "kernels/__init__.py", "kernels/attention.py",
+                   "kernels/dropout.py", "kernels/gat_ops.py", "kernels/gcn_ops.py", "kernels/sage_ops.py",
+                   "kernels/sparse.py", "kernels/tasks.py", "models/__init__.py", "models/gcn.py", "models/spec.py",
+                   "pipeline/__init__.py", "pipeline/events.py", "pipeline/stages.py", "pipeline/tasks.py",
+                   "protocol/__init__.py", "protocol/bounded_json.py", "protocol/messages.py", "protocol/replay.py",
+                   "protocol/session.py", "protocol/transport.py", "weights/__init__.py", "weights/adam.py",
+                   "weights/blocks.py", "weights/store.py"]
 
 
 def build_context(out: Path, overwrite: bool = False) -> list[Path]:
@@ -44,7 +50,7 @@ def cluster_from_terraform(tf_output: Path) -> dict:
     if not isinstance(raw, dict) or "cluster" not in raw or not isinstance(raw["cluster"], dict):
         raise DataError(f"{tf_output}: no 'cluster' output; is this `terraform output -json` of infra/?")
     cluster = raw["cluster"].get("value")
-    need = ("driver", "graph_servers", "weight_servers", "lambda_function", "region")
+    need = ("driver", "graph_servers", "weight_servers", "lambda_function", "region", "key_secret")
     if not isinstance(cluster, dict) or any(k not in cluster for k in need):
         raise DataError(f"{tf_output}: output 'cluster' lacks one of {', '.join(need)}")
     return {k: cluster[k] for k in need}

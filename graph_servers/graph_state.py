@@ -1,21 +1,30 @@
 """One graph server's arrays and its graph work: no sockets, no decisions (those are the scheduler's).
 
-Layer ``l``: tensor tasks compute ``Z_l = dropout(P_l) W_l`` chunk by chunk; each finished chunk's
-rows go to the peers that hold them as ghosts (positions in their ghost order, via the send lists);
-Gather computes ``G_l = Â_k [Z_l | ghosts]`` with the partition's CSR. ``Z_l`` and its ghosts share
-one buffer of ``n_local + n_ghost`` rows, so Gather reads it in place. The loss task turns the logits
-``G_{L-1}`` into ``dG_{L-1}``; backward runs the path in reverse: each chunk's ``dG_l`` rows give the
-peers their contribution ``Â[chunk, ghosts]ᵀ dG_l[chunk]`` to their vertices' gradients (the newest
-contribution of every peer chunk is kept, in ``remote_parts``), and Gather backward is
-``dZ_l = Âᵀ[local] dG_l`` plus those contributions. Backward tasks produce ``dG_{l-1}`` and ``dW_l``.
+Every model's layer is ``G_l = A_l Z_l [+ S_l]`` (``models/spec.py``): tensor tasks compute ``Z_l``
+(and the self term ``S_l``) chunk by chunk; each finished chunk's ``Z_l`` rows go to the peers that
+hold them as ghosts (positions in their ghost order, via the send lists); Gather multiplies by the
+partition's rows of ``A_l``, whose values are fixed (GCN: ``Â``; GraphSAGE: the mean ``D⁻¹A``, 0 on
+the self loop) or come per head from ApplyEdge tasks (GAT: ``α̃``, ``(H, E)``). ``Z_l`` and its
+ghosts share one buffer of ``n_local + n_ghost`` rows, so Gather reads it in place. The loss task
+turns the logits ``G_{L-1}`` into ``dG_{L-1}``; backward runs the path in reverse: each chunk's
+``dG_l`` rows give the peers their contribution ``A[chunk, ghosts]ᵀ dG_l[chunk]`` to their vertices'
+gradients (the newest contribution of every peer chunk is kept, in ``remote_parts``), and Gather
+backward is ``dZ_l = Aᵀ[local] dG_l`` plus those contributions. GAT adds, per layer, the source and
+destination scores (``(n, H)``), the per-edge ``α̃``, ``dα̃`` and ``ds`` (each ``(H, E)``), the
+SDDMM ``dα̃ = <dG_v, Z_u>`` (``attn_grad``), and the sources' score gradients ``Σ_v ds_uv`` with
+the peers' parts (``ebwd``).
 
-Memory: the partition's arrays stay memory-mapped from the store and are never copied.
-``Â`` is held as ``Â_LL`` (local columns) and ``Â_LG`` (ghost columns) (``kernels/sparse.py``
-:class:`BlockAdjacency`); each chunk's rows are views of them, ``Â_LL`` serves backward too when it is
-symmetric (an undirected graph; else the store's ``Â_LLᵀ`` is mapped), and only ``Â_LGᵀ`` is built,
-chunk by chunk, for the contributions: 8 bytes per edge plus 8-12 per cut edge in all. Features are read
-and converted to float32 (and row-normalised) one chunk at a time, when a task pulls them. The
-process gives freed chunk-sized buffers back to the OS (``dorylus_py/heap.py``).
+Memory: the partition's arrays stay memory-mapped from the store and are never copied. ``A`` is held
+in the store's blocks, ``A_LL`` (local columns) and ``A_LG`` (ghost columns); each chunk's rows are
+views of them. Fixed values (:class:`~dorylus_py.kernels.sparse.BlockAdjacency`): ``Â_LL`` serves
+backward too when it is symmetric (an undirected graph; else the store's ``Â_LLᵀ`` is mapped;
+GraphSAGE's mean shares the pattern with values of its own), and only ``A_LGᵀ`` is built, chunk by
+chunk, for the contributions: for GCN, 8 bytes per edge plus 8-12 per cut edge. Per-edge values
+(:class:`~dorylus_py.kernels.heads.HeadBlocks`): edges are numbered block-wise (the local block's in
+CSR order, then the ghost block's), so a chunk's edges are two runs of the per-edge arrays; ``A_LLᵀ``
+is built with a map to its edges (12 bytes per local edge). Features are read and converted to
+float32 (and row-normalised) one chunk at a time, when a task pulls them; the peers' contributions
+are added up when Gather backward needs them, so no sum of them is kept beside ``dZ``.
 """
 
 from __future__ import annotations
@@ -25,52 +34,92 @@ import torch
 
 from dorylus_py.data.graph import row_normalized
 from dorylus_py.heap import return_freed_memory
+from dorylus_py.kernels.heads import HeadBlocks, gather_heads_backward, row_sums
 from dorylus_py.kernels.sparse import BlockAdjacency, csr_nbytes
+from dorylus_py.models.spec import ModelSpec
 from dorylus_py.partition.layout import Partition
-from dorylus_py.pipeline.events import TaskKey
-from dorylus_py.protocol import ProtocolError, require
+from dorylus_py.protocol import ProtocolError
+
+
+def _zeros(*shape) -> np.ndarray:
+    return np.zeros(shape, np.float32)
 
 
 class GraphState:
-    def __init__(self, part: Partition, dims: list[int], chunk_counts: list[int], feature_norm: str):
-        """``chunk_counts``: how many chunks every graph server has (ours included)."""
+    def __init__(self, part: Partition, model: ModelSpec, chunk_counts: list[int], feature_norm: str, edge_offset: int = 0):
+        """``chunk_counts``: how many chunks every graph server has (ours included); ``edge_offset``:
+        the id of this partition's first edge (edges are numbered across partitions, for dropout keys)."""
         return_freed_memory()  # before the buffers: chunk-sized temporaries must not pile up in the heap
-        self.part = part
-        self.chunk_counts = chunk_counts
-        self.n, self.g = part.num_local, part.num_ghosts
-        self.dims = dims
-        self.layers = len(dims) - 1
+        self.part, self.model, self.chunk_counts, self.edge_offset = part, model, chunk_counts, edge_offset
+        self.n, self.g = n, g = part.num_local, part.num_ghosts
+        self.shapes = model.layers
+        self.layers = model.num_layers
+        self.attention = model.aggregation == "attention"
         self.peers = [p for p in range(part.num_parts) if p != part.index]
         self.feature_norm = feature_norm
         self.labels = np.asarray(part.labels)
         self.masks = np.stack([np.asarray(part.train_mask), np.asarray(part.val_mask), np.asarray(part.test_mask)])
-        local_t = None if part.local_symmetric else (part.local_t_indptr, part.local_t_indices, part.local_t_weights)
-        self.adj = BlockAdjacency.from_arrays((part.local_indptr, part.local_indices, part.local_weights),
-                                              (part.ghost_indptr, part.ghost_indices, part.ghost_weights),
-                                              local_t, self.n, self.g)
-        self.bounds = np.linspace(0, self.n, chunk_counts[part.index] + 1).astype(np.int64)
+        self.nnz_local = len(part.local_indices)
+        self.adj = self._adjacency()
+        self.bounds = np.linspace(0, n, chunk_counts[part.index] + 1).astype(np.int64)
         self.send_ids = [torch.from_numpy(np.array(part.sends_to(p))) for p in range(part.num_parts)]
-        # ZG[train][l]: rows 0..n-1 are Z_l, rows n.. its ghosts; G[train][l]: gathered, (n, d_{l+1})
-        self.ZG = {t: [np.zeros((self.n + self.g, d), np.float32) for d in dims[1:]] for t in (True, False)}
-        self.G = {t: [np.zeros((self.n, d), np.float32) for d in dims[1:]] for t in (True, False)}
-        self.dG = [np.zeros((self.n, d), np.float32) for d in dims[1:]]
-        self.dZ = [np.zeros((self.n, d), np.float32) for d in dims[1:]]
-        # (layer, peer, peer chunk) -> (our rows, int32; its newest contribution to them): added up only
-        # when Gather backward needs them, so no (n, d) sum of them is kept beside dZ
-        self.remote_parts: dict[tuple, tuple] = {}
         self._chunk_layouts()
+        shapes, edges, hmax = self.shapes, self.nnz_local + len(part.ghost_indices), max(s.heads for s in self.shapes)
+        # ZG[train][l]: rows 0..n-1 are Z_l, rows n.. its ghosts; G[train][l]: the layer's output
+        self.ZG = {t: [_zeros(n + g, s.z_width) for s in shapes] for t in (True, False)}
+        self.G = {t: [_zeros(n, s.out_width) for s in shapes] for t in (True, False)}
+        self.S = {t: [_zeros(n, s.out_width) for s in shapes] for t in (True, False)} if model.self_term else None
+        self.dG = [_zeros(n, s.out_width) for s in shapes]
+        self.dZ = [_zeros(n, s.z_width) for s in shapes]
+        self.phases = ("bwd", "ebwd") if self.attention else ("bwd",)  # what the peers contribute
+        # (phase, layer, peer, peer chunk) -> (our rows, int32; its newest contribution to them)
+        self.remote_parts: dict[tuple, tuple] = {}
+        if self.attention:
+            self.SG = {t: [_zeros(n + g, s.heads) for s in shapes] for t in (True, False)}  # source scores, with ghosts
+            self.SD = {t: [_zeros(n, s.heads) for s in shapes] for t in (True, False)}  # destination scores
+            shared = _zeros(hmax, edges)  # the evaluation forward's α̃: read only by the chunk that wrote it
+            self.alpha = {True: [_zeros(s.heads, edges) for s in shapes], False: [shared[: s.heads] for s in shapes]}
+            self.dalpha = _zeros(hmax, edges)  # dα̃ of one layer at a time, per chunk: attn_grad -> edge_bwd
+            self.ds = [_zeros(s.heads, edges) for s in shapes]
+            self.dsrc = [_zeros(n, s.heads) for s in shapes]
+            self.ddst = [_zeros(n, s.heads) for s in shapes]
+
+    def _adjacency(self) -> BlockAdjacency | HeadBlocks:
+        p, n, g = self.part, self.n, self.g
+        if self.attention:
+            return HeadBlocks.from_arrays(p.local_indptr, p.local_indices, p.ghost_indptr, p.ghost_indices, n, g)
+        local, ghost = (p.local_indptr, p.local_indices, p.local_weights), (p.ghost_indptr, p.ghost_indices, p.ghost_weights)
+        local_t = None if p.local_symmetric else (p.local_t_indptr, p.local_t_indices, p.local_t_weights)
+        if self.model.aggregation == "mean":
+            local, ghost, local_t = self._mean_blocks(local, ghost, local_t)
+        return BlockAdjacency.from_arrays(local, ghost, local_t, n, g)
+
+    def _mean_blocks(self, local, ghost, local_t):
+        """GraphSAGE's ``D⁻¹A`` on the blocks' patterns (``D``: in-degree without the self loop; 0 on the
+        self loop): row ``v``'s entries are ``1/deg v``, and ``Aᵀ``'s entries ``1/deg`` of their column."""
+        lp, gp = np.asarray(local[0], np.int64), np.asarray(ghost[0], np.int64)
+        inv = (1.0 / np.maximum(np.diff(lp) + np.diff(gp) - 1, 1)).astype(np.float32)
+        rows = np.repeat(np.arange(self.n), np.diff(lp))
+        cols = np.asarray(local[1])
+        pattern_t = local if local_t is None else local_t
+        rows_t, cols_t = np.repeat(np.arange(self.n), np.diff(np.asarray(pattern_t[0], np.int64))), np.asarray(pattern_t[1])
+        return ((local[0], cols, np.where(cols == rows, np.float32(0), inv[rows])),
+                (ghost[0], ghost[1], np.repeat(inv, np.diff(gp))),
+                (pattern_t[0], cols_t, np.where(cols_t == rows_t, np.float32(0), inv[cols_t])))
 
     @property
     def edges(self) -> int:
         """In-edges held (both blocks, without the self loops)."""
-        return int(len(self.part.local_indices) + len(self.part.ghost_indices)) - self.n
+        return self.nnz_local + len(self.part.ghost_indices) - self.n
 
     @property
     def structure_bytes(self) -> int:
-        """Bytes of graph structure for forward and backward Gather: the blocks, each chunk's new row
-        pointers, and the chunks' ghost transposes."""
-        chunks = sum(r.row_pointer_bytes() for r in self.rows_of) + csr_nbytes(*self.ghost_t)
-        return self.adj.nbytes() + chunks
+        """Bytes of graph structure for forward and backward Gather: the blocks (and GAT's edge maps),
+        each chunk's new row pointers, and the chunks' ghost transposes."""
+        if self.attention:
+            views = sum(m.crow.nbytes for r in self.rows_of if r is not self.adj for m in (r.local, r.ghost, r.local_t))
+            return self.adj.nbytes() + views + sum(t.nbytes() for t in self.ghost_t)
+        return self.adj.nbytes() + sum(r.row_pointer_bytes() for r in self.rows_of) + csr_nbytes(*self.ghost_t)
 
     @property
     def chunks(self) -> int:
@@ -79,8 +128,14 @@ class GraphState:
     def chunk(self, c: int) -> tuple[int, int]:
         return int(self.bounds[c]), int(self.bounds[c + 1])
 
+    def edge_runs(self, c: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The chunk's in-edges as positions of the per-edge arrays: the local block's run, the ghost block's."""
+        a, b = self.chunk(c)
+        lp, gp, nl = self.part.local_indptr, self.part.ghost_indptr, self.nnz_local
+        return (int(lp[a]), int(lp[b])), (nl + int(gp[a]), nl + int(gp[b]))
+
     def _chunk_layouts(self) -> None:
-        """Per chunk: its rows of the blocks (views), ``Â[chunk, ghosts]ᵀ`` for the contributions to the
+        """Per chunk: its rows of the blocks (views), ``A[chunk, ghosts]ᵀ`` for the contributions to the
         ghosts' owners, and which of its rows each peer holds as ghosts."""
         part = self.part
         self.rows_of, self.ghost_t, self.touched, self.send_in_chunk = [], [], [], []
@@ -100,114 +155,128 @@ class GraphState:
                 per_peer[p] = (pos, ids[pos])
             self.send_in_chunk.append(per_peer)
 
+    def _values(self, train: bool, layer: int) -> torch.Tensor:
+        return torch.from_numpy(self.alpha[train][layer])
+
     # --- graph work (on the graph thread; it touches rows no running task reads) -------------------
 
+    def run_graph(self, stage: str, layer: int, chunk: int | None) -> None:
+        """The graph stage ``stage`` of layer ``layer`` for one chunk's rows, or all rows (``chunk`` None)."""
+        if stage in ("gather", "egather"):
+            self.gather(stage == "gather", layer, chunk)
+        elif stage == "gather_bwd":
+            self.gather_backward(layer, chunk)
+        elif stage == "attn_grad":
+            self.attention_grad(layer, chunk)
+        else:
+            raise ValueError(f"unknown graph stage {stage!r}")
+
+    def _rows(self, chunk: int | None):
+        """``((a, b), blocks)``: the chunk's row range and its rows of ``A`` (all rows for None)."""
+        return ((0, self.n), self.adj) if chunk is None else (self.chunk(chunk), self.rows_of[chunk])
+
     def gather(self, train: bool, layer: int, chunk: int | None) -> None:
-        """``G_l`` of the chunk's rows (all rows for None), written in place."""
-        a, b = (0, self.n) if chunk is None else self.chunk(chunk)
-        rows = self.adj if chunk is None else self.rows_of[chunk]
-        rows.gather(torch.from_numpy(self.ZG[train][layer]), out=torch.from_numpy(self.G[train][layer][a:b]))
+        """``G_l`` of the chunk's rows, written in place."""
+        s, ((a, b), m) = self.shapes[layer], self._rows(chunk)
+        out, zg = self.G[train][layer][a:b], torch.from_numpy(self.ZG[train][layer])
+        if self.attention:
+            out[:] = m.gather(self._values(train, layer), zg, s.heads, s.concat).numpy()
+        else:
+            m.gather(zg, out=torch.from_numpy(out))
+        if self.S:
+            out += self.S[train][layer][a:b]
 
     def gather_backward(self, layer: int, chunk: int | None) -> None:
-        """``dZ_l`` of the chunk's rows: our own chunks' ``dG_l`` through ``Âᵀ``, plus the peers' parts."""
-        a, b = (0, self.n) if chunk is None else self.chunk(chunk)
-        rows = self.adj if chunk is None else self.rows_of[chunk]
-        dz = self.dZ[layer][a:b]
-        rows.gather_t(torch.from_numpy(self.dG[layer]), out=torch.from_numpy(dz))
-        # the peers' parts in a fixed order (the same bits every run), from a snapshot of the keys (the loop
-        # thread may add parts meanwhile)
-        for key in sorted(k for k in list(self.remote_parts) if k[0] == layer):
+        """``dZ_l`` of the chunk's rows: our own chunks' ``dG_l`` through ``Aᵀ``, plus the peers' parts
+        (GAT: also the sources' score gradients, from our edges' ``ds`` and the peers' parts)."""
+        s, ((a, b), m) = self.shapes[layer], self._rows(chunk)
+        dz, dg = self.dZ[layer][a:b], torch.from_numpy(self.dG[layer])
+        if self.attention:
+            dz[:] = m.gather_t(self._values(True, layer), dg, s.heads, s.concat).numpy()
+            self.dsrc[layer][a:b] = row_sums(m.local_t, torch.from_numpy(self.ds[layer])).numpy()
+        else:
+            m.gather_t(dg, out=torch.from_numpy(dz))
+        self._add_remote("bwd", layer, a, b, dz)
+        if self.attention:
+            self._add_remote("ebwd", layer, a, b, self.dsrc[layer][a:b])
+
+    def _add_remote(self, phase: str, layer: int, a: int, b: int, target: np.ndarray) -> None:
+        """Add the peers' parts for rows ``a..b-1`` in a fixed order (the same bits every run), from a
+        snapshot of the keys (the loop thread may add parts meanwhile)."""
+        for key in sorted(k for k in list(self.remote_parts) if k[:2] == (phase, layer)):
             local, contribution = self.remote_parts[key]
             inside = (local >= a) & (local < b)
-            dz[local[inside] - a] += contribution[inside]  # a part never repeats a row
+            target[local[inside] - a] += contribution[inside]  # a part never repeats a row
+
+    def attention_grad(self, layer: int, chunk: int | None) -> None:
+        """GAT: ``dα̃`` of the chunk's in-edges, ``<dG_l[v], Z_l[u]>`` per head (an SDDMM per block)."""
+        s, ((a, b), m) = self.shapes[layer], self._rows(chunk)
+        local, ghost = m.value_grads(torch.from_numpy(self.dG[layer][a:b]), torch.from_numpy(self.ZG[True][layer]),
+                                     s.heads, s.concat)
+        (llo, lhi), (glo, ghi) = m.edge_runs()
+        self.dalpha[: s.heads, llo:lhi] = local.numpy()
+        self.dalpha[: s.heads, glo:ghi] = ghost.numpy()
 
     # --- what goes to the peers --------------------------------------------------------------------
 
-    def rows_for_peers(self, train: bool, layer: int, chunk: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Peer -> (positions in its ghost slice, rows): the chunk's fresh ``Z_l`` rows it holds."""
+    def rows_for_peers(self, train: bool, layer: int, chunk: int) -> dict[int, tuple[np.ndarray, dict]]:
+        """Peer -> (positions in its ghost slice, tensors): the chunk's fresh ``Z_l`` rows it holds (GAT:
+        and their source scores)."""
         z = self.ZG[train][layer]
-        return {p: (pos, z[rows]) for p, (pos, rows) in self.send_in_chunk[chunk].items()}
+        out = {}
+        for p, (pos, rows) in self.send_in_chunk[chunk].items():
+            out[p] = (pos, {"rows": z[rows]} | ({"scores": self.SG[train][layer][rows]} if self.attention else {}))
+        return out
 
-    def contributions(self, layer: int, chunk: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Peer -> (positions in its send list to us, rows): ``Â[chunk, its ghosts]ᵀ dG_l[chunk]``."""
+    def contributions(self, phase: str, layer: int, chunk: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Peer -> (positions in its send list to us, rows): ``bwd``: ``A[chunk, its ghosts]ᵀ dG_l[chunk]``;
+        ``ebwd`` (GAT): per head, the sum of ``ds`` over the chunk's edges from each of its vertices."""
         if not self.peers:
             return {}
-        a, b = self.chunk(chunk)
-        contrib = torch.sparse.mm(self.ghost_t[chunk], torch.from_numpy(self.dG[layer][a:b])).numpy()
+        s, (a, b), m = self.shapes[layer], self.chunk(chunk), self.ghost_t[chunk]
+        dg = torch.from_numpy(self.dG[layer][a:b])
+        if not self.attention:
+            contrib = torch.sparse.mm(m, dg).numpy()
+        elif phase == "bwd":
+            contrib = gather_heads_backward(m, self._values(True, layer), dg, s.heads, s.concat).numpy()
+        else:
+            contrib = row_sums(m, torch.from_numpy(self.ds[layer])).numpy()
         return {p: (positions, contrib[lo:hi]) for p, (lo, hi, positions) in self.touched[chunk].items()}
 
-    def store_peer_rows(self, phase: str, src: int, layer: int, src_chunk: int, positions: np.ndarray,
-                        rows: np.ndarray) -> None:
+    def store_peer_rows(self, phase: str, src: int, layer: int, src_chunk: int, tensors: dict[str, np.ndarray]) -> None:
         """Keep a peer's rows (checked first: nothing out of range is written)."""
-        if (src not in self.peers or not 0 <= layer < self.layers or phase not in ("fwd", "efwd", "bwd")
+        if (src not in self.peers or not 0 <= layer < self.layers or phase not in ("fwd", "efwd", *self.phases)
                 or not 0 <= src_chunk < self.chunk_counts[src]):
             raise ProtocolError(f"rows from {src} chunk {src_chunk} for layer {layer} phase {phase!r} are not expected")
+        s = self.shapes[layer]
+        positions = tensors.get("positions")
         sl = self.part.ghosts_from(src)
-        limit = len(self.send_ids[src]) if phase == "bwd" else sl.stop - sl.start
-        if positions.dtype != np.int64 or positions.shape != (len(rows),):
+        backward = phase in self.phases
+        limit = len(self.send_ids[src]) if backward else sl.stop - sl.start
+        if positions is None or positions.dtype != np.int64 or positions.ndim != 1:
             raise ProtocolError("ghost positions must be int64, one per row")
-        if rows.ndim != 2 or rows.shape[1] != self.dims[layer + 1] or rows.dtype != np.float32:
-            raise ProtocolError(f"ghost rows must be float32 of width {self.dims[layer + 1]}")
+        named = {"rows": s.heads if phase == "ebwd" else s.z_width} | ({"scores": s.heads} if self.attention and not backward else {})
+        for name, width in named.items():
+            t = tensors.get(name)
+            if t is None or t.dtype != np.float32 or t.shape != (len(positions), width):
+                raise ProtocolError(f"ghost {name} must be float32, {len(positions)} x {width}")
         if len(positions) and (positions.min() < 0 or positions.max() >= limit):
             raise ProtocolError(f"ghost positions out of range [0, {limit})")
-        if phase != "bwd":
-            self.ZG[phase == "fwd"][layer][self.n + sl.start + positions] = rows
+        if not backward:
+            train, at = phase == "fwd", self.n + sl.start + positions
+            self.ZG[train][layer][at] = tensors["rows"]
+            if self.attention:
+                self.SG[train][layer][at] = tensors["scores"]
             return
         if len(np.unique(positions)) != len(positions):
             raise ProtocolError("contribution positions repeat")
         # this peer chunk's newest contribution replaces its previous one
-        self.remote_parts[(layer, src, src_chunk)] = (self.send_ids[src].numpy()[positions].astype(np.int32), np.array(rows))
+        local = self.send_ids[src].numpy()[positions].astype(np.int32)
+        self.remote_parts[(phase, layer, src, src_chunk)] = (local, np.array(tensors["rows"]))
 
-    # --- tensor tasks ------------------------------------------------------------------------------
-
-    def task_rows(self, key: TaskKey) -> dict[str, np.ndarray]:
-        """What a task pulls: the chunk's rows of its inputs."""
-        kind, train, _, layer, chunk = key
-        a, b = self.chunk(chunk)
-        p = (lambda: self.input_rows(a, b) if layer == 0 else self.G[train][layer - 1][a:b])
-        if kind == "fwd":
-            return {"P": p()}
-        if kind == "bwd":
-            return {"P": p(), "dZ": self.dZ[layer][a:b]}
-        logits = self.G[train][self.layers - 1][a:b]
-        if kind == "loss":
-            return {"logits": logits, "labels": self.labels[a:b], "train": self.masks[0, a:b]}
-        return {"logits": logits, "labels": self.labels[a:b], "masks": self.masks[:, a:b]}
+    # --- tensor tasks' inputs (graph_servers/task_io.py) -------------------------------------------
 
     def input_rows(self, a: int, b: int) -> np.ndarray:
         """Feature rows ``a:b`` as float32, row-normalised if configured (``P_0`` of the chunk)."""
         x = self.part.feature_rows(a, b)
         return row_normalized(x) if self.feature_norm == "row" else x
-
-    def check_result(self, key: TaskKey, msg) -> None:
-        kind, _, _, layer, chunk = key
-        a, b = self.chunk(chunk)
-        if kind == "fwd":
-            require(msg, "version", shapes={"Z": (b - a, self.dims[layer + 1])})
-        elif kind == "bwd":
-            require(msg, "version", shapes={"dW": (self.dims[layer], self.dims[layer + 1])})
-            if layer > 0:
-                require(msg, shapes={"dG": (b - a, self.dims[layer])})
-        elif kind == "loss":
-            require(msg, "loss_sum", shapes={"dG": (b - a, self.dims[-1])})
-            if not isinstance(msg["loss_sum"], (int, float)) or not np.isfinite(msg["loss_sum"]):
-                raise ProtocolError("loss result: 'loss_sum' must be a finite number")
-        elif kind == "eval":
-            require(msg, "correct")
-            c = msg["correct"]
-            if not (isinstance(c, list) and len(c) == 3 and all(isinstance(v, int) and 0 <= v <= self.n for v in c)):
-                raise ProtocolError("eval result: 'correct' must be three counts")
-        if kind in ("fwd", "bwd") and (not isinstance(msg["version"], int) or isinstance(msg["version"], bool)
-                                       or not 0 <= msg["version"] < 2**53):
-            raise ProtocolError(f"{kind} result: 'version' must be a non-negative integer")
-
-    def apply_result(self, key: TaskKey, tensors: dict[str, np.ndarray]) -> None:
-        kind, train, _, layer, chunk = key
-        a, b = self.chunk(chunk)
-        if kind == "fwd":
-            self.ZG[train][layer][a:b] = tensors["Z"]
-        elif kind == "bwd" and layer > 0:
-            self.dG[layer - 1][a:b] = tensors["dG"]
-        elif kind == "loss":
-            self.dG[self.layers - 1][a:b] = tensors["dG"]
-

@@ -25,33 +25,39 @@ import zmq
 from dorylus_py.cluster.job import JobSpec
 from dorylus_py.cluster.node import Node, peak_rss_mb
 from dorylus_py.errors import DorylusError
+from dorylus_py.models import spec_of
 from dorylus_py.partition.store import PartitionStore
 from dorylus_py.pipeline import events as ev
 from dorylus_py.pipeline.scheduler import Scheduler
+from dorylus_py.pipeline.stages import task_kinds, task_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy
 from dorylus_py.platforms import InprocPlatform, LocalLambdaPlatform
 from dorylus_py.protocol import Message, ProtocolError, require
+from dorylus_py.weights.blocks import servers_of_layer, split, weight_blocks
 from graph_servers.graph_state import GraphState
+from graph_servers.task_io import apply_result, check_result, task_rows
 from graph_servers.wire import integer, peer_rows, task_event, task_of
 
 log = logging.getLogger("dorylus.graph_server")
 
 
-def make_platform(spec: JobSpec, rank: int):
-    """Where this server's tensor tasks run; ``--lambdas`` is shared out among the graph servers."""
+def make_platform(spec: JobSpec, rank: int, node: Node):
+    """Where this server's tensor tasks run; ``--lambdas`` is shared out among the graph servers. In-process
+    workers get a signing session of their own, emulated Lambdas the job key (their own environment)."""
     cfg = spec.config
     if cfg.backend not in ("local", "lambda"):
-        return InprocPlatform(cfg.tensor_threads, cfg.resolved_device())
+        return InprocPlatform(cfg.tensor_threads, cfg.resolved_device(), node.session.sibling())
     per_server = max(1, cfg.lambdas // len(spec.graph_servers))
     seed = cfg.seed * 1000 + rank + 7919 * spec.restart
     if cfg.backend == "local":
         return LocalLambdaPlatform(per_server, cfg.lambda_latency_ms, cfg.lambda_fail_rate, cfg.lambda_memory_mb,
-                                   cfg.lambda_timeout_s, seed=seed, cold_start_ms=cfg.lambda_cold_start_ms)
+                                   cfg.lambda_timeout_s, seed=seed, cold_start_ms=cfg.lambda_cold_start_ms,
+                                   key=node.job_key)
     from dorylus_py.platforms.aws import AwsLambdaPlatform
 
     return AwsLambdaPlatform(cfg.lambda_function, per_server, cfg.lambda_memory_mb, cfg.aws_region or None,
                              cfg.aws_profile or None, cfg.lambda_endpoint or None, cfg.lambda_timeout_s,
-                             run_here=cfg.lambda_run_here, seed=seed)
+                             run_here=cfg.lambda_run_here, seed=seed, key=node.job_key)
 
 
 class GraphServer:
@@ -63,15 +69,22 @@ class GraphServer:
             torch.set_num_threads(cfg.threads)  # --threads: the sparse products' intra-op threads
         self.k = node.rank
         part = PartitionStore.open(spec.data_dir).load(self.k)
-        self.state = GraphState(part, spec.dims, spec.chunk_counts, spec.feature_norm)
+        self.model = spec_of(cfg, spec.dims)
+        stages = self.model.stages()
+        self.kinds, self.by_task = task_kinds(stages), task_stages(stages)
+        self.graph_train = {s.name: s.train for s in stages if s.task is None}  # graph stage -> training pass
+        self.state = GraphState(part, self.model, spec.chunk_counts, spec.feature_norm,
+                                spec.edge_offsets[self.k] if spec.edge_offsets else 0)
         self.peers = {p: self._dealer(a) for p, a in enumerate(spec.graph_servers) if p != self.k}
         self.weight_servers = [self._dealer(a) for a in spec.weight_servers]
-        self.platform = make_platform(spec, self.k)
+        self.blocks = weight_blocks(self.model.tensors(), len(spec.weight_servers))
+        self.layer_servers = [servers_of_layer(self.blocks, l) for l in range(self.model.num_layers)]
+        self.platform = make_platform(spec, self.k, node)
         policy = RelaunchPolicy(cfg.relaunch_min_s, cfg.relaunch_factor, self.platform.startup_hint_s)
         self.scheduler = Scheduler(
             rank=self.k, chunks=self.state.chunks, layers=spec.layers, epochs=cfg.epochs, mode=spec.mode,
             staleness=cfg.staleness, peers=tuple(self.peers), peer_chunks=spec.total_chunks - spec.chunk_counts[self.k],
-            first_epoch=spec.first_epoch, policy=policy, stall_s=cfg.wait_timeout_s)
+            first_epoch=spec.first_epoch, policy=policy, stall_s=cfg.wait_timeout_s, stages=tuple(stages))
         # Graph jobs run on one thread of their own; a finished one wakes the loop through an inproc socket.
         self.graph_pool = ThreadPoolExecutor(1, thread_name_prefix="graph")
         self.graph_done: queue.SimpleQueue = queue.SimpleQueue()
@@ -96,10 +109,7 @@ class GraphServer:
             "first_epoch": spec.first_epoch, "restart": spec.restart}))
 
     def _dealer(self, address: str) -> zmq.Socket:
-        sock = self.node.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(address)
-        return sock
+        return self.node.dealer(address)
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -128,11 +138,16 @@ class GraphServer:
         kind = type(inst)
         if kind is ev.Invoke:
             self.stats["invoked"] += 1
-            self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.token, inst))
+            key = inst.key
+            weighted = self.by_task[(key.kind, key.train, key.layer)].weights is not None
+            servers = [self.spec.weight_servers[w] for w in self.layer_servers[key.layer]] if weighted else []
+            self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.curve, inst, servers))
         elif kind is ev.Serve:
-            rows = self.state.task_rows(inst.key)
-            a, b = self.state.chunk(inst.key.chunk)
-            self._answer(request, Message("rows", {"start": a, "stop": b, "id_start": self.spec.id_offsets[self.k] + a}, rows))
+            rows = task_rows(self.state, inst.key)
+            (a, b), ((lo, _), (glo, _)) = self.state.chunk(inst.key.chunk), self.state.edge_runs(inst.key.chunk)
+            self._answer(request, Message("rows", {"start": a, "stop": b, "id_start": self.spec.id_offsets[self.k] + a,
+                                                   "edge_start": self.state.edge_offset + lo,
+                                                   "ghost_edge_start": self.state.edge_offset + glo}, rows))
         elif kind is ev.Cancel:
             self._answer(request, Message("duplicate" if request[2] == "push_result" else "cancel", {"reason": inst.reason}))
         elif kind is ev.Accept:
@@ -141,10 +156,7 @@ class GraphServer:
         elif kind is ev.SendRows:
             self._send_rows(inst)
         elif kind is ev.ForwardGradient:
-            key = inst.key
-            grad = Message("push_grad", {"layer": key.layer, "version": inst.version, "key": [key.epoch, self.k, key.chunk]},
-                           {"grad": msg.tensors["dW"]})
-            self._send(self.weight_servers[key.layer % len(self.weight_servers)], grad)
+            self._forward_gradient(inst, msg)
         elif kind is ev.RunGraph:
             self.epoch_start.setdefault(inst.epoch, time.perf_counter())
             self.graph_pool.submit(self._graph_job, inst)
@@ -171,16 +183,16 @@ class GraphServer:
         request = (identity, req if isinstance(req, str) else None, msg.op)
         if msg.op == "pull_rows":
             require(msg, "task")
-            key, attempt = task_of(msg["task"], s.layers, s.chunks)
+            key, attempt = task_of(msg["task"], s.layers, s.chunks, self.kinds)
             self.feed(ev.TaskPulled(key, attempt, time.time()), request)
         elif msg.op == "push_result":
             require(msg, "task")
-            key, attempt = task_of(msg["task"], s.layers, s.chunks)
-            s.check_result(key, msg)
+            key, attempt = task_of(msg["task"], s.layers, s.chunks, self.kinds)
+            check_result(s, key, msg)
             self.feed(ev.TaskResult(key, attempt, time.time(), msg.get("version")), request, msg)
         elif msg.op == "ghosts":
             phase, src, epoch, layer, src_chunk, min_epoch = peer_rows(msg, s.layers)
-            s.store_peer_rows(phase, src, layer, src_chunk, msg.tensors["positions"], msg.tensors["rows"])
+            s.store_peer_rows(phase, src, layer, src_chunk, msg.tensors)
             self.node.reply(identity, Message("ok", {}))
             self.feed(ev.RowsArrived(phase, epoch, layer, src))
             self.feed(ev.PeerProgress(src, min_epoch))
@@ -210,7 +222,7 @@ class GraphServer:
         self.node.reply(identity, reply)
 
     def _accept(self, key: ev.TaskKey, msg: Message) -> None:
-        self.state.apply_result(key, msg.tensors)
+        apply_result(self.state, key, msg.tensors)
         if key.kind == "loss":
             self.loss_sum[key.epoch] = self.loss_sum.get(key.epoch, 0.0) + float(msg["loss_sum"])
         elif key.kind == "eval":
@@ -218,14 +230,24 @@ class GraphServer:
 
     def _send_rows(self, inst: ev.SendRows) -> None:
         s = self.state
-        if inst.phase == "bwd":
-            parts = s.contributions(inst.layer, inst.chunk)
-        else:
+        if inst.phase in ("fwd", "efwd"):
             parts = s.rows_for_peers(inst.phase == "fwd", inst.layer, inst.chunk)
+        else:
+            parts = {p: (pos, {"rows": rows}) for p, (pos, rows) in s.contributions(inst.phase, inst.layer, inst.chunk).items()}
         fields = {"phase": inst.phase, "epoch": inst.epoch, "layer": inst.layer, "src": self.k, "chunk": inst.chunk,
                   "min_epoch": self.scheduler.pipe.min_epoch()}
-        for p, (positions, rows) in parts.items():
-            self._send(self.peers[p], Message("ghosts", fields, {"positions": positions, "rows": np.ascontiguousarray(rows)}))
+        for p, (positions, tensors) in parts.items():
+            self._send(self.peers[p], Message("ghosts", fields, {"positions": positions} | tensors))
+
+    def _forward_gradient(self, inst: ev.ForwardGradient, msg: Message) -> None:
+        """An accepted backward task's gradients, cut into row blocks: to each weight server its blocks."""
+        key = inst.key
+        tensors = {t.name: msg.tensors[f"grad:{t.name}"] for t in self.model.layer_tensors(key.layer)}
+        grads = split([b for b in self.blocks if b.layer == key.layer], tensors)
+        fields = {"layer": key.layer, "version": inst.version, "key": [key.epoch, self.k, key.chunk]}
+        for w in self.layer_servers[key.layer]:
+            mine = {b.name: grads[b.name] for b in self.blocks if b.layer == key.layer and b.server == w}
+            self._send(self.weight_servers[w], Message("push_grad", fields, mine))
 
     def _send(self, sock: zmq.Socket, msg: Message) -> None:
         self.stats["bytes_sent"] += sum(np.asarray(t).nbytes for t in msg.tensors.values())
@@ -235,7 +257,7 @@ class GraphServer:
         for sock in [*self.peers.values(), *self.weight_servers]:
             while sock.poll(0):
                 reply = self.node.receive(sock)
-                if reply.op == "error":
+                if reply is not None and reply.op == "error":
                     raise DorylusError(f"graph server {self.k}: a peer or weight server refused our message: "
                                        f"{reply.get('reason')}")
 
@@ -256,10 +278,7 @@ class GraphServer:
         """Runs on the graph thread; the loop learns of it through ``graph_done`` and a wake-up message."""
         t0 = time.time()
         try:
-            if inst.stage == "gather_bwd":
-                self.state.gather_backward(inst.layer, inst.chunk)
-            else:
-                self.state.gather(inst.stage == "gather", inst.layer, inst.chunk)
+            self.state.run_graph(inst.stage, inst.layer, inst.chunk)
             self.graph_done.put((inst, t0, time.time(), None))
         except BaseException as e:  # noqa: BLE001  (re-raised on the loop's thread)
             self.graph_done.put((inst, t0, time.time(), e))
@@ -272,7 +291,7 @@ class GraphServer:
             inst, t0, t1, error = self.graph_done.get()
             if error is not None:
                 raise error
-            self.task_rows.append({"kind": inst.stage, "train": inst.stage != "egather", "server": self.k,
+            self.task_rows.append({"kind": inst.stage, "train": self.graph_train[inst.stage], "server": self.k,
                                    "chunk": inst.chunk, "epoch": inst.epoch, "layer": inst.layer, "attempt": 1,
                                    "where": "graph-server", "start": t0, "end": t1, "billed_ms": 0, "memory_mb": 0,
                                    "ok": True, "error": ""})

@@ -8,21 +8,28 @@ server's receive loop answers with an ``error`` reply (carrying the request id) 
 from __future__ import annotations
 
 from dorylus_py.cluster.job import JobSpec
-from dorylus_py.pipeline.events import TASK_KINDS, Invoke, TaskKey
+from dorylus_py.pipeline.events import Invoke, TaskKey
 from dorylus_py.protocol import Message, ProtocolError, require
+from dorylus_py.protocol.transport import Curve
 
 MAX_INT = 2**53  # JSON integers beyond this are not exact in every reader
+PHASES = ("fwd", "efwd", "bwd", "ebwd")  # what peers send: Z rows (training, evaluation), dZ and score-gradient parts
 
 
-def task_event(spec: JobSpec, rank: int, address: str, token: str, inv: Invoke) -> dict:
-    """The event a tensor worker gets for a copy of a task (the same for every copy but ``attempt``)."""
+def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, inv: Invoke, weight_servers: list[str]) -> dict:
+    """The event a tensor worker gets for a copy of a task (the same for every copy but ``attempt``);
+    ``weight_servers``: those holding the task's layer, its lead first (none for a task without weights).
+    No secret: the worker has the job key from its own environment; the CURVE key here is the public one."""
     cfg = spec.config
     key = inv.key
     return {
-        "token": token,
+        "curve_public_key": curve.server_public.decode() if curve else None,
         "graph_server": address,
-        "weight_servers": spec.weight_servers,
+        "weight_servers": weight_servers,
+        "model": cfg.model,
         "dropout": cfg.dropout,
+        "attn_dropout": cfg.attention_dropout(),
+        "negative_slope": cfg.negative_slope,
         "seed": cfg.seed,
         "num_train": spec.num_train,
         "task": {"kind": key.kind, "train": key.train, "epoch": key.epoch, "layer": key.layer, "chunk": key.chunk,
@@ -38,12 +45,12 @@ def integer(value, name: str, low: int = 0, high: int = MAX_INT) -> int:
     return value
 
 
-def task_of(task, layers: int, chunks: int) -> tuple[TaskKey, int]:
-    """The key and attempt number of a task a worker names."""
+def task_of(task, layers: int, chunks: int, kinds: frozenset[str]) -> tuple[TaskKey, int]:
+    """The key and attempt number of a task a worker names (``kinds``: the model's task kinds)."""
     if not isinstance(task, dict):
         raise ProtocolError("task must be an object")
     kind, train = task.get("kind"), task.get("train")
-    if kind not in TASK_KINDS or not isinstance(train, bool):
+    if kind not in kinds or not isinstance(train, bool):
         raise ProtocolError(f"malformed task {task!r:.200}")
     key = TaskKey(kind, train, integer(task.get("epoch"), "task epoch", 1), integer(task.get("layer"), "task layer", 0, layers),
                   integer(task.get("chunk"), "task chunk", 0, chunks))
@@ -54,7 +61,7 @@ def peer_rows(msg: Message, layers: int) -> tuple[str, int, int, int, int, int]:
     """``(phase, src, epoch, layer, src_chunk, min_epoch)`` of a ``ghosts`` message from a peer."""
     require(msg, "phase", "epoch", "layer", "src", "chunk", "positions", "rows")
     phase = msg["phase"]
-    if phase not in ("fwd", "efwd", "bwd"):
+    if phase not in PHASES:
         raise ProtocolError(f"unknown ghost phase {phase!r}")
     return (phase, integer(msg["src"], "src"), integer(msg["epoch"], "epoch", 1), integer(msg["layer"], "layer", 0, layers),
             integer(msg["chunk"], "chunk"), integer(msg.get("min_epoch", 1), "min_epoch", 1))

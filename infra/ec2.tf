@@ -1,13 +1,9 @@
 # Graph and weight servers. Each boots, installs the package, writes the cluster file and starts
-# `dorylus graph-server` / `dorylus weight-server` as a systemd service with the shared job token.
+# `dorylus graph-server` / `dorylus weight-server` as a systemd service. User data holds nothing secret:
+# the cluster file names the job key's secret, which the process reads at start through its role.
 
 data "aws_ssm_parameter" "al2023" {
   name = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
-}
-
-resource "random_password" "job_token" {
-  length  = 32
-  special = false
 }
 
 locals {
@@ -38,7 +34,7 @@ resource "aws_instance" "server" {
   ebs_optimized               = true
   user_data_replace_on_change = true
   user_data = templatefile("${path.module}/templates/server.sh.tftpl", {
-    role         = each.value.role, rank = each.value.rank, package = var.package_spec, token = random_password.job_token.result,
+    role         = each.value.role, rank = each.value.rank, package = var.package_spec,
     cluster_json = jsonencode(local.cluster), region = var.region
   })
   metadata_options {

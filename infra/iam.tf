@@ -1,5 +1,6 @@
-# Least privilege. Lambda: write its own logs, and the ENI calls AWS requires of any function in a
-# VPC. Servers: read the dataset prefix, write the checkpoint prefix, invoke that one function.
+# Least privilege. Lambda: write its own logs, the ENI calls AWS requires of any function in a VPC,
+# read the job key's secret. Servers: read the dataset prefix, invoke that one function, read the job
+# key's secret. They write nothing to S3: checkpoints go to the run folder on the driver's machine.
 
 data "aws_iam_policy_document" "lambda_assume" {
   statement {
@@ -32,6 +33,11 @@ data "aws_iam_policy_document" "lambda" {
     ]
     resources = ["*"]
   }
+  statement {
+    sid       = "ReadJobKey"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [aws_secretsmanager_secret.job_key.arn]
+  }
 }
 
 resource "aws_iam_role" "lambda" {
@@ -57,24 +63,24 @@ data "aws_iam_policy_document" "server_assume" {
 
 data "aws_iam_policy_document" "server" {
   statement {
-    sid       = "ListDatasetsAndCheckpoints"
+    sid       = "ListDatasets"
     actions   = ["s3:ListBucket"]
     resources = [aws_s3_bucket.data.arn]
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["${var.dataset_prefix}/*", "${var.checkpoint_prefix}/*"]
+      values   = ["${var.dataset_prefix}/*"]
     }
   }
   statement {
     sid       = "ReadDatasets"
     actions   = ["s3:GetObject"]
-    resources = ["${aws_s3_bucket.data.arn}/${var.dataset_prefix}/*", "${aws_s3_bucket.data.arn}/${var.checkpoint_prefix}/*"]
+    resources = ["${aws_s3_bucket.data.arn}/${var.dataset_prefix}/*"]
   }
   statement {
-    sid       = "WriteCheckpoints"
-    actions   = ["s3:PutObject"]
-    resources = ["${aws_s3_bucket.data.arn}/${var.checkpoint_prefix}/*"]
+    sid       = "ReadJobKey"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [aws_secretsmanager_secret.job_key.arn]
   }
   statement {
     sid       = "InvokeTensorWorker"

@@ -71,5 +71,6 @@ locals {
     weight_servers  = [for ip in local.weight_server_ips : "tcp://${ip}:${var.weight_server_port}"]
     lambda_function = aws_lambda_function.tensor.function_name
     region          = var.region
+    key_secret      = aws_secretsmanager_secret.job_key.arn # where every process reads the job key at start
   }
 }

@@ -5,25 +5,19 @@ output "cluster" {
   value       = local.cluster
 }
 
-output "job_token" {
-  description = "The shared job token: export DORYLUS_TOKEN=... where the driver runs"
-  value       = random_password.job_token.result
-  sensitive   = true
+output "job_key_secret" {
+  description = "ARN of the job key's secret (no value: store one with `dorylus aws put-secret --secret-id ARN`)"
+  value       = aws_secretsmanager_secret.job_key.arn
 }
 
 output "bucket" {
-  description = "Bucket for datasets and checkpoints"
+  description = "Bucket for prepared datasets"
   value       = aws_s3_bucket.data.bucket
 }
 
 output "dataset_uri" {
   description = "Prefix to prepare datasets into (dorylus prepare ... --out DATASET_URI/NAME)"
   value       = "s3://${aws_s3_bucket.data.bucket}/${var.dataset_prefix}"
-}
-
-output "checkpoint_uri" {
-  description = "Prefix checkpoints go to"
-  value       = "s3://${aws_s3_bucket.data.bucket}/${var.checkpoint_prefix}"
 }
 
 output "graph_server_public_ips" {

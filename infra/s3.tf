@@ -1,11 +1,12 @@
-# Datasets (dorylus prepare --out s3://...) and checkpoints: encrypted, versioned, never public.
+# Datasets (dorylus prepare --out s3://BUCKET/datasets/NAME): encrypted, versioned, never public.
+# (Checkpoints live in the driver's run folder.) The same KMS key encrypts the job key's secret (secrets.tf).
 
 resource "aws_s3_bucket" "data" {
   # checkov:skip=CKV_AWS_144: cross-region replication doubles storage cost; datasets can be re-prepared
   # checkov:skip=CKV_AWS_18: access logging needs a second bucket; CloudTrail data events cover audits
   # checkov:skip=CKV2_AWS_62: no consumer of bucket event notifications in this deployment
   bucket_prefix = "${var.name}-data-"
-  force_destroy = true # terraform destroy removes datasets and checkpoints too (docs/aws.md)
+  force_destroy = var.force_destroy # off by default: destroy stops at a bucket that still holds data
 }
 
 resource "aws_s3_bucket_server_side_encryption_configuration" "data" {
@@ -20,7 +21,7 @@ resource "aws_s3_bucket_server_side_encryption_configuration" "data" {
 }
 
 resource "aws_kms_key" "data" {
-  description             = "${var.name} datasets and checkpoints"
+  description             = "${var.name} datasets and the job key"
   enable_key_rotation     = true
   deletion_window_in_days = 7
   policy                  = data.aws_iam_policy_document.kms.json
@@ -48,6 +49,21 @@ data "aws_iam_policy_document" "kms" {
     principals {
       type        = "AWS"
       identifiers = [aws_iam_role.server.arn]
+    }
+  }
+  statement {
+    # The Lambda decrypts the job key's secret, and nothing else, with this key.
+    sid       = "LambdaReadsTheJobKey"
+    actions   = ["kms:Decrypt"]
+    resources = ["*"] # in a key policy, "*" means this key
+    principals {
+      type        = "AWS"
+      identifiers = [aws_iam_role.lambda.arn]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = ["secretsmanager.${var.region}.amazonaws.com"]
     }
   }
 }

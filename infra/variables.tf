@@ -97,15 +97,15 @@ variable "package_spec" {
 }
 
 variable "dataset_prefix" {
-  description = "Key prefix in the bucket of prepared datasets (dorylus prepare --out s3://BUCKET/PREFIX/...)"
+  description = "Key prefix of prepared datasets (dorylus prepare --out s3://BUCKET/PREFIX/NAME)"
   type        = string
   default     = "datasets"
 }
 
-variable "checkpoint_prefix" {
-  description = "Key prefix in the bucket where training writes checkpoints"
-  type        = string
-  default     = "checkpoints"
+variable "force_destroy" {
+  description = "Let `terraform destroy` delete the bucket with every dataset in it (default: refuse while it holds objects)"
+  type        = bool
+  default     = false
 }
 
 variable "log_retention_days" {

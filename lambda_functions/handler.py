@@ -2,18 +2,28 @@
 emulator and in a graph server's own threads (``cpu``/``gpu`` backends).
 
 It connects *out* (Lambdas accept no inbound connections) with DEALER sockets to its graph server and
-the weight server of its layer, pulls the chunk's rows and the weights, computes, and pushes the
-result to the graph server in one message, the weight gradient included. The graph server accepts
+the weight servers holding its layer's blocks, pulls the chunk's rows and the weights, computes
+(``dorylus_py/kernels/tasks.py``: any model, any task kind), and pushes the result to the graph server
+in one message, the weight gradients included. The graph server accepts
 the first result of a task and only then forwards its gradient to the weight server, so result and
 gradient take effect together, exactly once, however often the task was launched. Dropout masks are a
-function of ``(seed, epoch, layer, vertex id)``, so a relaunch computes exactly the same result.
+function of ``(seed, epoch, layer, vertex id)`` (attention dropout: of the edge id), so a relaunch
+computes exactly the same result.
 
 A copy of a task that the graph server no longer wants (another copy finished first, or the epoch
 moved on) is told so in the reply to its first request (``cancel``) and stops at once; every reply,
 errors included, carries the request id, so no copy waits out a timeout for an answer that came.
 
-Event: ``{"token", "graph_server", "weight_servers", "dropout", "seed", "num_train", "device",
-"task": {"kind": fwd|bwd|loss|eval, "epoch", "layer", "chunk", "server", "version", "train", "attempt"}}``.
+Every message is signed with the job key, which the worker reads at its cold start from its own
+environment (``DORYLUS_KEY``; on AWS the Secrets Manager secret named by ``DORYLUS_KEY_SECRET``,
+through the function's role), or is handed directly (``session``) when it runs inside a graph server.
+The event carries no secret.
+
+Event: ``{"curve_public_key", "graph_server", "weight_servers" (of the task's layer, its lead first; empty
+for tasks without weights), "model", "dropout", "attn_dropout", "negative_slope", "seed", "num_train",
+"device", "task": {"kind", "epoch", "layer", "chunk", "server", "version", "train", "attempt"}}``.
+The weights of a layer are spread over several weight servers by row block: the task asks the lead
+for its version (the newest, or the one it names) and every other server for that same version.
 Sockets are cached per process (and per thread), as a warm Lambda container keeps them.
 """
 
@@ -27,15 +37,20 @@ import numpy as np
 import torch
 import zmq
 
-from dorylus_py.kernels.dropout import dropout_keep_mask
-from dorylus_py.kernels.gcn_ops import apply_vertex_backward, apply_vertex_forward, correct_counts, softmax_cross_entropy
-from dorylus_py.protocol import Message, ProtocolError, decode, encode
+from dorylus_py.jobkey import load_job_key
+from dorylus_py.kernels.tasks import TaskContext, run_task
+from dorylus_py.protocol import Message, ProtocolError, Session
+from dorylus_py.protocol.transport import Curve, dealer
+from dorylus_py.weights.blocks import join
 
 REQUEST_TIMEOUT_MS = 30_000  # no single answer takes longer (a dead server: the task is relaunched)
 SAFETY_MARGIN_MS = 500  # give up (and let the graph server relaunch) this close to the Lambda timeout
 
 _local = threading.local()
 _req_ids = itertools.count()
+_addresses: dict[zmq.Socket, str] = {}  # each cached socket's server address
+_container: dict[str, Session] = {}  # this container's session, made at its cold start
+_container_lock = threading.Lock()
 
 
 class TaskAborted(RuntimeError):
@@ -46,58 +61,67 @@ class TaskCancelled(Exception):
     """The graph server does not want this copy (already done, or no longer running): stop."""
 
 
-def handler(event: dict, context=None) -> dict:
+def handler(event: dict, context=None, session: Session | None = None) -> dict:
     t0 = time.perf_counter()
     try:
-        return _run(event, context) | {"seconds": time.perf_counter() - t0}
+        return _run(event, context, session or _container_session()) | {"seconds": time.perf_counter() - t0}
     except TaskCancelled as e:
         return {"status": "cancelled", "reason": str(e), "seconds": time.perf_counter() - t0}
 
 
-def _run(event: dict, context) -> dict:
+def _container_session() -> Session:
+    with _container_lock:
+        if "session" not in _container:
+            _container["session"] = Session(load_job_key())
+        return _container["session"]
+
+
+def _run(event: dict, context, session: Session) -> dict:
     task = event["task"]
     device = torch.device(event.get("device", "cpu"))
-    token = event["token"]
-    gs = _socket(event["graph_server"])
+    curve = Curve(event["curve_public_key"].encode()) if event.get("curve_public_key") else None
+    gs = _socket(event["graph_server"], curve)
     _check_time(context)
-    rows = _request(gs, Message("pull_rows", {"task": task}), token, context)
-    start, stop, id_start = rows["start"], rows["stop"], rows["id_start"]
+    rows = _request(gs, Message("pull_rows", {"task": task}), session, context)
     t = {k: torch.from_numpy(np.array(v, copy=False)).to(device) for k, v in rows.tensors.items()}
-    kind, layer = task["kind"], task["layer"]
-    keep = None
-    rate = float(event["dropout"]) if task.get("train", True) else 0.0
-    if kind in ("fwd", "bwd") and rate > 0:
-        width = t["P"].shape[1]
-        keep = dropout_keep_mask(id_start, id_start + stop - start, width, rate, event["seed"], task["epoch"], layer).to(device)
-
-    out: dict[str, np.ndarray] = {}
+    train = task.get("train", True)
+    ctx = TaskContext(model=event["model"], kind=task["kind"], layer=task["layer"], epoch=task["epoch"],
+                      seed=event["seed"], rate=float(event["dropout"]) if train else 0.0,
+                      attn_rate=float(event["attn_dropout"]) if train else 0.0,
+                      negative_slope=float(event["negative_slope"]), id_start=rows["id_start"],
+                      edge_start=rows["edge_start"], ghost_edge_start=rows["ghost_edge_start"],
+                      num_train=event["num_train"])
     fields: dict = {"task": task}
-    if kind in ("fwd", "bwd"):
-        ws = _socket(event["weight_servers"][layer % len(event["weight_servers"])])
-        _check_time(context)
-        got = _request(ws, Message("pull_weights", {"layer": layer, "version": task["version"], "hold": task.get("hold")}),
-                       token, context)
-        w = torch.from_numpy(np.array(got.tensors["W"])).to(device)
-        fields["version"] = got["version"]
-        if kind == "fwd":
-            out["Z"] = apply_vertex_forward(t["P"], w, layer, keep, rate)
-        else:
-            dw, dg = apply_vertex_backward(t["P"], w, t["dZ"], layer, keep, rate)
-            out["dW"] = dw
-            if dg is not None:
-                out["dG"] = dg
-    elif kind == "loss":
-        loss_sum, grad = softmax_cross_entropy(t["logits"], t["labels"], t["train"], event["num_train"])
-        out["dG"] = grad
-        fields["loss_sum"] = float(loss_sum)
-    elif kind == "eval":
-        fields["correct"] = correct_counts(t["logits"], t["labels"], list(t["masks"]))
-    else:
-        raise ProtocolError(f"unknown task kind {kind!r}")
+    weights = {}
+    if event["weight_servers"]:
+        version, weights = _pull_weights(event, task, session, curve, context)
+        weights = {k: v.to(device) for k, v in weights.items()}
+        fields["version"] = version
+    out, extra = run_task(ctx, t, weights)
+    fields |= extra
+    _check_time(context)
+    ack = _request(gs, Message("push_result", fields, {k: _np(v) for k, v in out.items()}), session, context)
+    return {"status": ack.op}
+
+
+def _pull_weights(event: dict, task: dict, session: Session, curve: Curve | None, context) -> tuple[int, dict[str, torch.Tensor]]:
+    """The layer's tensors (by base name: ``W``, ``att_src``, ...) at one version, from every weight
+    server holding a block of them: the lead first (it fixes the version), then the others at once."""
+    layer = task["layer"]
+    lead, *others = [_socket(a, curve) for a in event["weight_servers"]]
+
+    def ask(version):
+        return Message("pull_weights", {"layer": layer, "version": version, "hold": task.get("hold")})
 
     _check_time(context)
-    ack = _request(gs, Message("push_result", fields, {k: _np(v) for k, v in out.items()}), token, context)
-    return {"status": ack.op}
+    first = _request(lead, ask(task["version"]), session, context)
+    version = first["version"]
+    replies = [first] + _request_all([(s, ask(version)) for s in others], session, context)
+    if any(r["version"] != version for r in replies):
+        raise TaskAborted(f"weight servers answered layer {layer} at versions {[r['version'] for r in replies]}")
+    blocks = {k: v for r in replies for k, v in r.tensors.items()}
+    suffix = len(str(layer))
+    return version, {name[:-suffix]: torch.from_numpy(np.array(w)) for name, w in join(blocks).items()}
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
@@ -109,25 +133,35 @@ def _check_time(context) -> None:
         raise TaskAborted("too little time left; leaving the task to a relaunch")
 
 
-def _socket(address: str) -> zmq.Socket:
+def _socket(address: str, curve: Curve | None) -> zmq.Socket:
     cache = getattr(_local, "sockets", None)
     if cache is None:
         cache = _local.sockets = {}
-    sock = cache.get(address)
+    sock = cache.get((address, curve))
     if sock is None:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(address)
-        cache[address] = sock
+        sock = cache[(address, curve)] = dealer(zmq.Context.instance(), address, curve)
+        _addresses[sock] = address  # what its requests are signed for
     return sock
 
 
-def _request(sock: zmq.Socket, msg: Message, token: str, context=None) -> Message:
+def _request(sock: zmq.Socket, msg: Message, session: Session, context=None) -> Message:
     """Send and wait for the reply with the same request id (stale replies of an earlier,
     abandoned invocation on this warm socket are skipped), no longer than the Lambda has left."""
-    req = f"{id(threading.current_thread())}-{next(_req_ids)}"
-    msg.fields["req"] = req
-    sock.send_multipart(encode(msg, token), copy=False)
+    return _request_all([(sock, msg)], session, context)[0]
+
+
+def _request_all(requests: list[tuple[zmq.Socket, Message]], session: Session, context=None) -> list[Message]:
+    """Several requests on different sockets, sent together; their replies in the same order."""
+    pending = {}
+    for sock, msg in requests:
+        msg.fields["req"] = f"{id(threading.current_thread())}-{next(_req_ids)}"
+        sock.send_multipart(session.encode(msg, _addresses[sock]), copy=False)
+        pending[msg.fields["req"]] = (sock, msg)
+    replies = {req: _receive(sock, msg, req, session, context) for req, (sock, msg) in pending.items()}
+    return [replies[msg.fields["req"]] for _, msg in requests]
+
+
+def _receive(sock: zmq.Socket, msg: Message, req: str, session: Session, context) -> Message:
     wait_ms = REQUEST_TIMEOUT_MS
     if context is not None:
         wait_ms = min(wait_ms, context.get_remaining_time_in_millis() - SAFETY_MARGIN_MS)
@@ -136,7 +170,7 @@ def _request(sock: zmq.Socket, msg: Message, token: str, context=None) -> Messag
         if not sock.poll(int(left * 1000) + 1):
             break
         try:
-            reply = decode(sock.recv_multipart(copy=False), token)
+            reply = session.decode(sock.recv_multipart(copy=False), session.id)
         except ProtocolError:
             continue  # not a reply we can trust: keep waiting for ours
         if reply.get("req") != req:

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from dorylus_py.data import Graph, SynthConfig, generate, load_graph
 
-DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+# ../shared/datasets beside the checkout; DORYLUS_DATASETS names another folder (a worktree elsewhere)
+DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or Path(__file__).resolve().parents[2] / "shared" / "datasets")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run tests marked slow (multi-seed accuracy, scale)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--slow"):
+        skip = pytest.mark.skip(reason="slow: run with --slow")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

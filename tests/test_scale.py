@@ -1,4 +1,4 @@
-"""Scale (slow, skipped unless asked: ``pytest -m slow``): a graph of millions of edges goes through
+"""Scale (slow, skipped unless asked: ``pytest --slow tests/test_scale.py``): a graph of millions of edges goes through
 synth, prepare and training within memory bounds that grow per vertex, not per edge.
 
 ``DORYLUS_SCALE_SIZE`` (default ``1M/20M``) sets the size; ``benchmarks/bench_scale.py`` measures the

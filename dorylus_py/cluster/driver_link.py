@@ -4,7 +4,14 @@ Servers bind any free port and say ``hello`` with their address; every message a
 an identity the driver knows, and a message from any other (a process of an earlier start of the
 job, or a stranger) is dropped. Servers beat every second on a socket of their own and the driver
 answers each beat; a server not heard from for ``SILENCE_S``, or a started process that exited, is
-:class:`ServerLost` within seconds. Nothing a peer sends can raise past :meth:`DriverLink.recv`.
+:class:`ServerLost` within seconds. Nothing a peer sends can raise past :meth:`DriverLink.recv`:
+messages that fail the job key's MAC or replay earlier ones are dropped and counted, and so is anything
+from an identity that is not a server of this start.
+
+The job key: a one-machine job makes a fresh one (or takes ``DORYLUS_KEY``) and hands it to the
+processes it starts in their environment; a ``--cluster`` job reads the one its servers read
+(``DORYLUS_KEY``, or the cluster file's ``key_secret``). In a ``--cluster`` job the driver binds the
+address the cluster file gives it, and uses CurveZMQ when the file names keys.
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ from pathlib import Path
 
 import zmq
 
-from dorylus_py.cluster.node import SILENCE_S
+from dorylus_py.cluster.node import SILENCE_S, Rejections
 from dorylus_py.cluster.spec import ClusterSpec
 from dorylus_py.errors import DorylusError
-from dorylus_py.protocol import Message, ProtocolError, decode, encode
+from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
+from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
+from dorylus_py.protocol.transport import dealer, router
 
 log = logging.getLogger(__name__)
 
@@ -40,25 +49,28 @@ class DriverLink:
     def __init__(self, run_dir: Path, cluster: ClusterSpec | None = None):
         self.run_dir, self.cluster = run_dir, cluster
         self.ctx = zmq.Context.instance()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.curve = cluster_curve(cluster)
         if cluster is None:  # everything on this machine
-            self.token = secrets.token_hex(16)
+            self._key = load_job_key() if os.environ.get(KEY_ENV) else new_key()
+        else:  # servers started elsewhere, from the same cluster file and key
+            self._key = load_job_key(cluster.key_secret, cluster.region)
+        self.session = Session(self._key)
+        self.rejections = Rejections("driver")
+        self.router = router(self.ctx, self.curve)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if cluster is None:
             port = self.router.bind_to_random_port("tcp://127.0.0.1")
             self.address = f"tcp://127.0.0.1:{port}"
-        else:  # servers started elsewhere from the same cluster file and token
-            self.token = os.environ.get("DORYLUS_TOKEN", "")
-            if not self.token:
-                raise DorylusError("a --cluster job needs the shared job token in DORYLUS_TOKEN")
+        else:
             self.address = cluster.driver
             try:
-                self.router.bind(f"tcp://*:{ClusterSpec.host_port(cluster.driver)[1]}")
+                self.router.bind(cluster.driver)  # its own address, not every interface
             except zmq.ZMQError as e:
-                raise DorylusError(f"cannot listen on {cluster.driver} ({e})") from None
+                raise DorylusError(f"cannot listen on {cluster.driver} ({e}; is it this machine's address?)") from None
         self.procs: dict[str, tuple[subprocess.Popen, Path]] = {}
         self.identities: dict[str, bytes] = {}  # server name -> identity, of this start of the job
         self.names: dict[bytes, str] = {}
+        self.senders: dict[bytes, bytes] = {}  # identity -> the session id it speaks with (replies are signed for it)
         self.heard: dict[str, float] = {}  # server name -> when its last heartbeat came
         self.expected: set[str] = set()  # names of the servers of this start
         self._held: list = []  # messages that came while the driver waited on a request
@@ -68,7 +80,7 @@ class DriverLink:
 
     def spawn(self, name: str, module: str, rank: int) -> None:
         log_path = self.run_dir / "logs" / f"{name}.log"
-        env = dict(os.environ, DORYLUS_TOKEN=self.token, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{KEY_ENV: self._key.hex()})  # never on a command line
         with open(log_path, "a") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", module, "--driver", self.address, "--rank", str(rank)],
@@ -107,9 +119,12 @@ class DriverLink:
         self._forget_servers()
 
     def stop(self) -> None:
+        if sum(self.rejections.counts.values()):
+            log.warning("driver refused messages: %s", self.rejections)
         for ident in self.identities.values():
             try:
-                self.router.send_multipart([ident, *encode(Message("stop"), self.token)], zmq.NOBLOCK)
+                self.router.send_multipart([ident, *self.session.encode(Message("stop"), self.senders[ident])],
+                                           zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
         deadline = time.monotonic() + 10
@@ -128,6 +143,7 @@ class DriverLink:
     def _forget_servers(self) -> None:
         self.identities.clear()
         self.names.clear()
+        self.senders.clear()
         self.heard.clear()
         self.expected.clear()
         self._held.clear()
@@ -154,8 +170,11 @@ class DriverLink:
         raise DorylusError(f"no word from the servers for {timeout_s:.0f} s (logs: {self.run_dir / 'logs'})")
 
     def serve_heartbeats(self) -> None:
-        """Answer what has queued up while the driver does something else (a request, a checkpoint)."""
-        while self.router.poll(0):
+        """Answer what has queued up while the driver does something else (a request, a checkpoint); a
+        bounded number per call, so that a peer flooding the port cannot keep the driver here."""
+        for _ in range(256):
+            if not self.router.poll(0):
+                return
             got = self._one()
             if got is not None:
                 self._held.append(got)
@@ -164,42 +183,45 @@ class DriverLink:
         frames = self.router.recv_multipart(copy=False)
         ident = frames[0].bytes
         try:
-            msg = decode(frames[1:], self.token)
+            msg = self.session.decode(frames[1:], self.address)
         except ProtocolError as e:
-            log.debug("dropped a message the driver cannot accept: %s", e)
+            self.rejections.add("unauthenticated" if isinstance(e, AuthError) else "invalid", e)
             return None
         if msg.op == "heartbeat":
             name = f"{msg.get('role')}-{msg.get('rank')}"
             if name in self.expected:
                 self.heard[name] = time.monotonic()
-                self._to(ident, Message("heartbeat"))
-            return None
-        if msg.op == "hello":
-            name = f"{msg.get('role')}-{msg.get('rank')}"
-            if name not in self.expected or not isinstance(msg.get("address"), str):
+                self._to(ident, Message("heartbeat"), msg.sender)
                 return None
-            self.identities[name], self.names[ident] = ident, name
-            return name, msg
-        name = self.names.get(ident)
-        return None if name is None else (name, msg)
+        elif msg.op == "hello":
+            name = f"{msg.get('role')}-{msg.get('rank')}"
+            if name in self.expected and name not in self.identities and isinstance(msg.get("address"), str):
+                self.identities[name], self.names[ident], self.senders[ident] = ident, name, msg.sender
+                return name, msg
+        else:
+            name = self.names.get(ident)
+            if name is not None and msg.sender == self.senders.get(ident):
+                return name, msg
+        # a stranger, a server of an earlier start, or a second hello for a server (not believed)
+        self.rejections.add("invalid", ProtocolError(f"{msg.op} from no server of this start"))
+        return None
 
     def send(self, name: str, msg: Message) -> None:
-        self._to(self.identities[name], msg)
+        ident = self.identities[name]
+        self._to(ident, msg, self.senders[ident])
 
-    def _to(self, ident: bytes, msg: Message) -> None:
+    def _to(self, ident: bytes, msg: Message, sender: bytes) -> None:
         try:
-            self.router.send_multipart([ident, *encode(msg, self.token)], copy=False)
+            self.router.send_multipart([ident, *self.session.encode(msg, sender)], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as e:  # the peer is gone: its death is noticed by the checks above
             log.debug("message to a gone peer dropped: %s", e)
 
     def ask(self, address: str, msg: Message, what: str, timeout_s: float = 30.0) -> Message:
         """A request to a server's ROUTER (weights, state, statistics), answering heartbeats meanwhile."""
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(address)
+        sock = dealer(self.ctx, address, self.curve)
         try:
             msg.fields["req"] = req = secrets.token_hex(8)
-            sock.send_multipart(encode(msg, self.token))
+            sock.send_multipart(self.session.encode(msg, address), copy=False)
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
                 self.serve_heartbeats()
@@ -208,8 +230,9 @@ class DriverLink:
                 if not sock.poll(100):
                     continue
                 try:
-                    reply = decode(sock.recv_multipart(), self.token)
-                except ProtocolError:
+                    reply = self.session.decode(sock.recv_multipart(copy=False), self.session.id)
+                except ProtocolError as e:
+                    self.rejections.add("unauthenticated" if isinstance(e, AuthError) else "invalid", e)
                     continue
                 if reply.get("req") != req:
                     continue
@@ -219,6 +242,18 @@ class DriverLink:
             raise DorylusError(f"no reply from {address} for {what} within {timeout_s:.0f} s")
         finally:
             sock.close(0)
+
+
+def cluster_curve(cluster: ClusterSpec | None, server: bool = True):
+    """The CurveZMQ keys of a ``--cluster`` job whose file names them (None: plain TCP). ``server``: this
+    process binds, so it needs the secret key too."""
+    from dorylus_py.keys import load_curve_secret
+    from dorylus_py.protocol.transport import Curve
+
+    if cluster is None or not cluster.curve_public_key:
+        return None
+    secret = load_curve_secret(cluster.curve_secret_key_file, cluster.curve_public_key) if server else None
+    return Curve(cluster.curve_public_key.encode(), secret)
 
 
 def _role_rank(name: str) -> tuple[str, int]:

@@ -4,9 +4,9 @@ Weight servers and graph servers are separate OS processes (``python -m dorylus_
 ``python -m graph_servers``) in their own sessions, so a Ctrl-C reaches only the driver, which then
 stops them all. Each epoch, every graph server sends its statistics and task records; the driver adds
 them up into ``metrics.jsonl`` and ``tasks.jsonl``, keeps the best epoch's weights, and every
-``checkpoint_interval()`` epochs takes a checkpoint: every layer's weights and Adam state at the
-version that ended that epoch (the weight servers keep epoch snapshots, so the checkpoint is
-consistent while training runs on). It is written to ``RUN_DIR/checkpoints`` and kept in memory.
+``checkpoint_interval()`` epochs takes a checkpoint: every tensor's weights and Adam state at the
+version that ended that epoch, joined from the weight servers' row blocks (the weight servers keep
+epoch snapshots, so the checkpoint is consistent while training runs on). It is written to ``RUN_DIR/checkpoints`` and kept in memory.
 
 Recovery: when a server process dies or goes silent (:class:`ServerLost`, noticed within seconds), the
 driver kills the job's remaining servers, starts a new set and resumes from the last checkpoint,
@@ -37,7 +37,9 @@ from dorylus_py.progress import progress_bar
 from dorylus_py.protocol import Message
 from dorylus_py.training.record import BestTracker, RunRecord, run_summary
 from dorylus_py.training.reference import TrainResult
-from dorylus_py.weights.server import STATE_NAMES
+from dorylus_py.models import spec_of
+from dorylus_py.weights.blocks import Block, join, split, weight_blocks
+from dorylus_py.weights.store import STATE_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class JobPlan:
     spec: JobSpec  # without addresses, first epoch and restart count: those are set per start
     splits: list[int]  # train, val, test vertex counts
     weight_servers: int
+    blocks: list[Block]  # the model's weights, by row block and weight server
 
     @classmethod
     def of(cls, cfg: TrainConfig, parts_dir, feature_norm: str, weight_servers: int) -> "JobPlan":
@@ -56,13 +59,18 @@ class JobPlan:
         m = store.manifest
         sizes = [p["nodes"] for p in m["parts"]]
         splits = np.array([m["summary"][s] for s in ("train", "val", "test")], dtype=np.int64)  # no partition read
+        edges = np.concatenate([[0], np.cumsum([p["nnz"] for p in m["parts"]])]).astype(int).tolist()
         data_dir = str(parts_dir) if s3.is_s3(parts_dir) else str(Path(parts_dir).resolve())
         spec = JobSpec(config=cfg, data_dir=data_dir, feature_norm=feature_norm,
                        dims=[m["features"]] + [cfg.hidden] * (cfg.layers - 1) + [m["classes"]],
                        id_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist(),
-                       chunk_counts=[max(1, min(cfg.chunks, s)) for s in sizes], num_train=int(splits[0]),
+                       chunk_counts=[max(1, min(cfg.chunks, s)) for s in sizes], edge_offsets=edges, num_train=int(splits[0]),
                        mode=cfg.mode)
-        return cls(spec, splits.tolist(), weight_servers)
+        blocks = weight_blocks(spec_of(cfg, spec.dims).tensors(), weight_servers)
+        if len({b.server for b in blocks}) < weight_servers:
+            raise DorylusError(f"--weight-servers {weight_servers}: the model's tensors have only {len(blocks)} row "
+                               "blocks, so some weight servers would hold nothing")
+        return cls(spec, splits.tolist(), weight_servers, blocks)
 
     @property
     def graph_servers(self) -> int:
@@ -116,7 +124,7 @@ class _Run:
     def __init__(self, cfg: TrainConfig, plan: JobPlan, record: RunRecord, checkpoint_dir: str,
                  cluster: ClusterSpec | None, checkpoint: dict | None, show_progress: bool):
         self.cfg, self.plan, self.record, self.checkpoint_dir, self.cluster = cfg, plan, record, checkpoint_dir, cluster
-        self.checkpoint = checkpoint  # the newest: arrays W0, adam_m0, ... and epoch
+        self.checkpoint = checkpoint  # the newest: arrays TENSOR:FIELD (W0:W, W0:adam_m, ...) and epoch
         self.history: list[dict] = []
         self.best = BestTracker()
         self.restarts = 0
@@ -171,9 +179,7 @@ class _Run:
                        graph_servers=[addresses[f"graph-server-{k}"] for k in range(self.plan.graph_servers)],
                        weight_servers=[addresses[f"weight-server-{w}"] for w in range(self.plan.weight_servers)])
         for w in range(self.plan.weight_servers):
-            state = {} if self.checkpoint is None else {
-                f"{k}{l}": self.checkpoint[f"{k}{l}"] for l in range(spec.layers) if l % self.plan.weight_servers == w
-                for k in STATE_NAMES}
+            state = {} if self.checkpoint is None else self.block_state([b for b in self.plan.blocks if b.server == w])
             link.send(f"weight-server-{w}", Message("start", {"spec": spec.to_wire()}, state))
         for k in range(self.plan.graph_servers):
             link.send(f"graph-server-{k}", Message("start", {"spec": spec.to_wire()}))
@@ -255,21 +261,37 @@ class _Run:
 
     # --- weights and checkpoints -----------------------------------------------------------------
 
-    def _ask_layers(self, link: DriverLink, op: str, epoch: int) -> list[Message]:
-        ws = self.spec.weight_servers
-        return [link.ask(ws[l % len(ws)], Message(op, {"layer": l, "version": self.plan.version(epoch)}),
-                         f"layer {l} at epoch {epoch}") for l in range(self.spec.layers)]
+    def state(self, link: DriverLink, epoch: int) -> dict[str, np.ndarray]:
+        """Every tensor's ``TENSOR:FIELD`` (weights, Adam's moments and step, version) as it was at the
+        end of ``epoch``, joined from every weight server's blocks."""
+        blocks: dict[str, np.ndarray] = {}
+        for w, address in enumerate(self.spec.weight_servers):
+            reply = link.ask(address, Message("pull_state", {"version": self.plan.version(epoch)}),
+                             f"weight server {w}'s state at epoch {epoch}")
+            blocks.update({k: np.array(t) for k, t in reply.tensors.items()})
+        return {k: v for f in STATE_FIELDS for k, v in join(blocks, f":{f}").items()}
+
+    def block_state(self, blocks: list[Block]) -> dict[str, np.ndarray]:
+        """The checkpoint's state of ``blocks`` (``BLOCK:FIELD``), for a weight server's ``start``."""
+        missing = sorted({f"{b.tensor}:{f}" for b in blocks for f in STATE_FIELDS} - set(self.checkpoint))
+        if missing:
+            raise DorylusError(f"the checkpoint does not fit --model {self.cfg.model} as configured: it lacks "
+                               f"{', '.join(missing[:3])}")
+        out = {}
+        for f in ("W", "adam_m", "adam_v"):
+            out |= split(blocks, self.checkpoint, f":{f}")
+        for f in ("adam_step", "version"):
+            out |= {f"{b.name}:{f}": self.checkpoint[f"{b.tensor}:{f}"] for b in blocks}
+        return out
 
     def weights(self, link: DriverLink, epoch: int) -> dict[str, np.ndarray]:
-        """Every layer's weights as they were at the end of ``epoch``."""
-        return {f"W{l}": np.array(r.tensors["W"]) for l, r in enumerate(self._ask_layers(link, "pull_weights", epoch))}
+        """Every tensor's weights as they were at the end of ``epoch``, by name (``W0``, ``att_src0``, ...)."""
+        return {k[: -len(":W")]: v for k, v in self.state(link, epoch).items() if k.endswith(":W")}
 
     def take_checkpoint(self, link: DriverLink, epoch: int) -> None:
-        arrays = {"epoch": np.array(epoch, np.int64)}
-        for l, reply in enumerate(self._ask_layers(link, "pull_state", epoch)):
-            arrays.update({f"{name}{l}": np.array(t) for name, t in reply.tensors.items()})
-        save_checkpoint(self.checkpoint_dir, epoch, {k: v for k, v in arrays.items() if k != "epoch"})
-        self.checkpoint = arrays
+        arrays = self.state(link, epoch)
+        save_checkpoint(self.checkpoint_dir, epoch, arrays)
+        self.checkpoint = arrays | {"epoch": np.array(epoch, np.int64)}
 
     def finish(self, link: DriverLink) -> dict:
         """Final weights (and checkpoint) at the last recorded epoch; the run's counts."""

@@ -8,6 +8,11 @@ every second that the process lives, on a socket of its own (so a long computati
 does not silence it); a server whose driver has not answered for ``SILENCE_S`` seconds, or whose parent
 process changed, exits rather than linger as an orphan, and the driver presumes a server that has
 been silent that long dead.
+
+Every message is signed and checked (``protocol/session.py``): requests are signed for the address
+they go to, replies for the session that asked (the ``identity`` a handler gets is a :class:`Peer`).
+A message that fails its MAC or replays one seen before is dropped unanswered and counted; one that
+is authentic but wrong gets an ``error`` reply with its request id; nothing raises past the loop.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import time
 import zmq
 
 from dorylus_py.errors import DorylusError
-from dorylus_py.protocol import Message, ProtocolError, decode, encode
+from dorylus_py.jobkey import load_job_key
+from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
+from dorylus_py.protocol.transport import Curve, dealer, router
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 1.0  # a server says it lives this often
@@ -63,29 +70,61 @@ class Stopped(Exception):
     """The driver asked this server to stop."""
 
 
+# What a hostile but authentic message can make a handler raise; all of it is answered, none kills.
+REJECTED = (DorylusError, LookupError, TypeError, ValueError, ArithmeticError, AttributeError, RecursionError)
+
+
+class Peer(tuple):
+    """Who sent a request: its ROUTER identity and its verified session id (a reply is signed for it)."""
+
+    __slots__ = ()
+
+    def __new__(cls, route: bytes, sender: bytes):
+        return super().__new__(cls, (route, sender))
+
+    route = property(lambda self: self[0])
+    sender = property(lambda self: self[1])
+
+
+class Rejections:
+    """Counts refused messages; logs the first few of each kind and then every thousandth."""
+
+    def __init__(self, who: str):
+        self.who, self.counts = who, {"unauthenticated": 0, "invalid": 0}
+
+    def add(self, kind: str, error: Exception) -> None:
+        self.counts[kind] += 1
+        n = self.counts[kind]
+        if n <= 5 or n % 1000 == 0:
+            log.warning("%s: %s message #%d refused: %s", self.who, kind, n, error)
+
+    def __str__(self) -> str:
+        return ", ".join(f"{n} {kind}" for kind, n in self.counts.items())
+
+
 class Heartbeat:
     """Tell the driver every ``HEARTBEAT_S`` that this process lives; exit it (code 3, one log line)
     once the driver has not answered for ``silence_s``. Runs on a thread with a socket of its own."""
 
-    def __init__(self, driver: str, token: str, role: str, rank: int, silence_s: float = SILENCE_S):
-        self.driver, self.token, self.role, self.rank, self.silence_s = driver, token, role, rank, silence_s
+    def __init__(self, driver: str, session: Session, role: str, rank: int, silence_s: float = SILENCE_S,
+                 curve: Curve | None = None):
+        self.driver, self.session, self.role, self.rank, self.silence_s = driver, session, role, rank, silence_s
+        self.curve = curve
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.driver)
-        beat = encode(Message("heartbeat", {"role": self.role, "rank": self.rank}), self.token)
+        sock = dealer(zmq.Context.instance(), self.driver, self.curve)
+        beat = Message("heartbeat", {"role": self.role, "rank": self.rank})
         heard = time.monotonic()
         try:
             while not self._stop.is_set():
-                sock.send_multipart(beat)
+                sock.send_multipart(self.session.encode(beat, self.driver))  # a new sequence number each time
                 deadline = time.monotonic() + HEARTBEAT_S
                 while (left := deadline - time.monotonic()) > 0 and sock.poll(int(left * 1000) + 1):
                     try:
-                        if decode(sock.recv_multipart(), self.token).op == "heartbeat":
+                        if self.session.decode(sock.recv_multipart(), self.session.id).op == "heartbeat":
                             heard = time.monotonic()
                     except ProtocolError:
                         pass  # not from our driver: it proves nothing
@@ -103,25 +142,33 @@ class Heartbeat:
 
 
 class Node:
-    def __init__(self, role: str, rank: int, driver: str, token: str, host: str = "127.0.0.1", port: int = 0,
-                 bind_host: str | None = None):
-        """Bind ``bind_host`` (default ``host``) on ``port`` (0 = any free one); advertise ``host``."""
-        self.role, self.rank, self.token = role, rank, token
+    def __init__(self, role: str, rank: int, driver: str, key: bytes, host: str = "127.0.0.1", port: int = 0,
+                 bind_host: str | None = None, curve: Curve | None = None):
+        """Bind ``bind_host`` (default ``host``) on ``port`` (0 = any free one); advertise ``host``. ``key``:
+        the job key; ``curve``: the cluster's CurveZMQ keys (None: plain TCP)."""
+        self.role, self.rank, self.curve = role, rank, curve
+        self.job_key = key  # for the platform's own workers; never sent
+        self.session = Session(key)
         self.ctx = zmq.Context.instance()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
+        self.router = router(self.ctx, curve)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         where = "*" if bind_host == "0.0.0.0" else (bind_host or host)
         port = bind(self.router, where, port, f"{role} {rank}")
         self.address = f"tcp://{host}:{port}"
-        self.driver = self.ctx.socket(zmq.DEALER)
-        self.driver.setsockopt(zmq.LINGER, 1000)
-        self.driver.connect(driver)
+        self.driver_address = driver
+        self._audience: dict[zmq.Socket, str] = {}
+        self.driver = self.dealer(driver, linger_ms=1000)
         self.parent = os.getppid()
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.poller.register(self.driver, zmq.POLLIN)
-        self.rejected = 0
+        self.rejections = Rejections(f"{role} {rank}")
+
+    def dealer(self, address: str, linger_ms: int = 0) -> zmq.Socket:
+        """A DEALER to ``address`` (a peer, a weight server, the driver); what it sends is signed for it."""
+        sock = dealer(self.ctx, address, self.curve, linger_ms=linger_ms)
+        self._audience[sock] = address
+        return sock
 
     # --- driver link ---------------------------------------------------------------------------
 
@@ -131,7 +178,9 @@ class Node:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.driver.poll(500):
-                msg = decode(self.driver.recv_multipart(copy=False), self.token)
+                msg = self._from_driver()
+                if msg is None:
+                    continue
                 if msg.op == "start":
                     return msg
                 if msg.op == "stop":
@@ -143,12 +192,19 @@ class Node:
         self.send(self.driver, msg)
 
     def send(self, sock: zmq.Socket, msg: Message) -> None:
-        """Send ``msg`` on one of this process's sockets (tensor frames without copies)."""
-        sock.send_multipart(encode(msg, self.token), copy=False)
+        """Send ``msg`` on one of this process's DEALERs (tensor frames without copies)."""
+        sock.send_multipart(self.session.encode(msg, self._audience[sock]), copy=False)
 
-    def receive(self, sock: zmq.Socket) -> Message:
-        """The next message on ``sock``, checked (raises ProtocolError)."""
-        return decode(sock.recv_multipart(copy=False), self.token)
+    def receive(self, sock: zmq.Socket) -> Message | None:
+        """The next message on one of this process's DEALERs, checked; None (counted) if it is refused."""
+        try:
+            return self.session.decode(sock.recv_multipart(copy=False), self.session.id)
+        except ProtocolError as e:
+            self.rejections.add("unauthenticated" if isinstance(e, AuthError) else "invalid", e)
+            return None
+
+    def _from_driver(self) -> Message | None:
+        return self.receive(self.driver)
 
     def check_parent(self) -> None:
         if os.getppid() != self.parent:
@@ -156,24 +212,30 @@ class Node:
 
     # --- serving ---------------------------------------------------------------------------------
 
-    def reply(self, identity: bytes, msg: Message) -> None:
+    def reply(self, identity: Peer, msg: Message) -> None:
         try:
-            self.router.send_multipart([identity, *encode(msg, self.token)], copy=False)
-        except zmq.ZMQError as e:  # the requester went away (EHOSTUNREACH): nothing to answer
+            self.router.send_multipart([identity.route, *self.session.encode(msg, identity.sender)], zmq.NOBLOCK,
+                                       copy=False)
+        except zmq.ZMQError as e:  # gone (EHOSTUNREACH), or not reading its replies (EAGAIN): never wait on it
             log.debug("reply to a gone peer dropped: %s", e)
 
     def serve_once(self, handle, timeout_ms: int = 100) -> bool:
         """Poll once; dispatch requests to ``handle(identity, msg)``. Returns True if anything came.
 
-        A malformed message, or one ``handle`` rejects with a DorylusError, gets an ``error`` reply
-        and is counted; the server keeps running.
+        A message that fails its MAC or sequence is dropped unanswered; an authentic one that is
+        malformed, or that ``handle`` rejects, gets an ``error`` reply; both are counted, and the
+        server keeps running.
         """
         events = dict(self.poller.poll(timeout_ms))
         if self.driver in events:
-            msg = decode(self.driver.recv_multipart(copy=False), self.token)
-            if msg.op == "stop":
+            msg = self._from_driver()
+            if msg is not None and msg.op == "stop":
                 raise Stopped()
-            self.on_driver(msg)
+            if msg is not None:
+                try:
+                    self.on_driver(msg)
+                except REJECTED as e:  # an authentic but malformed driver message: nobody to answer
+                    self.rejections.add("invalid", e)
         if self.router not in events:
             self.check_parent()
             return bool(events)
@@ -182,39 +244,45 @@ class Node:
                 frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            identity, body = frames[0].bytes, frames[1:]
-            msg = None
+            route, body = frames[0].bytes, frames[1:]
             try:
-                msg = decode(body, self.token)
-                handle(identity, msg)
-            except (DorylusError, KeyError, TypeError, ValueError, OverflowError) as e:  # ProtocolError included
-                # A malformed field surfaces as KeyError/TypeError/ValueError inside a handler.
-                self.rejected += 1
-                log.warning("%s %d rejected a message: %s", self.role, self.rank, e)
-                req = msg.get("req") if msg is not None else None  # the requester stops waiting at once
-                self.reply(identity, Message("error", {"reason": str(e), "req": req if isinstance(req, str) else None}))
+                msg = self.session.decode(body, self.address)
+            except AuthError as e:  # not provably from the job: not even an error goes back
+                self.rejections.add("unauthenticated", e)
+                continue
+            except ProtocolError as e:  # authentic but malformed: the request id is unknown
+                self.rejections.add("invalid", e)
+                self.reply(Peer(route, e.sender), Message("error", {"reason": str(e)[:300], "req": None}))
+                continue
+            try:
+                handle(Peer(route, msg.sender), msg)
+            except REJECTED as e:  # a malformed field surfaces as one of these inside a handler
+                self.rejections.add("invalid", e)
+                req = msg.get("req")  # the requester stops waiting at once
+                self.reply(Peer(route, msg.sender), Message("error", {"reason": str(e)[:300],
+                                                                      "req": req if isinstance(req, str) else None}))
         return True
 
     def on_driver(self, msg: Message) -> None:
         """Messages from the driver other than stop; servers override."""
 
     def close(self) -> None:
+        if sum(self.rejections.counts.values()):
+            log.warning("%s %d refused messages: %s", self.role, self.rank, self.rejections)
         self.router.close(0)
         self.driver.close(1000)
 
 
 def serve(role: str, build, driver: str, rank: int, host: str = "127.0.0.1", port: int = 0,
-          token_env: str = "DORYLUS_TOKEN", bind_host: str | None = None) -> None:
+          bind_host: str | None = None, key: bytes | None = None, curve: Curve | None = None) -> None:
     """Run one server: connect to the driver, get ``start`` (the job spec, and for a weight server the
-    state to restore), build the server with ``build(node, start)`` and run it until the driver says stop."""
-    token = os.environ.get(token_env)
-    if not token:
-        raise DorylusError(f"the job token is not set (environment variable {token_env})")
-    node = Node(role, rank, driver, token, host, port, bind_host)
+    state to restore), build the server with ``build(node, start)`` and run it until the driver says stop.
+    ``key``: the job key (default: from the environment, ``jobkey.py``)."""
+    node = Node(role, rank, driver, key or load_job_key(), host, port, bind_host, curve)
     server = heartbeat = None
     try:
         start = node.handshake()
-        heartbeat = Heartbeat(driver, token, role, rank)
+        heartbeat = Heartbeat(driver, node.session, role, rank, curve=curve)
         server = build(node, start)
         server.run()
     finally:
@@ -234,9 +302,8 @@ def serve_process(role: str, build, argv=None) -> int:
     ap.add_argument("--rank", type=int, required=True, help="this server's index")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind and advertise (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=0, help="port to bind (default: any free port)")
-    ap.add_argument("--token-env", default="DORYLUS_TOKEN", help="environment variable holding the job token")
-    args = ap.parse_args(argv)
-    return run_main(lambda: serve(role, build, args.driver, args.rank, args.host, args.port, args.token_env))
+    args = ap.parse_args(argv)  # the job key comes in the environment (DORYLUS_KEY), never on the command line
+    return run_main(lambda: serve(role, build, args.driver, args.rank, args.host, args.port))
 
 
 def run_main(main) -> int:

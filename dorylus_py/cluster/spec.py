@@ -1,11 +1,13 @@
 """The cluster file: where the driver, graph servers and weight servers of a multi-machine job listen.
 
 ``{"driver": "tcp://HOST:PORT", "graph_servers": ["tcp://HOST:PORT", ...], "weight_servers": [...]}``,
-optionally with ``"lambda_function"`` and ``"region"`` for ``--backend lambda`` (``dorylus aws
-cluster-file`` writes all of it from Terraform's outputs).
+optionally with ``"lambda_function"`` and ``"region"`` for ``--backend lambda``, ``"key_secret"`` (the
+Secrets Manager secret holding the job key; ``dorylus aws cluster-file`` writes all of these from
+Terraform's outputs), and ``"curve_public_key"`` with ``"curve_secret_key_file"`` to encrypt every
+connection with CurveZMQ (``dorylus keys gen DIR``). Each process binds the address the file gives it.
 Each server is started by hand (or by an instance's boot script) with ``dorylus graph-server
---cluster FILE --rank K`` / ``dorylus weight-server ...``; the job token travels in the environment
-variable ``DORYLUS_TOKEN``, never in the file.
+--cluster FILE --rank K`` / ``dorylus weight-server ...``. No secret is in the file: the job key comes
+from ``DORYLUS_KEY`` or the named secret (``jobkey.py``), the CURVE secret key from its own file.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dorylus_py.errors import ConfigError
 from dorylus_py.jsonfile import read_json
 
 _ADDRESS = re.compile(r"^tcp://([A-Za-z0-9.\-]+):(\d{1,5})$")
+_Z85_KEY = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
+OPTIONAL = ("lambda_function", "region", "key_secret", "curve_public_key", "curve_secret_key_file")
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,9 @@ class ClusterSpec:
     weight_servers: list[str]
     lambda_function: str = ""
     region: str = ""
+    key_secret: str = ""  # Secrets Manager secret (ARN or name) with the job key, read at start
+    curve_public_key: str = ""  # Z85: every connection is encrypted when set
+    curve_secret_key_file: str = ""  # where each server machine keeps server.key_secret
 
     @classmethod
     def load(cls, path: str | Path) -> "ClusterSpec":
@@ -44,9 +51,14 @@ class ClusterSpec:
                 raise ConfigError(f"{path}: {addr!r} is not an address like tcp://10.0.1.5:7000")
         if len(set([driver, *gs, *ws])) != 1 + len(gs) + len(ws):
             raise ConfigError(f"{path}: two processes share an address")
-        extra = {k: raw.get(k, "") for k in ("lambda_function", "region")}
+        extra = {k: raw.get(k, "") for k in OPTIONAL}
         if not all(isinstance(v, str) for v in extra.values()):
-            raise ConfigError(f"{path}: lambda_function and region must be strings")
+            raise ConfigError(f"{path}: {', '.join(OPTIONAL)} must be strings")
+        if extra["curve_public_key"] and not _Z85_KEY.match(extra["curve_public_key"]):
+            raise ConfigError(f"{path}: curve_public_key is not a CurveZMQ public key (40 Z85 characters from "
+                              "`dorylus keys gen`)")
+        if bool(extra["curve_public_key"]) != bool(extra["curve_secret_key_file"]):
+            raise ConfigError(f"{path}: curve_public_key and curve_secret_key_file go together (both or neither)")
         return cls(driver, list(gs), list(ws), **extra)
 
     def address(self, role: str, rank: int) -> str:

@@ -36,7 +36,7 @@ from dorylus_py.cost.model import Prices, read_record
 from dorylus_py.errors import ConfigError, DataError
 
 FULL_CPU_MB = 1769  # AWS: one full vCPU at this memory size
-GRAPH_KINDS = ("gather", "gather_bwd")
+GRAPH_KINDS = ("gather", "gather_bwd", "attn_grad")  # graph work in tasks.jsonl (attn_grad: GAT's SDDMM)
 
 
 def vcpus(instance: str) -> int:

@@ -13,6 +13,7 @@ from dorylus_py.cost.model import Prices, read_record, run_cost
 
 COLUMNS = [
     ("run", "{}"), ("backend", "{}"), ("status", "{}"), ("epochs", "{}"), ("best val", "{:.4f}"), ("test@best", "{:.4f}"),
+    ("model", "{}"),
     ("wall s", "{:.1f}"), ("epoch s", "{:.3f}"), ("to target s", "{}"), ("lambda calls", "{:,}"),
     ("GB-s", "{:.1f}"), ("relaunches", "{}"), ("servers $", "{:.5f}"), ("lambda $", "{:.5f}"),
     ("total $", "{:.5f}"), ("value", "{:.4g}"),
@@ -27,6 +28,14 @@ def run_kind(config: dict) -> str:
     return backend if backend == "reference" else f"{backend} {config.get('mode', 'sync')}"
 
 
+def model_label(config: dict) -> str:
+    """``gcn``, ``sage``, ``gat 8x8/1`` (heads x width per head / output heads): what the model column shows."""
+    model = config.get("model", "gcn")  # records written before --model trained GCN
+    if model != "gat":
+        return model
+    return f"gat {config.get('heads', 8)}x{config.get('hidden', '?')}/{config.get('out_heads', 1)}"
+
+
 def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: float | None) -> list[dict]:
     rows = []
     for d in run_dirs:
@@ -36,7 +45,8 @@ def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: 
         reached = [m["wall_s"] for m in metrics if target_acc is not None and m["val_acc"] >= target_acc]
         backend = run_kind(config)
         rows.append({
-            "run": Path(d).name, "backend": backend, "status": summary.get("status", "completed").split(":")[0],
+            "run": Path(d).name, "model": model_label(config), "backend": backend,
+            "status": summary.get("status", "completed").split(":")[0],
             "_status": summary.get("status", "completed"), "epochs": len(metrics),
             "best val": summary.get("best_val_acc"), "test@best": summary.get("test_acc_at_best_val"), "wall s": wall,
             "epoch s": statistics.median(m["epoch_s"] for m in metrics) if metrics else None,

@@ -104,8 +104,7 @@ class Graph:
             source=source,
         )
         if num_classes is None:
-            inferred = int(graph.labels.max()) + 1 if len(graph.labels) else 0
-            object.__setattr__(graph, "num_classes", inferred)
+            object.__setattr__(graph, "num_classes", _inferred_classes(graph.labels, source))
         graph.validate()
         return graph
 
@@ -152,8 +151,8 @@ def validate_vertices(labels: np.ndarray, masks: tuple, num_classes: int, n: int
     if bad.any():
         v = int(np.nonzero(bad)[0][0])
         raise DataError(
-            f"{source}: label {labels[v]} of vertex {v} is out of range "
-            f"[0, {num_classes}) (-1 marks unlabelled)"
+            f"{source}: label {labels[v]} of vertex {v} is out of range [0, {num_classes}) for "
+            f"{num_classes} classes (-1 marks unlabelled): fix the label, or the class count if it is wrong"
         )
     for split, m in zip(SPLITS, masks):
         if m.shape != (n,):
@@ -219,6 +218,27 @@ def _as_ids(x, what: str, source: str) -> np.ndarray:
     if len(x) and not np.issubdtype(x.dtype, np.integer):
         raise DataError(f"{source}: {what} must be integers, got dtype {x.dtype}")
     return x.astype(np.int64, copy=False)
+
+
+def _inferred_classes(labels: np.ndarray, source: str) -> int:
+    """The class count of labels given without one: every class in ``[0, max]`` must have a vertex, or a
+    stray label (99 among 0..6) would silently make 100 classes, 93 of them empty."""
+    used = np.unique(labels[labels >= 0])
+    if len(used) and len(used) != used[-1] + 1:
+        missing = np.setdiff1d(np.arange(used[-1] + 1), used)
+        raise DataError(
+            f"{source}: labels reach {used[-1]} but classes {_ranges(missing)} have no vertex; renumber the labels "
+            f"to 0..{len(used) - 1} (np.unique(labels, return_inverse=True)), mark stray ones -1, or give the class "
+            "count (num_classes) if empty classes are meant"
+        )
+    return int(used[-1]) + 1 if len(used) else 0
+
+
+def _ranges(ids: np.ndarray, shown: int = 3) -> str:
+    """``7..98`` or ``2, 5, 9..12`` (the first few runs) for sorted ids."""
+    runs = np.split(ids, np.nonzero(np.diff(ids) != 1)[0] + 1)
+    text = [f"{r[0]}..{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs[:shown]]
+    return ", ".join(text) + (", ..." if len(runs) > shown else "")
 
 
 def _as_labels(x, source: str) -> np.ndarray:

@@ -17,6 +17,7 @@ import torch
 from dorylus_py.data.graph import Graph
 from dorylus_py.errors import ConfigError
 from dorylus_py.kernels.sparse import NormalizedAdjacency
+from dorylus_py.models import graph_input
 from dorylus_py.partition.partitioners import assign
 
 
@@ -28,18 +29,30 @@ def batch_count(clusters: int, per_batch: int) -> int:
 @dataclass(frozen=True, eq=False)
 class Batch:
     nodes: np.ndarray  # (B,) global vertex ids, sorted
-    adj: NormalizedAdjacency  # (B, B) normalised, diagonal enhanced
+    adj: object  # what the model aggregates along: GCN: (B, B) normalised, diagonal enhanced (models.graph_input)
     x: torch.Tensor  # (B, F)
     y: torch.Tensor  # (B,)
     train: torch.Tensor  # (B,) bool
 
 
-def enhanced_adjacency(indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray, num_nodes: int,
-                       diag_lambda: float, device="cpu") -> NormalizedAdjacency:
-    """The normalised, diagonal-enhanced adjacency of the subgraph induced by sorted ``nodes``.
+@dataclass(frozen=True)
+class Subgraph:
+    """The in-edge CSR of the subgraph induced by some vertices (what ``models.graph_input`` reads)."""
 
-    ``indptr``/``indices`` is the graph's in-edge CSR (no self loops); rows are destinations.
-    """
+    indptr: np.ndarray
+    indices: np.ndarray
+    num_nodes: int
+
+
+def induced_subgraph(indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray, num_nodes: int) -> Subgraph:
+    """The subgraph induced by sorted ``nodes``, renumbered ``0..len(nodes)-1``."""
+    rows, cols = _induced_edges(indptr, indices, nodes, num_nodes)
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=len(nodes)))]).astype(np.int64)
+    return Subgraph(ptr, cols, len(nodes))
+
+
+def _induced_edges(indptr, indices, nodes, num_nodes) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, cols) of the induced subgraph's edges, row-major, in the new numbering."""
     m = len(nodes)
     local = np.full(num_nodes, -1, dtype=np.int64)
     local[nodes] = np.arange(m)
@@ -49,7 +62,17 @@ def enhanced_adjacency(indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarra
     cols = local[indices[np.arange(total) + offsets]]
     rows = np.repeat(np.arange(m), counts)
     keep = cols >= 0
-    rows, cols = rows[keep], cols[keep]
+    return rows[keep], cols[keep]
+
+
+def enhanced_adjacency(indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray, num_nodes: int,
+                       diag_lambda: float, device="cpu") -> NormalizedAdjacency:
+    """The normalised, diagonal-enhanced adjacency of the subgraph induced by sorted ``nodes``.
+
+    ``indptr``/``indices`` is the graph's in-edge CSR (no self loops); rows are destinations.
+    """
+    m = len(nodes)
+    rows, cols = _induced_edges(indptr, indices, nodes, num_nodes)
     inv = 1.0 / (np.bincount(rows, minlength=m) + 1.0)  # (D + I)^-1, D = in-degree inside the batch
     rows = np.concatenate([rows, np.arange(m)])
     cols = np.concatenate([cols, np.arange(m)])
@@ -63,8 +86,10 @@ def enhanced_adjacency(indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarra
 
 class ClusterBatches:
     def __init__(self, graph: Graph, features: np.ndarray, clusters: int, per_batch: int, diag_lambda: float,
-                 seed: int = 0, device: str = "cpu", owner: np.ndarray | None = None):
-        """``owner``: each vertex's cluster, when already computed (else METIS runs here)."""
+                 seed: int = 0, device: str = "cpu", owner: np.ndarray | None = None, model: str = "gcn"):
+        """``owner``: each vertex's cluster, when already computed (else METIS runs here); ``model``: what
+        a batch's ``adj`` is for (GCN: Cluster-GCN's normalisation; GAT, GraphSAGE: their own)."""
+        self.model = model
         if clusters < 1 or per_batch < 1 or per_batch > clusters:
             raise ConfigError(f"need 1 <= --clusters-per-batch ({per_batch}) <= --clusters ({clusters})")
         self.graph, self.per_batch, self.diag_lambda, self.seed, self.device = graph, per_batch, diag_lambda, seed, device
@@ -91,7 +116,10 @@ class ClusterBatches:
         clusters = self.epoch_plan(epoch)[index]
         nodes = np.sort(np.concatenate([self.members[c] for c in clusters]))
         g = self.graph
-        adj = enhanced_adjacency(g.indptr, g.indices, nodes, g.num_nodes, self.diag_lambda, self.device)
+        if self.model == "gcn":
+            adj = enhanced_adjacency(g.indptr, g.indices, nodes, g.num_nodes, self.diag_lambda, self.device)
+        else:
+            adj = graph_input(self.model, induced_subgraph(g.indptr, g.indices, nodes, g.num_nodes), self.device)
         idx = torch.from_numpy(nodes)
         dev = self.device
         return Batch(nodes, adj, self.x[idx].to(dev), self.y[idx].to(dev), self.train[idx].to(dev))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -35,14 +34,15 @@ from dorylus_py.decentral.node import Node
 from dorylus_py.decentral.recorder import Recorder
 from dorylus_py.decentral.worker import Trainer
 from dorylus_py.errors import DorylusError
+from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
 from dorylus_py.partition.partitioners import assign
 from dorylus_py.progress import progress_bar, status
-from dorylus_py.training.record import RunRecord
+from dorylus_py.training.record import RunRecord, end_record, end_status
 from dorylus_py.training.reference import TrainResult, input_features, model_dims
 
 
 def run_worker(cfg: TrainConfig, graph: Graph, owner: np.ndarray | None, rank: int, world: int, store: dist.Store,
-               token: str, run_dir: Path, config: dict, host: str = "127.0.0.1", bind_host: str | None = None) -> dict | None:
+               key: bytes, run_dir: Path, config: dict, host: str = "127.0.0.1", bind_host: str | None = None) -> dict | None:
     """One worker: set up, meet the others at ``store``, train until the recorder stops the job.
     Returns the run's summary if this worker wrote the final record, else None."""
     device = cfg.resolved_device()
@@ -55,10 +55,10 @@ def run_worker(cfg: TrainConfig, graph: Graph, owner: np.ndarray | None, rank: i
                                 timeout=timedelta(seconds=cfg.wait_timeout_s))
     try:
         batches = ClusterBatches(graph, input_features(cfg, graph), cfg.clusters, cfg.clusters_per_batch,
-                                 cfg.diag_lambda, cfg.seed, device, owner=owner)
+                                 cfg.diag_lambda, cfg.seed, device, owner=owner, model=cfg.model)
         trainer = Trainer(cfg, batches, model_dims(cfg, graph), rank, world, device,
                           device if backend == "nccl" else "cpu")
-        node = Node(cfg, rank, world, token, trainer.params, trainer.share,
+        node = Node(cfg, rank, world, key, trainer.params, trainer.share,
                     lambda: Recorder(cfg, graph, run_dir, config, rank), host, bind_host)
         try:
             node.start(rendezvous(store, rank, world, node.address, cfg.wait_timeout_s))
@@ -100,7 +100,7 @@ def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict,
     store = dist.TCPStore("127.0.0.1", 0, world_size=cfg.workers + 1, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=cfg.wait_timeout_s))
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.workers)
-    env = dict(os.environ, DORYLUS_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), **{KEY_ENV: new_key().hex()})
     procs: list[subprocess.Popen] = []
     bar = progress_bar(total=cfg.epochs, desc=f"train ({cfg.mode}, {cfg.workers} workers)", unit="epoch",
                        enabled=show_progress)
@@ -112,8 +112,12 @@ def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict,
                      "--world", str(cfg.workers), "--store", f"127.0.0.1:{store.port}"],
                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         _watch(cfg, procs, run_dir, bar)
-    except KeyboardInterrupt:
-        raise DorylusError(f"interrupted; every worker stopped (run record so far in {run_dir})") from None
+    except BaseException as e:  # the workers write the record; a job stopped from here ends it here
+        _wait_or_kill(procs, 0)
+        end_record(run_dir, end_status(e))
+        if isinstance(e, KeyboardInterrupt):
+            raise DorylusError(f"interrupted; every worker stopped (run record so far in {run_dir})") from None
+        raise
     finally:
         bar.close()
         _wait_or_kill(procs, 0)
@@ -184,7 +188,7 @@ def worker_process(argv=None) -> int:
         store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=cfg.wait_timeout_s))
         print(f"worker {args.rank}: pid {os.getpid()}", flush=True)
         run_worker(cfg, read_npz(run / "graph.npz"), np.load(run / "clusters.npy"), args.rank, args.world, store,
-                   os.environ.get("DORYLUS_TOKEN", ""), run, config)
+                   load_job_key(), run, config)
 
     return run_main(main)
 
@@ -192,9 +196,10 @@ def worker_process(argv=None) -> int:
 def _under_torchrun(cfg, graph, run_dir, config, overwrite) -> TrainResult | None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    token = os.environ.get("DORYLUS_TOKEN") or os.environ.get("TORCHELASTIC_RUN_ID", "")
-    if not token:
-        raise DorylusError("under torchrun, set DORYLUS_TOKEN (the same in every process) or use --rdzv-id")
+    if not os.environ.get(KEY_ENV):  # not the rendezvous id: anyone who can see the command line knows that
+        raise DorylusError(f"under torchrun, export {KEY_ENV} (the same in every process; `dorylus keys gen DIR` "
+                           "writes one)")
+    key = load_job_key()
     cfg = TrainConfig(**(cfg.to_dict() | {"workers": world}))
     config = config | {"workers": world}
     store = dist.PrefixStore(f"dorylus/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", dist.TCPStore(
@@ -207,7 +212,7 @@ def _under_torchrun(cfg, graph, run_dir, config, overwrite) -> TrainResult | Non
             raise
     owner = assign(graph, cfg.clusters, "metis", cfg.seed)  # deterministic: the same in every process
     host = _own_address(master)
-    summary = run_worker(cfg, graph, owner, rank, world, store, token, run_dir, config, host, "0.0.0.0")
+    summary = run_worker(cfg, graph, owner, rank, world, store, key, run_dir, config, host, "0.0.0.0")
     if summary is None:
         return None
     history = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]

@@ -44,14 +44,14 @@ log = logging.getLogger(__name__)
 
 
 class Node:
-    def __init__(self, cfg: TrainConfig, rank: int, world: int, token: str, params: Callable[[], np.ndarray],
+    def __init__(self, cfg: TrainConfig, rank: int, world: int, key: bytes, params: Callable[[], np.ndarray],
                  share: Callable[[], tuple[dict[str, np.ndarray], dict]], make_recorder: Callable[[], object],
                  host: str = "127.0.0.1", bind_host: str | None = None):
         """``params()``: a copy of this worker's parameters; ``share()``: what it sends a gossip partner
         (its parameters, maybe its last gradient); both called with :attr:`lock` held;
         ``make_recorder()``: this worker's ``Recorder``, made now in rank 0 (the first recorder), or when
         this worker becomes the recorder."""
-        self.cfg, self.rank, self.world, self.token = cfg, rank, world, token
+        self.cfg, self.rank, self.world, self.key = cfg, rank, world, key
         self.per_epoch = batch_count(cfg.clusters, cfg.clusters_per_batch)
         self.timeout = cfg.peer_timeout_s
         self.lock = threading.Lock()
@@ -73,7 +73,7 @@ class Node:
         self.summary: dict | None = None  # set in the worker that wrote the final record
         self.recorder = make_recorder() if rank == 0 else None  # ready before the start: the first recorder
         self.duty: RecorderDuty | None = None
-        self.inbox = Inbox(rank, world, token, host, bind_host)
+        self.inbox = Inbox(rank, world, key, host, bind_host)
         self.address = self.inbox.address
         self._outbox: queue.Queue = queue.Queue()  # notices the receive thread wants sent (it has no links)
         self._poked = threading.Event()
@@ -86,8 +86,8 @@ class Node:
         """Every worker is ready (the rendezvous gave their addresses): the clock starts."""
         self.start_time = time.perf_counter()
         stopping = lambda: self.pool.stopped  # noqa: E731
-        self.main_links = Links(self.rank, self.token, addresses, give_up=stopping)
-        self.service_links = Links(self.rank, self.token, addresses, give_up=lambda: self._closing.is_set())
+        self.main_links = Links(self.rank, self.key, addresses, give_up=stopping)
+        self.service_links = Links(self.rank, self.key, addresses, give_up=lambda: self._closing.is_set())
         self.inbox.start(self._handle)
         self._service.start()
 
@@ -288,6 +288,8 @@ class Node:
 
     def _on_snapshot(self, sender: int, msg: Message) -> Message:
         epoch, keep = _int(msg["epoch"]), bool(msg.get("keep"))
+        if keep and not 1 <= epoch <= self.cfg.epochs:  # bounded: no peer makes us keep snapshots without end
+            raise ProtocolError(f"snapshot: epoch {epoch} is not one of this run's 1..{self.cfg.epochs}")
         with self.lock:
             mine = self.params()
             if keep:

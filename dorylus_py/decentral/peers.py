@@ -6,8 +6,10 @@ snapshot, ping) is answered from the worker's state under a short lock, without 
 training loop or for anybody else; a notice (report, dead, row, average, stop) is applied and not
 answered. Each thread that talks to peers has its own :class:`Links` (ZeroMQ sockets are not shared
 between threads): a DEALER per peer, requests numbered and matched to their answers, every wait bounded,
-a late answer dropped. A peer's message is checked (token, sender rank, then by the handler its fields
-and tensor shapes) before it is used; nothing it sends can raise past the receive loop.
+a late answer dropped. A peer's message is checked (its MAC with the job key and its sequence number,
+``protocol/session.py``; then its sender rank, then by the handler its fields and tensor shapes) before
+it is used; one that fails the MAC is dropped unanswered; nothing a peer sends can raise past the
+receive loop.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from typing import Callable
 
 import zmq
 
-from dorylus_py.cluster.node import bind
-from dorylus_py.errors import DorylusError
-from dorylus_py.protocol import Message, ProtocolError, decode, encode
+from dorylus_py.cluster.node import REJECTED, bind
+from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
+from dorylus_py.protocol.transport import dealer, router
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +31,10 @@ Handler = Callable[[int, Message], "Message | None"]  # (sender rank, message) -
 
 
 class Inbox:
-    def __init__(self, rank: int, world: int, token: str, host: str = "127.0.0.1", bind_host: str | None = None):
+    def __init__(self, rank: int, world: int, key: bytes, host: str = "127.0.0.1", bind_host: str | None = None):
         """Bind on ``bind_host`` (default ``host``), any free port; peers reach it at :attr:`address`."""
-        self.rank, self.world, self.token = rank, world, token
-        self.router = zmq.Context.instance().socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
+        self.rank, self.world, self.session = rank, world, Session(key)
+        self.router = router(zmq.Context.instance())
         where = "*" if bind_host == "0.0.0.0" else (bind_host or host)
         self.address = f"tcp://{host}:{bind(self.router, where, 0, f'worker {rank}')}"
         self.rejected = 0
@@ -59,12 +60,16 @@ class Inbox:
     def _serve(self, handle: Handler, identity: bytes, body) -> None:
         msg, reply = None, None
         try:
-            msg = decode(body, self.token)
+            msg = self.session.decode(body, self.address)
             sender = msg.get("rank")
             if not isinstance(sender, int) or isinstance(sender, bool) or not 0 <= sender < self.world or sender == self.rank:
                 raise ProtocolError(f"op {msg.op}: sender rank {sender!r} is not a peer")
             reply = handle(sender, msg)
-        except (DorylusError, KeyError, TypeError, ValueError, IndexError) as e:  # ProtocolError included
+        except AuthError as e:  # not from the job: not even an error goes back
+            self.rejected += 1
+            log.debug("worker %d dropped a message: %s", self.rank, e)
+            return
+        except REJECTED as e:  # ProtocolError included
             self.rejected += 1
             log.warning("worker %d rejected a message: %s", self.rank, e)
             reply = Message("error", {"reason": str(e)})
@@ -77,15 +82,15 @@ class Inbox:
             return
         reply.fields["id"] = request_id
         try:
-            self.router.send_multipart([identity, *encode(reply, self.token)], copy=False)
+            self.router.send_multipart([identity, *self.session.encode(reply, msg.sender)], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as e:
             log.debug("answer to a gone peer dropped: %s", e)
 
 
 class Links:
-    def __init__(self, rank: int, token: str, addresses: list[str], give_up: Callable[[], bool] = lambda: False):
+    def __init__(self, rank: int, key: bytes, addresses: list[str], give_up: Callable[[], bool] = lambda: False):
         """``give_up()`` true: pending waits end at once (the job is stopping)."""
-        self.rank, self.token, self.addresses, self.give_up = rank, token, addresses, give_up
+        self.rank, self.session, self.addresses, self.give_up = rank, Session(key), addresses, give_up
         self.socks: dict[int, zmq.Socket] = {}
         self.peer_of: dict[zmq.Socket, int] = {}
         self.poller = zmq.Poller()
@@ -93,10 +98,8 @@ class Links:
 
     def _sock(self, peer: int) -> zmq.Socket:
         if peer not in self.socks:
-            sock = zmq.Context.instance().socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 1000)  # notices sent just before this worker exits (stop) still go
-            sock.setsockopt(zmq.SNDHWM, 1000)
-            sock.connect(self.addresses[peer])
+            # LINGER: notices sent just before this worker exits (stop) still go
+            sock = dealer(zmq.Context.instance(), self.addresses[peer], linger_ms=1000)
             self.socks[peer], self.peer_of[sock] = sock, peer
             self.poller.register(sock, zmq.POLLIN)
         return self.socks[peer]
@@ -104,7 +107,7 @@ class Links:
     def _send(self, peer: int, op: str, fields: dict | None, tensors: dict | None) -> bool:
         msg = Message(op, {"rank": self.rank, **(fields or {})}, tensors or {})
         try:
-            self._sock(peer).send_multipart(encode(msg, self.token), zmq.NOBLOCK, copy=False)
+            self._sock(peer).send_multipart(self.session.encode(msg, self.addresses[peer]), zmq.NOBLOCK, copy=False)
             return True
         except zmq.Again:  # its queue is full: it has not read for a long time, it is as good as gone
             return False
@@ -129,7 +132,7 @@ class Links:
                 except zmq.Again:
                     break
                 try:
-                    out.append((self.peer_of[sock], decode(frames, self.token)))
+                    out.append((self.peer_of[sock], self.session.decode(frames, self.session.id)))
                 except ProtocolError as e:
                     log.warning("worker %d dropped a bad answer: %s", self.rank, e)
         return out

@@ -24,7 +24,7 @@ import torch
 from dorylus_py.config import TrainConfig
 from dorylus_py.data.graph import Graph
 from dorylus_py.decentral.batches import enhanced_adjacency
-from dorylus_py.models.gcn import GCN
+from dorylus_py.models import build_module, graph_input, spec_of
 from dorylus_py.protocol import ProtocolError
 from dorylus_py.training.record import BestTracker, RunRecord, run_summary
 from dorylus_py.training.reference import input_features, model_dims, model_weights
@@ -51,13 +51,18 @@ class Recorder:
     def __init__(self, cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict, rank: int):
         self.cfg, self.rank = cfg, rank
         self.start = time.perf_counter()  # the node sets it to the moment every worker was ready
-        self.adj = enhanced_adjacency(graph.indptr, graph.indices, np.arange(graph.num_nodes), graph.num_nodes,
-                                      cfg.diag_lambda)
+        if cfg.model == "gcn":
+            self.adj = enhanced_adjacency(graph.indptr, graph.indices, np.arange(graph.num_nodes), graph.num_nodes,
+                                          cfg.diag_lambda)
+        else:
+            self.adj = graph_input(cfg.model, graph)
         self.x = torch.from_numpy(np.ascontiguousarray(input_features(cfg, graph)))
         self.y = torch.from_numpy(graph.labels)
         self.masks = {s: torch.from_numpy(graph.mask(s)) for s in ("train", "val", "test")}
-        self.model = GCN(model_dims(cfg, graph), 0.0)
-        self.record = RunRecord(run_dir, config, overwrite=True)  # the launcher (or rank 0) checked the folder
+        self.model = build_module(spec_of(cfg, model_dims(cfg, graph)), 0.0, 0.0, cfg.seed)
+        # The launcher (or rank 0) checked the folder and put the data and logs in it: start the record
+        # afresh there (a recorder taking over rewrites it all) without touching those.
+        self.record = RunRecord(run_dir, config, continue_after=0)
         self.best, self.best_params = BestTracker(), None
 
     def catch_up(self, rows: list[dict], tasks: list[list[dict]], best_params: np.ndarray | None) -> None:
@@ -85,8 +90,9 @@ class Recorder:
         self.record.log_epoch(row)
         self.record.log_tasks(tasks)
         best = self.best.update(epoch, acc["val"], acc["test"])
-        if best:
+        if best:  # written now, so a run interrupted later still has its best model
             self.best_params = params
+            self.record.save_weights("best_weights.npz", model_weights(self.model))
         return row, best
 
     def finish(self, rows: list[dict], batches_per_worker: list[int], params: np.ndarray, **fields) -> dict:

@@ -30,7 +30,7 @@ from dorylus_py.decentral.node import Node
 from dorylus_py.decentral.pool import AwaitSteal, Idle, Report, Steal, Train, deal
 from dorylus_py.decentral.recorder import set_flat
 from dorylus_py.errors import DorylusError
-from dorylus_py.models.gcn import GCN
+from dorylus_py.models import build_module, spec_of
 
 
 def parse_straggler(spec: str) -> tuple[int, float]:
@@ -59,13 +59,16 @@ class Trainer:
         """``comm_device``: where all-reduce runs (the GPU with NCCL; the CPU with gloo)."""
         self.cfg, self.batches, self.rank, self.world, self.device = cfg, batches, rank, world, device
         self.comm_device = comm_device
-        self.model = GCN(dims, cfg.dropout, seed=cfg.seed).to(device)  # same initial weights everywhere
+        spec = spec_of(cfg, dims)
+        self.model = build_module(spec, cfg.dropout, cfg.attention_dropout(), cfg.seed).to(device)  # same initial weights everywhere
         self.model.seed = cfg.seed * 1_000_003 + rank  # but each worker its own dropout masks
-        for w in self.model.weights:  # gradients live in place (all-reduce averages them as one vector)
+        self.weights = list(self.model.tensors().values())  # in parameters() order
+        for w in self.weights:  # gradients live in place (all-reduce averages them as one vector)
             w.grad = torch.zeros_like(w)
-        first, rest = list(self.model.weights)[:1], list(self.model.weights)[1:]
-        groups = [{"params": first, "weight_decay": cfg.weight_decay}] + ([{"params": rest, "weight_decay": 0.0}] if rest else [])
-        self.opt = torch.optim.Adam(groups, lr=cfg.lr)
+        named = self.model.tensors()
+        groups = [{"params": [named[t.name] for t in spec.tensors() if t.decay], "weight_decay": cfg.weight_decay},
+                  {"params": [named[t.name] for t in spec.tensors() if not t.decay], "weight_decay": 0.0}]
+        self.opt = torch.optim.Adam([g for g in groups if g["params"]], lr=cfg.lr)
         slow_rank, factor = parse_straggler(cfg.straggler)
         self.slowdown = factor if slow_rank == rank else 1.0
         self.steps = 0
@@ -148,7 +151,7 @@ class Trainer:
     def _step(self, mail: list[tuple[str, np.ndarray]]) -> None:
         """The Adam step on our gradient; one more for each gradient a partner sent, as if trained here;
         then the partners' shifts and the recorder's averages."""
-        own = torch.cat([w.grad.reshape(-1) for w in self.model.weights])
+        own = torch.cat([w.grad.reshape(-1) for w in self.weights])
         self.opt.step()
         for kind, g in mail:
             if kind == "grad":
@@ -166,7 +169,7 @@ class Trainer:
 
     def _set_grads(self, flat: torch.Tensor) -> None:
         at = 0
-        for w in self.model.weights:
+        for w in self.weights:
             w.grad.copy_(flat[at:at + w.numel()].view_as(w))
             at += w.numel()
 
@@ -214,7 +217,7 @@ class Trainer:
         while the all-reduce waits, as gossip builds its next batch while it trains."""
         per_epoch = self.batches.batches_per_epoch
         mine = list(deal(per_epoch, list(range(self.world)), self.rank))
-        n = sum(w.numel() for w in self.model.weights)
+        n = sum(w.numel() for w in self.weights)
         for epoch in range(1, self.cfg.epochs + 1):
             for s in range(-(-per_epoch // self.world)):
                 flat = torch.zeros(n + 2, device=self.comm_device)  # gradient sum, batches, stop votes
@@ -222,7 +225,7 @@ class Trainer:
                     self._gradient(epoch, mine[s], self._built(epoch, mine[s]))
                     following = mine[s + 1] if s + 1 < len(mine) else (mine[0] if mine else None)
                     self._build_ahead(epoch if s + 1 < len(mine) else epoch + 1, following)
-                    flat[:n] = torch.cat([w.grad.reshape(-1) for w in self.model.weights]).to(self.comm_device)
+                    flat[:n] = torch.cat([w.grad.reshape(-1) for w in self.weights]).to(self.comm_device)
                     flat[n] = 1.0
                 flat[n + 1] = float(node.pool.stopped)
                 t0 = time.time()

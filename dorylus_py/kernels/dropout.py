@@ -1,10 +1,11 @@
-"""Dropout whose mask is a pure function of ``(seed, epoch, layer, vertex id, column)``.
+"""Dropout whose mask is a pure function of ``(seed, epoch, layer, stream, row id, column)``.
 
 A recomputed or relaunched task, on any machine and with any chunking, draws the same mask, so
 distributed training reproduces single-process training exactly. The bits come from a Philox
-counter-based stream keyed by ``(seed, epoch, layer)``: vertex ``v``'s row is the 16-bit words at
-``[v * width, (v + 1) * width)``, so a contiguous range of vertices is one vectorised draw (and on
-2 cores this is about 2x faster than ``torch.bernoulli_``).
+counter-based stream keyed by ``(seed, epoch, stream, layer)``: row ``v``'s entries are the 16-bit
+words at ``[v * width, (v + 1) * width)``, so a contiguous range of rows is one vectorised draw (and
+on 2 cores this is about 2x faster than ``torch.bernoulli_``). Rows are vertices for the
+``VERTEX`` stream (dropout on a layer's input) and edges for ``EDGE`` (GAT's attention dropout).
 """
 
 from __future__ import annotations
@@ -14,13 +15,18 @@ import torch
 
 _WORD_BYTES = 2  # 16-bit words: keep probability resolution 1/65536
 _BLOCK_BYTES = 32  # Philox4x64 emits 32 bytes per counter step
+VERTEX, EDGE = 0, 1  # streams: a layer's input rows (vertices), attention coefficients (edges)
 
 
-def dropout_keep_mask(start: int, stop: int, width: int, p: float, seed: int, epoch: int, layer: int) -> torch.Tensor:
-    """Boolean ``(stop - start, width)`` mask of kept entries for vertices ``start..stop-1``."""
+def dropout_keep_mask(start: int, stop: int, width: int, p: float, seed: int, epoch: int, layer: int,
+                      stream: int = VERTEX) -> torch.Tensor:
+    """Boolean ``(stop - start, width)`` mask of kept entries for rows ``start..stop-1``."""
     if stop <= start:
         return torch.zeros((0, width), dtype=torch.bool)
-    bitgen = np.random.Philox(key=np.array([seed & (2**64 - 1), (epoch << 16) | layer], dtype=np.uint64))
+    if not (0 <= layer < 256 and 0 <= stream < 256):
+        raise ValueError(f"dropout keys take layers and streams below 256, got layer {layer} stream {stream}")
+    key = (epoch << 16) | (stream << 8) | layer
+    bitgen = np.random.Philox(key=np.array([seed & (2**64 - 1), key], dtype=np.uint64))
     first = start * width * _WORD_BYTES
     bitgen.advance(first // _BLOCK_BYTES)
     skip = first % _BLOCK_BYTES

@@ -12,9 +12,18 @@ from __future__ import annotations
 import torch
 
 
-def layer_input(p_raw: torch.Tensor, layer: int) -> torch.Tensor:
-    """``P_l`` from what the graph server holds: features for layer 0, else ``relu(G_{l-1})``."""
-    return p_raw if layer == 0 else torch.relu(p_raw)
+def layer_input(p_raw: torch.Tensor, layer: int, activation: str = "relu") -> torch.Tensor:
+    """``P_l`` from what the graph server holds: features for layer 0, else ``σ(G_{l-1})`` (ReLU; GAT: ELU)."""
+    if layer == 0:
+        return p_raw
+    return torch.relu(p_raw) if activation == "relu" else torch.nn.functional.elu(p_raw)
+
+
+def input_gradient(dp: torch.Tensor, p_raw: torch.Tensor, activation: str = "relu") -> torch.Tensor:
+    """``dL/dG_{l-1}`` from ``dL/dP_l`` through ``σ``: ReLU' = [x > 0]; ELU' = 1 for x > 0, else exp(x)."""
+    if activation == "relu":
+        return dp * (p_raw > 0)
+    return torch.where(p_raw > 0, dp, dp * torch.exp(p_raw))
 
 
 def apply_dropout(p: torch.Tensor, keep: torch.Tensor | None, rate: float) -> torch.Tensor:
@@ -34,7 +43,7 @@ def apply_vertex_backward(p_raw, w, dz, layer: int, keep=None, rate: float = 0.0
     if layer == 0:
         return dw, None
     dp = apply_dropout(dz @ w.t(), keep, rate)  # through the same mask and scale
-    return dw, dp * (p_raw > 0)  # through the ReLU
+    return dw, input_gradient(dp, p_raw)
 
 
 def softmax_cross_entropy(logits, labels, train, num_train: int):

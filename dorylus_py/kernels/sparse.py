@@ -39,6 +39,15 @@ def gcn_norm_weights(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarra
     return new_indptr, all_cols, weights
 
 
+def mean_weights(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """Values of ``M = D⁻¹A`` (GraphSAGE's mean) on the pattern of ``A + I``: 0 on each row's self loop
+    (column = row), ``1 / in-degree`` elsewhere. Rows are local rows; a row's self loop is column ``row``."""
+    lens = np.diff(indptr)
+    rows = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
+    degree = np.maximum(lens - 1, 1).astype(np.float64)
+    return np.where(np.asarray(indices) == rows, 0.0, 1.0 / degree[rows]).astype(np.float32)
+
+
 @dataclass(frozen=True, eq=False)
 class NormalizedAdjacency:
     """A sparse matrix as a torch CSR tensor, with its transpose kept for backward."""
@@ -96,8 +105,16 @@ def _rows(matrix: torch.Tensor, a: int, b: int) -> torch.Tensor:
 
 
 def csr_nbytes(*tensors: torch.Tensor) -> int:
-    """Bytes of the arrays behind CSR tensors."""
-    return sum(t.crow_indices().nbytes + t.col_indices().nbytes + t.values().nbytes for t in tensors)
+    """Bytes of the arrays behind CSR tensors, an array shared by several counted once."""
+    arrays = {(a.data_ptr(), a.nbytes) for t in tensors for a in (t.crow_indices(), t.col_indices(), t.values())}
+    return sum(nbytes for _, nbytes in arrays)
+
+
+def tensor_view(array) -> torch.Tensor:
+    """A tensor over a (possibly read-only, memory-mapped) array, without a copy."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(np.asarray(array))
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,7 +131,8 @@ class BlockAdjacency:
 
     @classmethod
     def from_arrays(cls, local, ghost, local_t, n: int, g: int) -> "BlockAdjacency":
-        """Each block as ``(indptr, indices, weights)``; ``local_t`` None when ``Â_LL`` is symmetric."""
+        """Each block as ``(indptr, indices, weights)``; ``local_t`` None when ``Â_LL`` is symmetric (it
+        may share ``local``'s index arrays with values of its own: GraphSAGE's mean)."""
         ll = csr_view(*local, (n, n))
         return cls(ll, csr_view(*ghost, (n, g)), ll if local_t is None else csr_view(*local_t, (n, n)))
 
@@ -160,8 +178,8 @@ class BlockAdjacency:
         return touched, csr_view(block.indptr, block.indices, block.data, (len(touched), rows))
 
     def nbytes(self) -> int:
-        """Bytes of the arrays behind these blocks (``local_t`` counted once when shared)."""
-        return csr_nbytes(self.local, self.ghost) + (0 if self.symmetric else csr_nbytes(self.local_t))
+        """Bytes of the arrays behind these blocks (each array once, however many blocks share it)."""
+        return csr_nbytes(self.local, self.ghost, self.local_t)
 
     def row_pointer_bytes(self) -> int:
         """Bytes of the row pointers alone: what a view from :meth:`rows` adds to the arrays it shares."""

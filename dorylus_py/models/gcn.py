@@ -24,6 +24,18 @@ def glorot_(w: torch.Tensor, generator: torch.Generator | None = None) -> torch.
         return w.uniform_(-a, a, generator=generator)
 
 
+def glorot_parameters(tensors, seed: int) -> nn.ParameterDict:
+    """A model's tensors (``TensorSpec``s) in order from one seeded generator: Glorot weights, zero biases."""
+    generator = torch.Generator().manual_seed(seed)
+    params = {}
+    for t in tensors:
+        w = torch.zeros(t.shape)
+        if t.base != "b":
+            glorot_(w, generator)
+        params[t.name] = nn.Parameter(w)
+    return nn.ParameterDict(params)
+
+
 class GCN(nn.Module):
     def __init__(self, dims: list[int], dropout: float = 0.5, seed: int = 0):
         """``dims`` = [features, hidden..., classes]; one weight matrix per consecutive pair.
@@ -37,6 +49,15 @@ class GCN(nn.Module):
         self.weights = nn.ParameterList(
             nn.Parameter(glorot_(torch.empty(a, b), generator)) for a, b in zip(dims[:-1], dims[1:])
         )
+
+    @staticmethod
+    def graph_input(graph) -> NormalizedAdjacency:
+        """What :meth:`forward` aggregates along: ``Â`` of the whole graph."""
+        return NormalizedAdjacency.for_graph(graph)
+
+    def tensors(self) -> dict[str, nn.Parameter]:
+        """The weights by name (``W0``, ``W1``, ...), as weight servers and ``weights.npz`` name them."""
+        return {f"W{i}": w for i, w in enumerate(self.weights)}
 
     def forward(self, adj: NormalizedAdjacency, x: torch.Tensor, epoch: int = 0) -> torch.Tensor:
         """(N, F) features -> (N, C) logits; ``epoch`` keys the dropout masks while training."""

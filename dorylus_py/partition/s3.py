@@ -85,13 +85,26 @@ def upload_store(local: Path, uri: str, overwrite: bool = False, progress=None) 
 
 def put_file(uri: str, name: str, path: Path) -> None:
     """Upload one local file to ``uri/name``."""
+    from boto3.exceptions import S3UploadFailedError
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, prefix = split(uri)
     try:
         client().upload_file(str(path), bucket, _key(prefix, name))
-    except (ClientError, BotoCoreError) as e:
+    except (ClientError, BotoCoreError, S3UploadFailedError) as e:  # a refused upload_file is the last
         raise _error(e, f"{uri.rstrip('/')}/{name}") from None
+
+
+def count_objects(uri: str) -> int:
+    """How many objects lie under ``uri/``."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, prefix = split(uri)
+    try:
+        pages = client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=_key(prefix, ""))
+        return sum(page.get("KeyCount", 0) for page in pages)
+    except (ClientError, BotoCoreError) as e:
+        raise _error(e, uri) from None
 
 
 def delete_prefix(s3, bucket: str, prefix: str) -> None:

@@ -49,16 +49,22 @@ def prepare(
     feature_dtype: str = "float32",
     memory_budget: int | None = None,
     scratch: str | os.PathLike | None = None,
+    delete_checkpoints: bool = False,
 ) -> dict:
     """Partition ``data`` into ``parts`` and write the store at ``out`` atomically; return the manifest.
 
     ``method``: ``auto`` | ``metis`` | ``fennel`` | ``hash``; ``memory_budget`` (bytes) decides ``auto``
     (default: 3/4 of the memory available); ``scratch``: folder for temporary files (default: beside ``out``).
+    Replacing a store whose ``checkpoints/`` holds files needs ``delete_checkpoints`` too.
     """
     source = data if isinstance(data, GraphSource) else graph_source(data)
     check_parts(parts, source.num_nodes, source.name, method)
     if feature_dtype not in FEATURE_DTYPES:
         raise ConfigError(f"--feature-dtype must be one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
+    if overwrite and not delete_checkpoints:
+        from dorylus_py.checkpoint import refuse_to_delete_checkpoints  # (checkpoint imports this package)
+
+        refuse_to_delete_checkpoints(out)
     if s3.is_s3(out):
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:
             manifest = prepare(source, Path(tmp) / "store", parts, method, seed, False, progress, feature_dtype,

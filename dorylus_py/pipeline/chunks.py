@@ -1,13 +1,14 @@
 """Where each chunk of one graph server stands: its epoch, its stage, whether work is out for it.
 
-Each chunk (an interval of the server's vertices) walks the same stage list every epoch::
+Each chunk (an interval of the server's vertices) walks the model's stage list every epoch
+(:mod:`.stages`; for GCN)::
 
     fwd 0, gather 0, ..., fwd L-1, gather L-1, loss,            (training forward)
     gather_bwd L-1, bwd L-1, ..., gather_bwd 0, bwd 0,           (backward)
     efwd 0, egather 0, ..., efwd L-1, egather L-1, eval          (evaluation forward, no dropout)
 
-*Tensor* stages (fwd, loss, bwd, efwd, eval) are tasks for a tensor worker; *graph* stages are done by
-the server itself. Asynchronously no chunk waits for another within an epoch (graph stages read the
+*Tensor* stages (fwd, loss, bwd, efwd, eval, and GAT's ApplyEdge stages) are tasks for a tensor
+worker; *graph* stages are done by the server itself. Asynchronously no chunk waits for another within an epoch (graph stages read the
 freshest values present); the only gate is **bounded staleness**: a chunk may start epoch ``e`` only
 while ``e - slowest <= S``, where ``slowest`` is the lowest epoch any chunk of any server is still in.
 The slowest chunk itself always passes the gate, so the pipeline cannot deadlock. Synchronously every
@@ -18,14 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-TENSOR_STAGES = frozenset({"fwd", "loss", "bwd", "efwd", "eval"})
-
-
-def stage_list(layers: int) -> list[tuple[str, int]]:
-    fwd = [s for l in range(layers) for s in (("fwd", l), ("gather", l))]
-    bwd = [s for l in reversed(range(layers)) for s in (("gather_bwd", l), ("bwd", l))]
-    ev = [s for l in range(layers) for s in (("efwd", l), ("egather", l))]
-    return fwd + [("loss", layers - 1)] + bwd + ev + [("eval", layers - 1)]
+from dorylus_py.pipeline.stages import Stage, vertex_stages
 
 
 @dataclass
@@ -38,9 +32,12 @@ class ChunkPipeline:
     stage: list[int] = field(default_factory=list)  # per chunk: index into the stage list
     busy: list[bool] = field(default_factory=list)  # per chunk: its current stage's work is out
     first: int = 1  # the epoch every chunk starts in (after a checkpoint: its epoch + 1)
+    stages: tuple[Stage, ...] = ()  # the model's stage list; empty: GCN's (vertex_stages)
 
     def __post_init__(self):
-        self.stages = stage_list(self.layers)
+        self.stages = tuple(self.stages) or tuple(vertex_stages(self.layers))
+        if max(s.layer for s in self.stages) + 1 != self.layers:
+            raise ValueError(f"the stage list has {max(s.layer for s in self.stages) + 1} layers, not {self.layers}")
         self.epoch = [self.first] * self.chunks
         self.stage = [0] * self.chunks
         self.busy = [False] * self.chunks
@@ -51,7 +48,7 @@ class ChunkPipeline:
     def finished(self) -> bool:
         return self.min_epoch() > self.epochs
 
-    def current(self, chunk: int) -> tuple[str, int]:
+    def current(self, chunk: int) -> Stage:
         return self.stages[self.stage[chunk]]
 
     def position(self, chunk: int) -> tuple[int, int]:
@@ -61,8 +58,8 @@ class ChunkPipeline:
         """The position (epoch, stage) of the chunk furthest behind."""
         return min(self.position(c) for c in range(self.chunks))
 
-    def ready(self, slowest: int, stop_before: int | None = None) -> list[tuple[int, int, str, int]]:
-        """Asynchronous: ``(chunk, epoch, stage, layer)`` that may start now; ``slowest`` is the lowest
+    def ready(self, slowest: int, stop_before: int | None = None) -> list[tuple[int, int, Stage]]:
+        """Asynchronous: ``(chunk, epoch, stage)`` that may start now; ``slowest`` is the lowest
         epoch in the job. No chunk starts epoch ``stop_before`` or later (the switch back to sync)."""
         out = []
         last = self.epochs if stop_before is None else min(self.epochs, stop_before - 1)
@@ -72,8 +69,7 @@ class ChunkPipeline:
                 continue
             if self.stage[c] == 0 and e - slowest > self.staleness:
                 continue  # too far ahead: wait for the slowest chunk
-            kind, layer = self.current(c)
-            out.append((c, e, kind, layer))
+            out.append((c, e, self.current(c)))
         return out
 
     def started(self, chunk: int) -> None:

@@ -12,13 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-TASK_KINDS = ("fwd", "bwd", "loss", "eval")
-
-
 class TaskKey(NamedTuple):
     """One tensor task: at least once launched, exactly once applied."""
 
-    kind: str  # fwd | bwd | loss | eval
+    kind: str  # a task kind of the model's stage list: fwd | bwd | loss | eval | edge_fwd | edge_bwd
     train: bool  # False: the evaluation forward (no dropout, newest weights)
     epoch: int
     layer: int
@@ -68,7 +65,8 @@ class TaskEnded:
 @dataclass(frozen=True)
 class RowsArrived:
     """A peer's rows for one of its chunks arrived (phase fwd/efwd: its ``Z`` rows that are our ghosts;
-    bwd: its chunk's contribution to our vertices' gradients) and were stored by the shell."""
+    bwd: its chunk's contribution to our vertices' gradients; ebwd: to our GAT source scores'
+    gradients) and were stored by the shell."""
 
     phase: str
     epoch: int
@@ -145,7 +143,8 @@ class Accept:
 @dataclass(frozen=True)
 class SendRows:
     """Send peers what a finished task of ``chunk`` produced: ``fwd``/``efwd``: the chunk's new ``Z_l``
-    rows that they hold as ghosts; ``bwd``: its contribution to their vertices' ``dZ_l``."""
+    rows that they hold as ghosts; ``bwd``: its contribution to their vertices' ``dZ_l``; ``ebwd``:
+    to their vertices' source-score gradients (GAT)."""
 
     phase: str
     epoch: int
@@ -163,8 +162,9 @@ class ForwardGradient:
 
 @dataclass(frozen=True)
 class RunGraph:
-    """Do graph work: ``gather``/``egather`` (``G_l = Â Z_l``) or ``gather_bwd`` (``dZ_l = Âᵀ dG_l``),
-    for one chunk's rows, or all rows when ``chunk`` is None (sync mode)."""
+    """Do graph work, for one chunk's rows, or all rows when ``chunk`` is None (sync mode): the graph
+    stage named ``stage`` of the model's stage list (``gather``/``egather``: ``G_l = A Z_l [+ S_l]``;
+    ``gather_bwd``: ``dZ_l = Aᵀ dG_l``; ``attn_grad``: GAT's per-edge ``dα``)."""
 
     stage: str
     epoch: int

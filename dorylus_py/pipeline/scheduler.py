@@ -13,6 +13,10 @@ and only when every peer's rows for it have come (one message per peer chunk: ``
 all), so sync mode computes exactly full-batch training. ``async``: chunks move on their own within
 the staleness bound (:class:`.chunks.ChunkPipeline`); a training forward holds the newest weights
 version for its chunk's backward (weight stashing).
+
+The model enters only as its stage list (:mod:`.stages`): which stages are tensor tasks, what each
+reads from and sends to the peers, which weights it pulls and whether it carries a gradient. The
+rules (exactly-once, relaunch, staleness, stashing) are the same for every task kind.
 """
 
 from __future__ import annotations
@@ -20,16 +24,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from dorylus_py.pipeline.chunks import TENSOR_STAGES, ChunkPipeline
+from dorylus_py.pipeline.chunks import ChunkPipeline
 from dorylus_py.pipeline.events import (
     Accept, Cancel, Finished, ForwardGradient, Freeze, Frozen, GraphDone, Invoke, PeerProgress, ReportEpoch,
     RowsArrived, RunGraph, SendProgress, SendRows, Serve, Stuck, SwitchAt, TaskEnded, TaskKey, TaskPulled,
     TaskResult, Tick,
 )  # fmt: skip
+from dorylus_py.pipeline.stages import Stage, task_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy, TaskTracker
-
-# A graph stage and the phase of the peer messages it needs (sync mode waits for all of them).
-GRAPH_INPUT = {"gather": "fwd", "egather": "efwd", "gather_bwd": "bwd"}
 
 
 @dataclass
@@ -45,9 +47,12 @@ class Scheduler:
     first_epoch: int = 1
     policy: RelaunchPolicy = field(default_factory=RelaunchPolicy)
     stall_s: float = 300.0  # no progress for this long: stuck
+    stages: tuple[Stage, ...] = ()  # the model's stage list; empty: GCN's
 
     def __post_init__(self):
-        self.pipe = ChunkPipeline(self.chunks, self.layers, self.epochs, self.staleness, first=self.first_epoch)
+        self.pipe = ChunkPipeline(self.chunks, self.layers, self.epochs, self.staleness, first=self.first_epoch,
+                                  stages=self.stages)
+        self.by_task = task_stages(self.pipe.stages)
         self.tracker = TaskTracker(self.policy)
         self.sync = self.mode == "sync"
         self.peer_min = {p: self.first_epoch for p in self.peers}
@@ -84,7 +89,7 @@ class Scheduler:
         gone = self.tracker.exhausted()
         if gone is not None:
             key, error = gone
-            return [Stuck(f"task {_name(key)} failed {self.tracker.attempts(key)} times; last error: {error}")]
+            return [Stuck(f"task {self._name(key)} failed {self.tracker.attempts(key)} times; last error: {error}")]
         if self.now - self.last_progress > self.stall_s:
             return [Stuck(f"no progress for {self.stall_s:.0f} s ({self.describe()})")]
         return []
@@ -101,18 +106,13 @@ class Scheduler:
         self.invocations.pop(key, None)
         self.last_progress = self.now
         out: list = [Accept(key)]
-        kind, train, epoch, layer, chunk = key
-        if kind == "fwd":
-            if train and not self.sync:
-                self.fwd_version[(layer, chunk)] = int(e.version)
-            out.append(SendRows("fwd" if train else "efwd", epoch, layer, chunk))
-        elif kind == "loss":
-            out.append(SendRows("bwd", epoch, layer, chunk))
-        elif kind == "bwd":
-            if layer > 0:
-                out.append(SendRows("bwd", epoch, layer - 1, chunk))
+        stage = self.by_task[(key.kind, key.train, key.layer)]
+        if stage.weights == "hold" and not self.sync:
+            self.fwd_version[(key.layer, key.chunk)] = int(e.version)
+        out += [SendRows(phase, key.epoch, layer, key.chunk) for phase, layer in stage.sends]
+        if stage.gradient:
             out.append(ForwardGradient(key, int(e.version)))
-        self.pipe.done(chunk)
+        self.pipe.done(key.chunk)
         return out
 
     def _on_TaskEnded(self, e: TaskEnded) -> list:
@@ -176,9 +176,9 @@ class Scheduler:
         if self.sync:
             return self._start_sync()
         out = []
-        for c, epoch, stage, layer in self.pipe.ready(self.slowest(), self.switch_at):
+        for c, epoch, stage in self.pipe.ready(self.slowest(), self.switch_at):
             self.pipe.started(c)
-            out.append(self._start(c, epoch, stage, layer))
+            out.append(self._start(c, epoch, stage))
         return out
 
     def _start_sync(self) -> list:
@@ -187,45 +187,47 @@ class Scheduler:
         epoch, index = self.pipe.behind()
         if epoch > self.epochs:
             return []
-        stage, layer = self.pipe.stages[index]
+        stage = self.pipe.stages[index]
         at = [c for c in range(self.chunks) if self.pipe.position(c) == (epoch, index)]
         if index == 0 and epoch - self.slowest() > 1:
             return []  # after a switch from async: peers still finish older epochs
-        if stage in TENSOR_STAGES:
+        if any(self.arrived[(phase, epoch, stage.layer)] < self.peer_chunks for phase in stage.needs):
+            return []  # a peer's rows for this stage have not all come
+        if stage.task is not None:
             todo = [c for c in at if not self.pipe.busy[c]]
             for c in todo:
                 self.pipe.started(c)
-            return [self._start(c, epoch, stage, layer) for c in todo]
-        if len(at) < self.chunks or self.arrived[(GRAPH_INPUT[stage], epoch, layer)] < self.peer_chunks:
-            return []  # a chunk is still behind, or a peer's rows have not all come
+            return [self._start(c, epoch, stage) for c in todo]
+        if len(at) < self.chunks:
+            return []  # a chunk is still behind
         self.graph_busy = True
         for c in at:
             self.pipe.started(c)
-        return [RunGraph(stage, epoch, layer, None)]
+        return [RunGraph(stage.name, epoch, stage.layer, None)]
 
-    def _start(self, chunk: int, epoch: int, stage: str, layer: int):
-        if stage not in TENSOR_STAGES:
-            return RunGraph(stage, epoch, layer, chunk)
-        kind, train = ("fwd", False) if stage == "efwd" else (stage, stage != "eval")
-        key = TaskKey(kind, train, epoch, layer, chunk)
+    def _start(self, chunk: int, epoch: int, stage: Stage):
+        if stage.task is None:
+            return RunGraph(stage.name, epoch, stage.layer, chunk)
+        key = TaskKey(stage.task, stage.train, epoch, stage.layer, chunk)
         self.tracker.launch(key, self.now)
-        self.invocations[key] = (self._version(key), (epoch, self.rank, chunk) if kind == "fwd" and train and not self.sync else None)
+        hold = (epoch, self.rank, chunk) if stage.weights == "hold" and not self.sync else None
+        self.invocations[key] = (self._version(key, stage), hold)
         return Invoke(key, 1, *self.invocations[key])
 
-    def _version(self, key: TaskKey) -> int | None:
+    def _version(self, key: TaskKey, stage: Stage) -> int | None:
         """Sync trains on ``epoch - 1`` and evaluates on ``epoch``; async forwards take the newest
         (training ones hold it), and a backward the one its forward used."""
-        if not self.sync:
-            return self.fwd_version.get((key.layer, key.chunk)) if key.kind == "bwd" else None
-        if key.kind in ("loss", "eval"):
+        if stage.weights is None:
             return None
+        if not self.sync:
+            return self.fwd_version.get((key.layer, key.chunk)) if stage.weights == "stashed" else None
         return key.epoch - 1 if key.train else key.epoch
 
     def slowest(self) -> int:
         return min([self.pipe.min_epoch(), *self.peer_min.values()])
 
     def describe(self) -> str:
-        stages = [f"{self.pipe.epoch[c]}:{'/'.join(map(str, self.pipe.current(c)))}" for c in range(self.chunks)]
+        stages = [f"{self.pipe.epoch[c]}:{self.pipe.current(c).name}/{self.pipe.current(c).layer}" for c in range(self.chunks)]
         return f"chunks at {', '.join(stages)}; peers at {self.peer_min}; tasks out {len(self.tracker.running)}"
 
     def validate(self) -> None:
@@ -236,7 +238,6 @@ class Scheduler:
             assert self.pipe.busy[key.chunk] and self.pipe.epoch[key.chunk] == key.epoch
             assert self.tracker.in_flight(key) <= self.policy.max_copies
 
-
-def _name(key: TaskKey) -> str:
-    kind = key.kind if key.train or key.kind == "eval" else "efwd"
-    return f"{kind} epoch {key.epoch} layer {key.layer} chunk {key.chunk}"
+    def _name(self, key: TaskKey) -> str:
+        stage = self.by_task[(key.kind, key.train, key.layer)]
+        return f"{stage.name} epoch {key.epoch} layer {key.layer} chunk {key.chunk}"

@@ -69,7 +69,7 @@ class AwsLambdaPlatform(Platform):
     def __init__(self, function: str, concurrency: int, memory_mb: int, region: str | None = None,
                  profile: str | None = None, endpoint_url: str | None = None, timeout_s: float = 60.0,
                  max_attempts: int = 8, base_delay_s: float = 0.05, max_delay_s: float = 5.0, run_here: bool = False,
-                 seed: int = 0):
+                 seed: int = 0, key: bytes = b""):
         super().__init__()
         try:
             from aiobotocore.session import AioSession
@@ -86,7 +86,7 @@ class AwsLambdaPlatform(Platform):
         if run_here:
             from dorylus_py.platforms.local import LocalLambdaPlatform
 
-            self.runner = LocalLambdaPlatform(concurrency, memory_mb=memory_mb, timeout_s=timeout_s, seed=seed)
+            self.runner = LocalLambdaPlatform(concurrency, memory_mb=memory_mb, timeout_s=timeout_s, seed=seed, key=key)
         session = AioSession(profile=profile)
         from botocore.config import Config
 

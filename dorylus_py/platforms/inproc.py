@@ -9,9 +9,9 @@ from dorylus_py.platforms.base import Completion, Platform
 
 
 class InprocPlatform(Platform):
-    def __init__(self, threads: int, device: str = "cpu"):
+    def __init__(self, threads: int, device: str = "cpu", session=None):
         super().__init__()
-        self.device = device
+        self.device, self.session = device, session  # the handler signs with this (not from the event)
         self.name = f"inproc-{device.split(':')[0]}"
         self.pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tensor")
 
@@ -23,7 +23,7 @@ class InprocPlatform(Platform):
 
         start = time.time()
         try:
-            handler(event, None)
+            handler(event, None, session=self.session)
             ok, err = True, ""
         except Exception as e:  # noqa: BLE001  (reported; the task is relaunched)
             ok, err = False, f"{type(e).__name__}: {e}"

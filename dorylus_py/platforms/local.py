@@ -7,6 +7,9 @@ made to fail: either before it starts, or part-way through by running its clock 
 the relaunch path with partial effects. Billed duration is the handler's run time rounded up to 1 ms,
 at ``memory_mb``.
 
+Each worker gets the job key in its own environment (``DORYLUS_KEY``, passed with its start-up arguments,
+not on a command line), where the handler reads it at its cold start, as a real Lambda reads its own.
+
 A worker that dies (``kill -9``, out of memory) fails the invocation it was running and is replaced
 by a new, cold one: like Lambda, the pool itself never breaks. One dispatcher thread hands queued
 invocations to idle workers and collects their answers; the graph server only sees completions.
@@ -46,9 +49,16 @@ def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, 
     return start, time.time(), time.perf_counter() - t0, ok, err
 
 
-def _worker_main(conn, cold_start_ms: float) -> None:
+def _worker_main(conn, cold_start_ms: float, key_hex: str) -> None:
     """A warm container: import once, then run invocations one at a time until the pipe closes."""
+    import os
+
     import torch
+
+    from dorylus_py.jobkey import KEY_ENV
+
+    if key_hex:  # else the one this process inherited
+        os.environ[KEY_ENV] = key_hex
 
     from dorylus_py.cluster.node import exit_with_parent
 
@@ -70,9 +80,9 @@ def _worker_main(conn, cold_start_ms: float) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx, cold_start_ms: float):
+    def __init__(self, ctx, cold_start_ms: float, key_hex: str):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, cold_start_ms), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, cold_start_ms, key_hex), daemon=True)
         self.proc.start()
         child.close()
         self.ready = False
@@ -83,8 +93,10 @@ class LocalLambdaPlatform(Platform):
     name = "local-lambda"
 
     def __init__(self, concurrency: int, latency_ms: float = 0.0, fail_rate: float = 0.0, memory_mb: int = 3008,
-                 timeout_s: float = 60.0, seed: int = 0, cold_start_ms: float = 0.0, warm_timeout_s: float = 180.0):
+                 timeout_s: float = 60.0, seed: int = 0, cold_start_ms: float = 0.0, warm_timeout_s: float = 180.0,
+                 key: bytes = b""):
         super().__init__()
+        self._key_hex = key.hex()  # the job key, for the workers' environment
         self.latency_ms, self.fail_rate, self.memory_mb = latency_ms, fail_rate, memory_mb
         self.cold_start_ms = cold_start_ms
         self.timeout_ms = int(timeout_s * 1000)
@@ -94,7 +106,7 @@ class LocalLambdaPlatform(Platform):
         self._pending: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_recv, self._wake_send = self._ctx.Pipe(duplex=False)
         self._closed = threading.Event()
-        self._workers = [_Worker(self._ctx, cold_start_ms) for _ in range(max(1, concurrency))]
+        self._workers = [_Worker(self._ctx, cold_start_ms, self._key_hex) for _ in range(max(1, concurrency))]
         deadline = time.monotonic() + warm_timeout_s
         for w in self._workers:  # every container warm before the first task, as the pool promised
             if not w.conn.poll(max(0.0, deadline - time.monotonic())):
@@ -160,7 +172,7 @@ class LocalLambdaPlatform(Platform):
             self._done.put(Completion(w.task, self.name, now, now, 0, self.memory_mb, False,
                                       f"worker died (exit code {w.proc.exitcode})"))
         w.conn.close()
-        self._workers[self._workers.index(w)] = _Worker(self._ctx, self.cold_start_ms)
+        self._workers[self._workers.index(w)] = _Worker(self._ctx, self.cold_start_ms, self._key_hex)
         self.replaced += 1
 
     def worker_pids(self) -> list[int]:

@@ -1,5 +1,7 @@
-"""The wire format shared by graph servers, weight servers, tensor workers and the driver."""
+"""The wire format shared by graph servers, weight servers, tensor workers and the driver: signed
+multipart messages (:class:`Session`), checked before anything in them is parsed."""
 
-from dorylus_py.protocol.messages import Message, ProtocolError, decode, encode, require
+from dorylus_py.protocol.messages import AuthError, Message, ProtocolError, require
+from dorylus_py.protocol.session import Limits, Session
 
-__all__ = ["Message", "ProtocolError", "decode", "encode", "require"]
+__all__ = ["AuthError", "Limits", "Message", "ProtocolError", "Session", "require"]

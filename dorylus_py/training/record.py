@@ -62,6 +62,7 @@ class RunRecord:
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def _reopen(self, after: int) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
         old = read_lines(self.dir / "metrics.jsonl") if (self.dir / "metrics.jsonl").exists() else []
         for row in (r for r in old if r["epoch"] <= after):
             self.history.append(row)
@@ -175,6 +176,26 @@ def abort_unfinished(status: str) -> list[Path]:
     stopped = list(_stopped)
     _stopped.clear()
     return stopped
+
+
+def end_record(run_dir: str | os.PathLike, status: str) -> None:
+    """End a record that other processes wrote (the decentralised workers), once they are stopped:
+    ``summary.json`` with ``status`` and what its logged epochs give; nothing if it has one already.
+    Never raises: it runs on the way out of an error, which must stay the error the user sees."""
+    run_dir = Path(run_dir)
+    if (run_dir / "summary.json").exists() or not (run_dir / "config.json").exists():
+        return
+    try:
+        path, best = run_dir / "metrics.jsonl", BestTracker()
+        lines = path.read_text().splitlines() if path.exists() else []
+        history = [json.loads(x) for x in lines if x.endswith("}")]  # a killed writer may leave half a line
+        for row in history:
+            best.update(row["epoch"], row["val_acc"], row["test_acc"])
+        with atomic_file(run_dir / "summary.json") as tmp:
+            tmp.write_text(json.dumps({"status": status, **epoch_summary(history, best)}, indent=2) + "\n")
+        _stopped.append(run_dir)
+    except Exception as e:  # noqa: BLE001
+        logging.getLogger(__name__).warning("%s: could not write summary.json (%s)", run_dir, e)
 
 
 def end_status(error: BaseException) -> str:

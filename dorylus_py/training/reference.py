@@ -1,9 +1,10 @@
-"""The reference trainer: single-process, full-batch GCN in torch.
+"""The reference trainer: single-process, full-batch training of any model (GCN, GAT, GraphSAGE) in torch.
 
 It is the correctness oracle of every distributed backend (sync mode must reproduce its per-epoch
 loss), so it stays small and obviously right: one forward with dropout, softmax cross-entropy over
-the train split, Adam with L2 weight decay on the first layer only, then one forward without dropout
-to measure accuracy on each split.
+the train split, Adam with L2 weight decay on the tensors the model names (GCN: the first layer;
+GAT and GraphSAGE: every weight but the biases), then one forward without dropout to measure
+accuracy on each split.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ import torch.nn.functional as F
 from dorylus_py.config import TrainConfig
 from dorylus_py.data.graph import Graph, row_normalized
 from dorylus_py.errors import ConfigError
-from dorylus_py.kernels.sparse import NormalizedAdjacency
-from dorylus_py.models.gcn import GCN
+from dorylus_py.models import build_module, spec_of
 from dorylus_py.progress import progress_bar
 from dorylus_py.training.record import BestTracker, RunRecord, end_status, run_summary
 
@@ -66,17 +66,17 @@ def train_reference(
     cfg.check()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    adj = NormalizedAdjacency.for_graph(graph)
+    spec = spec_of(cfg, model_dims(cfg, graph))
+    model = build_module(spec, cfg.dropout, cfg.attention_dropout(), cfg.seed)
+    adj = model.graph_input(graph)
     x = torch.from_numpy(np.ascontiguousarray(input_features(cfg, graph)))
     y = torch.from_numpy(graph.labels)
     masks = {s: torch.from_numpy(graph.mask(s)) for s in ("train", "val", "test")}
     train_idx = masks["train"].nonzero().squeeze(1)
-    model = GCN(model_dims(cfg, graph), cfg.dropout, seed=cfg.seed)
-    first, rest = list(model.weights)[:1], list(model.weights)[1:]
-    groups = [{"params": first, "weight_decay": cfg.weight_decay}]
-    if rest:
-        groups.append({"params": rest, "weight_decay": 0.0})
-    opt = torch.optim.Adam(groups, lr=cfg.lr)
+    tensors = model.tensors()
+    groups = [{"params": [tensors[t.name] for t in spec.tensors() if t.decay], "weight_decay": cfg.weight_decay},
+              {"params": [tensors[t.name] for t in spec.tensors() if not t.decay], "weight_decay": 0.0}]
+    opt = torch.optim.Adam([g for g in groups if g["params"]], lr=cfg.lr)
 
     best = BestTracker()
     start = time.perf_counter()
@@ -127,6 +127,6 @@ def train_reference(
     return TrainResult(summary, history)
 
 
-def model_weights(model: GCN) -> dict[str, np.ndarray]:
-    """A model's weight matrices as ``weights.npz`` stores them (``W0``, ``W1``, ...)."""
-    return {f"W{i}": w.detach().cpu().numpy().copy() for i, w in enumerate(model.weights)}
+def model_weights(model) -> dict[str, np.ndarray]:
+    """A model's weights as ``weights.npz`` stores them, by tensor name (``W0``, ``att_src0``, ``b0``, ...)."""
+    return {name: w.detach().cpu().numpy().copy() for name, w in model.tensors().items()}

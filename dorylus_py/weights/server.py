@@ -1,18 +1,21 @@
 """The weight-server process: serves versioned weights and takes gradients over ZeroMQ.
 
-Requests (``protocol/messages.py``):
-- ``pull_weights {layer, version|null, hold|null}`` -> ``weights {layer, version}`` + tensor ``W``.
-  A pull of a version that does not exist yet waits (the reply is deferred) until an update makes it.
-- ``push_grad {layer, version, key}`` + tensor ``grad`` -> ``ok`` or ``duplicate``.
-- ``pull_state {layer, version|null}`` -> ``state {layer}`` + tensors ``W``, ``adam_m``, ``adam_v``,
-  ``adam_step``, ``version``: what a checkpoint keeps, at an epoch boundary (deferred like a pull).
+Requests (``protocol/messages.py``); tensors are named by block (``W0.1``: rows of ``W0``):
+- ``pull_weights {layer, version|null, hold|null}`` -> ``weights {layer, version}`` + this server's
+  blocks of the layer. A pull of a version that does not exist yet waits (the reply is deferred)
+  until an update makes it.
+- ``push_grad {layer, version, key}`` + one gradient per block of the layer here -> ``ok`` or ``duplicate``.
+- ``pull_state {version|null}`` -> ``state`` + ``BLOCK:FIELD`` for every block here and each of
+  ``W``, ``adam_m``, ``adam_v``, ``adam_step``, ``version``: what a checkpoint keeps, every layer at
+  the same epoch boundary (deferred like a pull).
 
 The ``start`` message carries the job spec and, when the job resumes from a checkpoint, the state
-of this server's layers as tensors (``W0``, ``adam_m0``, ...), so no weight server reads a checkpoint.
+of this server's blocks as tensors (``BLOCK:FIELD``), so no weight server reads a checkpoint.
 
-Sharding: layer ``l`` lives on weight server ``l % M``. Layers are updated independently, so
-sharding by layer spreads the pull traffic with no coordination between weight servers, where
-replication would need every replica to apply every gradient.
+Sharding (``weights/blocks.py``): every tensor is cut into row blocks dealt round-robin over the
+``M`` servers, so ``M`` may exceed the layer count. A layer's blocks on one server are updated
+together; servers need no coordination (each gets every gradient of its blocks), where replication
+would need every replica to apply every gradient.
 """
 
 from __future__ import annotations
@@ -24,22 +27,19 @@ import numpy as np
 import torch
 
 from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import Node, peak_rss_mb, serve_process
-from dorylus_py.models.gcn import GCN
+from dorylus_py.cluster.node import REJECTED, Node, Peer, peak_rss_mb, serve_process
+from dorylus_py.models import ModelSpec, build_module, spec_of
 from dorylus_py.protocol import Message, ProtocolError, require
-from dorylus_py.weights.store import WeightError, WeightStore
+from dorylus_py.weights.blocks import split, weight_blocks
+from dorylus_py.weights.store import STATE_FIELDS, WeightError, WeightStore
 
-STATE_NAMES = ("W", "adam_m", "adam_v", "adam_step", "version")
+MAX_WAITING = 4096  # deferred pulls: far more than tasks in flight
 log = logging.getLogger("dorylus.weight_server")
 
 
-def initial_weights(dims: list[int], seed: int) -> list[np.ndarray]:
-    """The same initial weights as the reference trainer for the same seed."""
-    return [w.detach().numpy() for w in GCN(dims, seed=seed).weights]
-
-
-def shard(layer: int, servers: int) -> int:
-    return layer % servers
+def initial_weights(spec: ModelSpec, seed: int) -> dict[str, np.ndarray]:
+    """The same initial weights as the reference trainer for the same seed, by tensor name."""
+    return {name: w.detach().numpy() for name, w in build_module(spec, 0.0, 0.0, seed).tensors().items()}
 
 
 class WeightServer:
@@ -49,44 +49,48 @@ class WeightServer:
         cfg = spec.config
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        init = initial_weights(spec.dims, cfg.seed)
-        mine = [l for l in range(len(init)) if shard(l, len(spec.weight_servers)) == node.rank]
+        model = spec_of(cfg, spec.dims)
+        mine = [b for b in weight_blocks(model.tensors(), len(spec.weight_servers)) if b.server == node.rank]
+        arrays = split(mine, initial_weights(model, cfg.seed))
+        self.layers = sorted({b.layer for b in mine})
         self.store = WeightStore(
-            {l: init[l] for l in mine},
+            {l: {b.name: arrays[b.name] for b in mine if b.layer == l} for l in self.layers},
             lr=cfg.lr,
-            weight_decay={0: cfg.weight_decay},
+            weight_decay={b.name: cfg.weight_decay for b in mine if b.decay},
             update="chunk" if spec.mode == "async" and cfg.async_update == "chunk" else "epoch",
             expected=spec.total_chunks,
             keep=cfg.staleness + 4,  # epoch snapshots: the driver reads one while training runs ahead
         )
-        for layer in mine:  # continue from a checkpoint (the driver sends the state)
-            names = [f"{k}{layer}" for k in STATE_NAMES]
-            if all(n in start.tensors for n in names):
-                self.store.restore(layer, {k: start.tensors[f"{k}{layer}"] for k in STATE_NAMES})
-        self.waiting: list[tuple[bytes, Message]] = []
+        if start.tensors:  # continue from a checkpoint (the driver sends the state of our blocks)
+            for layer in self.layers:
+                self.store.restore(layer, {f"{b.name}:{f}": start.tensors[f"{b.name}:{f}"] for b in mine if b.layer == layer
+                                           for f in STATE_FIELDS if f"{b.name}:{f}" in start.tensors})
+        self.waiting: list[tuple[Peer, Message]] = []
         self.duplicates = 0
         self.bytes = {"sent": 0, "received": 0}
         log.info("weight server %d start %s", node.rank, json.dumps({
-            "rank": node.rank, "layers": mine, "parameters": int(sum(init[l].size for l in mine)),
+            "rank": node.rank, "layers": self.layers, "blocks": len(mine), "parameters": int(sum(arrays[b.name].size for b in mine)),
             "peers": len(spec.graph_servers), "first_epoch": spec.first_epoch, "restart": spec.restart}))
 
-    def handle(self, identity: bytes, msg: Message) -> None:
+    def handle(self, identity: Peer, msg: Message) -> None:
         self.bytes["received"] += sum(t.nbytes for t in msg.tensors.values())
         if msg.op == "pull_weights":
             require(msg, "layer", "version")
+            _check_hold(msg.get("hold"))
             if not self._try_pull(identity, msg):
-                self.waiting.append((identity, msg))
+                self._wait(identity, msg)
         elif msg.op == "push_grad":
-            require(msg, "layer", "version", "key", "grad")
-            applied = self.store.push(int(msg["layer"]), int(msg["version"]), tuple(msg["key"]), msg.tensors["grad"])
+            require(msg, "layer", "version", "key")
+            _check_gradient(msg)
+            applied = self.store.push(int(msg["layer"]), int(msg["version"]), tuple(msg["key"]), dict(msg.tensors))
             self.duplicates += not applied
             self.node.reply(identity, Message("ok" if applied else "duplicate", {"req": msg.get("req")}))
             if applied and self.waiting:
                 self._retry_waiting()
         elif msg.op == "pull_state":
-            require(msg, "layer")
+            require(msg, "version")
             if not self._try_pull(identity, msg):
-                self.waiting.append((identity, msg))
+                self._wait(identity, msg)
         elif msg.op == "ping":
             self.node.reply(identity, Message("ok", {"updates": self.store.updates, "duplicates": self.duplicates,
                                                      "req": msg.get("req")}))
@@ -114,25 +118,47 @@ class WeightServer:
             try:
                 if not self._try_pull(identity, msg):
                     still.append((identity, msg))
-            except WeightError as e:
+            except REJECTED as e:
                 self.node.reply(identity, Message("error", {"reason": str(e), "req": msg.get("req")}))
         self.waiting = still
 
-    def _try_pull(self, identity: bytes, msg: Message) -> bool:
+    def _wait(self, identity: Peer, msg: Message) -> None:
+        """Defer a pull of a version still to come; a bounded number, so no peer can pile them up."""
+        if len(self.waiting) >= MAX_WAITING:
+            raise WeightError(f"{MAX_WAITING} pulls are already waiting for versions to come")
+        self.waiting.append((identity, msg))
+
+    def _try_pull(self, identity: Peer, msg: Message) -> bool:
         """Answer a pull of weights or state; False while the version asked for is still to come."""
-        version, layer = msg.get("version"), int(msg["layer"])
+        version = msg.get("version")
         version = None if version is None else int(version)
         if msg.op == "pull_state":
-            state = self.store.state(layer, version)
-            if state is not None:
-                self._reply(identity, Message("state", {"layer": layer, "req": msg.get("req")}, state))
-            return state is not None
+            states = [self.store.state(layer, version) for layer in self.layers]
+            if any(s is None for s in states):
+                return False
+            self._reply(identity, Message("state", {"req": msg.get("req")}, {k: v for s in states for k, v in s.items()}))
+            return True
+        layer = int(msg["layer"])
         got = self.store.pull(layer, version, msg.get("hold"))
         if got is None:
             return False
-        v, w = got
-        self._reply(identity, Message("weights", {"layer": layer, "version": v, "req": msg.get("req")}, {"W": w}))
+        v, arrays = got
+        self._reply(identity, Message("weights", {"layer": layer, "version": v, "req": msg.get("req")}, arrays))
         return True
+
+
+def _check_hold(hold) -> None:
+    if hold is not None and not (isinstance(hold, list) and len(hold) == 3 and all(type(x) is int for x in hold)):
+        raise ProtocolError("hold must be null or [epoch, server, chunk]")
+
+
+def _check_gradient(msg: Message) -> None:
+    """Names and shapes are the store's to check; here what any gradient must be."""
+    key = msg["key"]
+    if not msg.tensors or any(g.dtype != np.float32 or not np.isfinite(g).all() for g in msg.tensors.values()):
+        raise ProtocolError("gradients must be finite float32 tensors")
+    if not (isinstance(key, list) and len(key) == 3 and all(type(x) is int for x in key)):
+        raise ProtocolError("key must be [epoch, server, chunk]")
 
 
 def main(argv=None) -> int:

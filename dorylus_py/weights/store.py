@@ -1,6 +1,8 @@
 """The weight server's state, without sockets: versioned weights, gradient accumulation, Adam.
 
-Version ``v`` of a layer is its weights after ``v`` updates. With ``update="epoch"`` the store sums
+A store holds named arrays (this server's row blocks of the model's tensors, ``weights/blocks.py``),
+each belonging to a layer; a layer's arrays are pulled, updated and versioned together. Version ``v``
+of a layer is its weights after ``v`` updates. With ``update="epoch"`` the store sums
 ``expected`` chunk gradients (an epoch's worth: every chunk of every graph server), in the order of
 their keys so that the sum does not depend on the order they came in, then takes one Adam step: in sync mode that is exactly full-batch training; in async mode the gradients may come
 from different epochs, and the step is taken as soon as the last one arrives, with no barrier. With
@@ -23,21 +25,24 @@ from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from dorylus_py.errors import DorylusError
+from dorylus_py.weights.adam import AdamParam, adam_step
 
 
 class WeightError(DorylusError):
     """A request the weight store cannot serve (unknown layer, freed version, shape mismatch)."""
 
 
+STATE_FIELDS = ("W", "adam_m", "adam_v", "adam_step", "version")  # what a checkpoint keeps per array
+
+
 @dataclass
 class _Layer:
-    param: torch.nn.Parameter
-    versions: dict[int, np.ndarray]  # version -> weights, what is still held or newest
+    params: dict[str, AdamParam]  # this server's arrays of the layer, by name, with their Adam state
+    versions: dict[int, dict[str, np.ndarray]]  # version -> arrays, what is still held or newest
     holds: dict[int, set] = field(default_factory=lambda: defaultdict(set))  # version -> task keys
-    pending: dict = field(default_factory=dict)  # epoch updates: gradient key -> gradient, until the step
+    pending: dict = field(default_factory=dict)  # epoch updates: gradient key -> gradients, until the step
     seen: set = field(default_factory=set)  # gradient keys ever applied or accumulated
     version: int = 0
     snapshots: OrderedDict = field(default_factory=OrderedDict)  # version -> state at an epoch boundary
@@ -46,28 +51,28 @@ class _Layer:
 class WeightStore:
     def __init__(
         self,
-        weights: dict[int, np.ndarray],
+        weights: dict[int, dict[str, np.ndarray]],
         lr: float,
-        weight_decay: dict[int, float],
+        weight_decay: dict[str, float],
         update: str = "epoch",
         expected: int = 1,
         keep: int = 4,
     ):
-        """``weights``: layer -> initial matrix (this server's shard). ``expected``: gradients per
-        ``epoch`` update (all chunks of all graph servers). ``keep``: epoch snapshots kept per layer."""
+        """``weights``: layer -> {name: initial array} (this server's blocks); ``weight_decay``: name -> L2
+        coefficient (absent: 0). ``expected``: gradients per ``epoch`` update (all chunks of all graph
+        servers). ``keep``: epoch snapshots kept per layer."""
         if update not in ("epoch", "chunk"):
             raise ValueError(f"update must be 'epoch' or 'chunk', not {update!r}")
         self.update = update
         self.expected = expected
         self.keep = keep
+        self.lr = lr
         self.updates_per_epoch = expected if update == "chunk" else 1
         self.layers: dict[int, _Layer] = {}
-        params = []
-        for layer, w in sorted(weights.items()):
-            p = torch.nn.Parameter(torch.tensor(w, dtype=torch.float32))
-            self.layers[layer] = _Layer(p, {0: p.detach().numpy().copy()})
-            params.append({"params": [p], "weight_decay": weight_decay.get(layer, 0.0)})
-        self.optimizer = torch.optim.Adam(params, lr=lr)
+        for layer, arrays in sorted(weights.items()):
+            ps = {name: AdamParam(np.array(w, dtype=np.float32), weight_decay.get(name, 0.0))
+                  for name, w in sorted(arrays.items())}
+            self.layers[layer] = _Layer(ps, {0: _weights(ps)})
         self.updates = 0
         for layer in self.layers:
             self._snapshot(layer)
@@ -75,8 +80,8 @@ class WeightStore:
     def latest(self, layer: int) -> int:
         return self._layer(layer).version
 
-    def pull(self, layer: int, version: int | None = None, hold: tuple | None = None) -> tuple[int, np.ndarray] | None:
-        """Weights of ``version`` (newest if None); None while that version does not exist yet."""
+    def pull(self, layer: int, version: int | None = None, hold: tuple | None = None) -> tuple[int, dict] | None:
+        """The layer's arrays at ``version`` (newest if None); None while that version does not exist yet."""
         st = self._layer(layer)
         v = st.version if version is None else version
         self._not_too_far(layer, v)
@@ -84,35 +89,45 @@ class WeightStore:
             return None
         if v not in st.versions:
             if hold is None and v in st.snapshots:  # an older epoch's weights (best epoch, early stop)
-                return v, st.snapshots[v]["W"]
+                return v, {name: st.snapshots[v][f"{name}:W"] for name in st.params}
             raise WeightError(f"layer {layer} version {v} was freed (newest is {st.version})")
         if hold is not None:
             st.holds[v].add(tuple(hold))
         return v, st.versions[v]
 
-    def push(self, layer: int, version: int, key: tuple, grad: np.ndarray) -> bool:
-        """Add a chunk's gradient; False when ``key`` was seen before (a duplicate, ignored)."""
+    def push(self, layer: int, version: int, key: tuple, grads: dict[str, np.ndarray]) -> bool:
+        """Add a chunk's gradient (one array per array of the layer here); False when ``key`` was seen
+        before (a duplicate, ignored)."""
         st = self._layer(layer)
         key = tuple(key)
-        if grad.shape != tuple(st.param.shape):
-            raise WeightError(f"layer {layer}: gradient shape {list(grad.shape)} != weights {list(st.param.shape)}")
+        if set(grads) != set(st.params):
+            raise WeightError(f"layer {layer}: gradients for {sorted(grads)}, expected {sorted(st.params)}")
+        for name, grad in grads.items():
+            if grad.shape != st.params[name].w.shape:
+                raise WeightError(f"{name}: gradient shape {list(grad.shape)} != weights {list(st.params[name].w.shape)}")
         if key in st.seen:
             return False
         st.seen.add(key)
         self._release(st, version, key)
-        g = torch.from_numpy(np.array(grad, dtype=np.float32))
+        g = {name: np.array(grad, dtype=np.float32) for name, grad in grads.items()}
         if self.update == "chunk":
             self._step(layer, g)
         else:
             st.pending[key] = g
             if len(st.pending) == self.expected:  # summed in key order: the same bits whatever the arrival order
-                self._step(layer, torch.stack([st.pending[k] for k in sorted(st.pending)]).sum(0))
+                order = sorted(st.pending)
+                total = {n: st.pending[order[0]][n].copy() for n in st.params}
+                for k in order[1:]:
+                    for n in st.params:
+                        total[n] += st.pending[k][n]
+                self._step(layer, total)
                 st.pending.clear()
         return True
 
     def state(self, layer: int, version: int | None = None) -> dict[str, np.ndarray] | None:
         """What a checkpoint keeps of ``layer`` at ``version`` (an epoch boundary; None: the newest
-        one): weights, Adam's moments and step, the version. None while that version is to come."""
+        one): ``NAME:FIELD`` for each array here and each of :data:`STATE_FIELDS` (weights, Adam's
+        moments and step, the version). None while that version is to come."""
         st = self._layer(layer)
         v = next(reversed(st.snapshots)) if version is None else version
         self._not_too_far(layer, v)
@@ -132,48 +147,45 @@ class WeightStore:
         st = self.layers[layer]
         if st.version % self.updates_per_epoch:
             return
-        adam = self.optimizer.state.get(st.param, {})
-        zeros = np.zeros(tuple(st.param.shape), np.float32)
-        st.snapshots[st.version] = {
-            "W": st.versions[st.version],
-            "adam_m": adam["exp_avg"].numpy().copy() if "exp_avg" in adam else zeros,
-            "adam_v": adam["exp_avg_sq"].numpy().copy() if "exp_avg_sq" in adam else zeros,
-            "adam_step": np.array(float(adam.get("step", 0.0)), np.float64),
-            "version": np.array(st.version, np.int64),
-        }
+        snap = {}
+        for name, p in st.params.items():
+            snap |= {f"{name}:W": p.w, f"{name}:adam_m": p.m, f"{name}:adam_v": p.v,
+                     f"{name}:adam_step": np.array(float(p.step), np.float64),
+                     f"{name}:version": np.array(st.version, np.int64)}
+        st.snapshots[st.version] = snap
         while len(st.snapshots) > self.keep:
             st.snapshots.popitem(last=False)
 
     def restore(self, layer: int, state: dict[str, np.ndarray]) -> None:
-        """Continue from a checkpoint: weights, Adam's moments and step, and the version count."""
+        """Continue from a checkpoint (``NAME:FIELD`` arrays, as :meth:`state` gives them): weights,
+        Adam's moments and step, and the version count."""
         st = self._layer(layer)
-        w = torch.from_numpy(np.array(state["W"], dtype=np.float32))
-        if tuple(w.shape) != tuple(st.param.shape):
-            raise WeightError(f"layer {layer}: checkpoint weights {list(w.shape)} != model {list(st.param.shape)}")
-        with torch.no_grad():
-            st.param.copy_(w)
-        self.optimizer.state[st.param] = {
-            "step": torch.tensor(float(state["adam_step"]), dtype=torch.float32),
-            "exp_avg": torch.from_numpy(np.array(state["adam_m"], dtype=np.float32)),
-            "exp_avg_sq": torch.from_numpy(np.array(state["adam_v"], dtype=np.float32)),
-        }
-        st.version = int(state["version"])
-        st.versions = {st.version: st.param.detach().numpy().copy()}
+        missing = [f"{n}:{f}" for n in st.params for f in STATE_FIELDS if f"{n}:{f}" not in state]
+        if missing:
+            raise WeightError(f"layer {layer}: the checkpoint lacks {', '.join(missing[:4])}")
+        versions = {int(state[f"{n}:version"]) for n in st.params}
+        if len(versions) != 1:
+            raise WeightError(f"layer {layer}: the checkpoint's arrays are at different versions {sorted(versions)}")
+        for name, p in st.params.items():
+            arrays = [np.array(state[f"{name}:{f}"], dtype=np.float32) for f in ("W", "adam_m", "adam_v")]
+            if any(a.shape != p.w.shape for a in arrays):
+                raise WeightError(f"{name}: checkpoint arrays {[list(a.shape) for a in arrays]} != model {list(p.w.shape)}")
+            p.w, p.m, p.v = arrays
+            p.step = int(state[f"{name}:adam_step"])
+        st.version = versions.pop()
+        st.versions = {st.version: _weights(st.params)}
         st.snapshots.clear()
         self._snapshot(layer)
 
     def held_versions(self, layer: int) -> list[int]:
         return sorted(self._layer(layer).versions)
 
-    def _step(self, layer: int, grad: torch.Tensor) -> None:
+    def _step(self, layer: int, grads: dict[str, np.ndarray]) -> None:
         st = self.layers[layer]
-        for other in self.layers.values():
-            other.param.grad = None
-        st.param.grad = grad
-        self.optimizer.step()  # only this layer has a gradient; Adam skips the others
-        st.param.grad = None
+        for name, p in st.params.items():
+            adam_step(p, grads[name], self.lr)
         st.version += 1
-        st.versions[st.version] = st.param.detach().numpy().copy()
+        st.versions[st.version] = _weights(st.params)
         self.updates += 1
         self._snapshot(layer)
         self._free(st)
@@ -195,3 +207,8 @@ class WeightStore:
             return self.layers[layer]
         except KeyError:
             raise WeightError(f"layer {layer} is not held by this weight server") from None
+
+
+def _weights(params: dict[str, AdamParam]) -> dict[str, np.ndarray]:
+    """The arrays of one version (Adam replaces ``w`` on every step, so no copy is needed)."""
+    return {name: p.w for name, p in params.items()}

@@ -34,8 +34,10 @@ def test_build_context_holds_everything_the_handler_imports(tmp_path):
 TF_OUTPUT = {
     "cluster": {"sensitive": False, "type": ["object", {}], "value": {
         "driver": "tcp://10.42.0.10:7000", "graph_servers": ["tcp://10.42.0.10:7100", "tcp://10.42.0.11:7100"],
-        "weight_servers": ["tcp://10.42.0.200:7200"], "lambda_function": "dorylus-tensor", "region": "us-west-2"}},
-    "job_token": {"sensitive": True, "type": "string", "value": "secret"},
+        "weight_servers": ["tcp://10.42.0.200:7200"], "lambda_function": "dorylus-tensor", "region": "us-west-2",
+        "key_secret": "arn:aws:secretsmanager:us-west-2:123456789012:secret:dorylus-job-key-AbC"}},
+    "job_key_secret": {"sensitive": False, "type": "string",
+                       "value": "arn:aws:secretsmanager:us-west-2:123456789012:secret:dorylus-job-key-AbC"},
     "bucket": {"sensitive": False, "type": "string", "value": "dorylus-data-1"},
 }
 
@@ -48,7 +50,7 @@ def test_cluster_file_from_terraform_outputs(tmp_path, capsys):
     spec = ClusterSpec.load(out)
     assert spec.graph_servers == TF_OUTPUT["cluster"]["value"]["graph_servers"]
     assert spec.lambda_function == "dorylus-tensor" and spec.region == "us-west-2"
-    assert "secret" not in out.read_text()  # the token never goes into the file
+    assert spec.key_secret.endswith(":secret:dorylus-job-key-AbC")  # where processes read the key: a name only
     bad = dict(TF_OUTPUT, cluster={"value": dict(TF_OUTPUT["cluster"]["value"], driver="10.42.0.10")})
     tf.write_text(json.dumps(bad))
     out2 = tmp_path / "cluster2.json"

@@ -63,7 +63,7 @@ def _one(api, script, **kw):
     platform = AwsLambdaPlatform("dorylus", 4, 3008, region="us-east-1", endpoint_url=api, base_delay_s=0.01,
                                  max_delay_s=0.05, **kw)
     try:
-        event = {"token": "t", "task": {"kind": "fwd", "epoch": 1}}
+        event = {"graph_server": "tcp://127.0.0.1:1", "task": {"kind": "fwd", "epoch": 1}}
         platform.invoke(event)
         deadline = time.monotonic() + 30
         while not (done := platform.completions()):
@@ -105,8 +105,10 @@ def test_backoff_is_jittered_and_capped():
     assert billed_from_log(REPORT) == 42 and billed_from_log(None) is None
 
 
-def test_training_through_the_aws_platform_against_moto(moto_url, tmp_path, small_graph):
+def test_training_through_the_aws_platform_against_moto(moto_url, tmp_path, small_graph, monkeypatch):
     """Tensor tasks are invoked on moto (recorded, payloads checked) and run here; same maths as local."""
+    import os
+
     import boto3
     import requests
 
@@ -119,6 +121,7 @@ def test_training_through_the_aws_platform_against_moto(moto_url, tmp_path, smal
         Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/dorylus-lambda:latest"})
     data = tmp_path / "g.npz"
     write_npz(small_graph, data)
+    monkeypatch.setenv("DORYLUS_KEY", "5e" * 32)  # a key this test knows, to look for it in every payload
     common = ["--data", str(data), "--graph-servers", "2", "--chunks", "2", "--epochs", "3", "--dropout", "0", "--quiet",
               "--lambdas", "2"]
     requests.post(f"{moto_url}/moto-api/recorder/reset-recording", timeout=10)
@@ -137,7 +140,8 @@ def test_training_through_the_aws_platform_against_moto(moto_url, tmp_path, smal
     assert len(invokes) == len(lambda_tasks) > 0
     assert {(e["task"]["kind"], e["task"]["epoch"], e["task"]["layer"], e["task"]["chunk"], e["task"]["server"]) for e in invokes} \
         == {(t["kind"], t["epoch"], t["layer"], t["chunk"], t["server"]) for t in lambda_tasks}
-    assert all(e["graph_server"].startswith("tcp://") and e["token"] for e in invokes)
+    assert all(e["graph_server"].startswith("tcp://") and "token" not in e for e in invokes)
+    assert os.environ["DORYLUS_KEY"] not in recording  # the job key is in no Lambda payload
     loss = {name: [json.loads(x)["loss"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
             for name in ("aws", "local")}
     np.testing.assert_allclose(loss["aws"], loss["local"], rtol=1e-5)

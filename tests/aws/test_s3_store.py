@@ -8,7 +8,7 @@ import boto3
 import numpy as np
 import pytest
 
-from dorylus_py.checkpoint import load_checkpoint
+from dorylus_py.checkpoint import checkpoint_root, load_checkpoint, save_checkpoint
 from dorylus_py.cli import main
 from dorylus_py.data import write_npz
 from dorylus_py.errors import DataError
@@ -84,8 +84,8 @@ def test_graph_servers_train_from_s3(graph_file, bucket, tmp_path):
     assert keys == {"train/checkpoints/epoch-000002.npz", "train/checkpoints/epoch-000003.npz", "train/checkpoints/latest.json"}
     ckpt = load_checkpoint(f"{uri}/checkpoints")
     final = np.load(out / "weights.npz")
-    assert int(ckpt["epoch"]) == 3 and np.array_equal(ckpt["W0"], final["W0"]) and np.array_equal(ckpt["W1"], final["W1"])
-    assert float(ckpt["adam_step0"]) == 3 and int(ckpt["version1"]) == 3 and ckpt["adam_v0"].any()
+    assert int(ckpt["epoch"]) == 3 and np.array_equal(ckpt["W0:W"], final["W0"]) and np.array_equal(ckpt["W1:W"], final["W1"])
+    assert float(ckpt["W0:adam_step"]) == 3 and int(ckpt["W1:version"]) == 3 and ckpt["W0:adam_v"].any()
 
 
 def test_many_processes_fetch_the_same_store_at_once(graph_file, bucket):
@@ -104,3 +104,16 @@ def test_many_processes_fetch_the_same_store_at_once(graph_file, bucket):
     assert all(p.returncode == 0 for p in procs), [err[-500:] for _, err in outs]
     sizes = [int(out) for out, _ in outs]
     assert len(set(sizes[0::2])) == 1 and len(set(sizes[1::2])) == 1 and sum(sizes[:2]) == 600
+
+
+def test_overwrite_in_s3_keeps_checkpoints_unless_told(small_graph, tmp_path, moto_url, capsys):
+    boto3.client("s3").create_bucket(Bucket="bkt")
+    write_npz(small_graph, tmp_path / "g.npz")
+    prepare = ["prepare", str(tmp_path / "g.npz"), "-k", "2", "--out", "s3://bkt/datasets/g"]
+    assert main(prepare) == 0
+    save_checkpoint(checkpoint_root("s3://bkt/datasets/g"), 1, {"W0": np.ones(2, np.float32)})
+    capsys.readouterr()
+    assert main([*prepare, "--overwrite"]) == 2 and "s3://bkt/datasets/g/checkpoints: holds 2" in capsys.readouterr().err
+    assert main([*prepare, "--overwrite", "--delete-checkpoints"]) == 0
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="bkt")["Contents"]]
+    assert not [k for k in keys if "/checkpoints/" in k]

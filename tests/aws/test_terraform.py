@@ -12,67 +12,36 @@ from pathlib import Path
 
 import pytest
 
-hcl2 = pytest.importorskip("hcl2")
+pytest.importorskip("hcl2")
 
-INFRA = Path(__file__).resolve().parents[2] / "infra"
-
-
-def _clean(x):
-    """python-hcl2 keeps HCL's quotes and adds markers; strip both."""
-    if isinstance(x, dict):
-        return {_clean(k): _clean(v) for k, v in x.items() if k not in ("__is_block__", "__comments__")}
-    if isinstance(x, list):
-        return [_clean(v) for v in x]
-    if isinstance(x, str) and len(x) >= 2 and x[0] == x[-1] == '"':
-        return x[1:-1]
-    return x
-
-
-def _one(x):
-    """A nested block parses as a list of one."""
-    return x[0] if isinstance(x, list) and len(x) == 1 else x
-
-
-def _blocks(kind: str) -> dict[tuple, dict]:
-    """(type, name) -> body for every ``resource``/``data`` block; (name,) for variables and outputs."""
-    out = {}
-    for tf in sorted(INFRA.glob("*.tf")):
-        parsed = _clean(hcl2.load(open(tf)))
-        for entry in parsed.get(kind, []):
-            for type_or_name, body in entry.items():
-                if kind in ("variable", "output"):
-                    out[(type_or_name,)] = body
-                else:
-                    for name, inner in body.items():
-                        out[(type_or_name, name)] = inner
-    return out
-
-
-def _text() -> str:
-    return "\n".join(p.read_text() for p in sorted(INFRA.rglob("*")) if p.suffix in (".tf", ".tftpl"))
+from tests.aws.terraform import INFRA, _one, blocks, render, statements, text  # noqa: E402
 
 
 def test_every_variable_is_used_and_documented():
-    variables = _blocks("variable")
+    variables = blocks("variable")
     assert variables, "no variables parsed"
-    text = _text()
+    source = text()
     for (name,), body in variables.items():
-        assert re.search(rf"var\.{name}\b", text), f"variable {name} is never used"
+        assert re.search(rf"var\.{name}\b", source), f"variable {name} is never used"
         assert body.get("description"), f"variable {name} has no description"
 
 
 def test_no_ingress_from_the_whole_internet_and_ports_match_the_cluster():
-    resources = _blocks("resource")
+    resources = blocks("resource")
     ingress = {n: b for (t, n), b in resources.items() if t == "aws_vpc_security_group_ingress_rule"}
     assert ingress
     for name, rule in ingress.items():
         assert rule.get("cidr_ipv4") != "0.0.0.0/0" and rule.get("cidr_ipv6") != "::/0", name
         assert "cidr_ipv4" not in rule or rule["cidr_ipv4"] == "${var.operator_cidr}", name  # SSH only
-    server_ports = {r["from_port"] for r in ingress.values() if r.get("referenced_security_group_id")}
+    servers = {n: r for n, r in ingress.items() if r["security_group_id"] == "${aws_security_group.servers.id}"}
+    server_ports = {r["from_port"] for r in servers.values() if r.get("referenced_security_group_id")}
     assert server_ports == {"${var.graph_server_port}", "${var.weight_server_port}", "${var.driver_port}"}
-    lambda_sources = {r["from_port"] for r in ingress.values()
+    lambda_sources = {r["from_port"] for r in servers.values()
                       if r.get("referenced_security_group_id") == "${aws_security_group.lambda.id}"}
     assert lambda_sources == {"${var.graph_server_port}", "${var.weight_server_port}"}  # never the driver
+    endpoints = [r for r in ingress.values() if r["security_group_id"] == "${aws_security_group.endpoints.id}"]
+    assert {(r["from_port"], r["referenced_security_group_id"]) for r in endpoints} == {
+        (443, "${aws_security_group.lambda.id}"), (443, "${aws_security_group.servers.id}")}
     for sg in (b for (t, _), b in resources.items() if t == "aws_security_group"):
         assert "ingress" not in sg and "egress" not in sg  # rules live in their own resources only
     # the cluster file the servers are started with uses the same port variables
@@ -81,33 +50,57 @@ def test_no_ingress_from_the_whole_internet_and_ports_match_the_cluster():
         assert f"${{var.{var}}}" in network
 
 
-def _statements() -> dict[str, list[dict]]:
-    docs = {n: b for (t, n), b in _blocks("data").items() if t == "aws_iam_policy_document"}
-    return {n: (d["statement"] if isinstance(d["statement"], list) else [d["statement"]]) for n, d in docs.items()}
-
-
 def test_iam_is_least_privilege():
-    st = _statements()
+    st = statements()
     for doc in ("lambda", "server"):
         for s in st[doc]:
             for action in s["actions"]:
                 assert "*" not in action, f"{doc}: wildcard action {action}"
     lam = {s["sid"]: s for s in st["lambda"]}
-    assert set(lam) == {"OwnLogs", "VpcNetworkInterfaces"}
+    assert set(lam) == {"OwnLogs", "VpcNetworkInterfaces", "ReadJobKey"}
     assert lam["OwnLogs"]["resources"] == ["${aws_cloudwatch_log_group.lambda.arn}:*"]
     assert all(a.startswith("ec2:") and ("NetworkInterface" in a or "PrivateIp" in a)
                for a in lam["VpcNetworkInterfaces"]["actions"])
     server = {s["sid"]: s for s in st["server"]}
+    for role in (lam, server):  # that one secret, read only
+        assert role["ReadJobKey"]["actions"] == ["secretsmanager:GetSecretValue"]
+        assert role["ReadJobKey"]["resources"] == ["${aws_secretsmanager_secret.job_key.arn}"]
     assert server["InvokeTensorWorker"]["resources"] == ["${aws_lambda_function.tensor.arn}"]
-    assert server["WriteCheckpoints"]["actions"] == ["s3:PutObject"]
-    assert all("checkpoint_prefix" in r for r in server["WriteCheckpoints"]["resources"])
     assert all(r != "*" for s in st["server"] for r in s["resources"])
-    assert set(a for s in st["server"] for a in s["actions"]) == {"s3:ListBucket", "s3:GetObject", "s3:PutObject",
-                                                                  "lambda:InvokeFunction"}
+    assert set(a for s in st["server"] for a in s["actions"]) == {"s3:ListBucket", "s3:GetObject", "lambda:InvokeFunction",
+                                                                  "secretsmanager:GetSecretValue"}  # no writes
+    endpoint = _one(st["endpoint"])
+    assert endpoint["actions"] == ["secretsmanager:GetSecretValue"]
+    assert endpoint["resources"] == ["${aws_secretsmanager_secret.job_key.arn}"]
+    kms = {s["sid"]: s for s in st["kms"]}
+    assert kms["LambdaReadsTheJobKey"]["actions"] == ["kms:Decrypt"]
+    assert _one(kms["LambdaReadsTheJobKey"]["condition"])["values"] == ["secretsmanager.${var.region}.amazonaws.com"]
+
+
+def test_nothing_secret_in_state_user_data_or_outputs():
+    resources = blocks("resource")
+    assert not [k for k in resources if k[0].startswith("random_") or k[0] == "aws_secretsmanager_secret_version"], \
+        "a secret value made or set by Terraform lands in its state"
+    secret = resources[("aws_secretsmanager_secret", "job_key")]
+    assert secret["kms_key_id"] == "${aws_kms_key.data.arn}"  # the bucket's KMS key
+    for (name,), out in blocks("output").items():
+        assert not out.get("sensitive"), f"output {name} is sensitive: outputs must hold nothing secret"
+    template = (INFRA / "templates" / "server.sh.tftpl").read_text()
+    user_data = resources[("aws_instance", "server")]["user_data"]
+    assert set(re.findall(r"\$\{(\w+)\}", template)) <= {"role", "rank", "package", "cluster_json", "region"}
+    assert "token" not in user_data and "key" not in user_data.replace("cluster_json", "")
+    env = _one(resources[("aws_lambda_function", "tensor")]["environment"])["variables"]
+    assert env == {"DORYLUS_KEY_SECRET": "${aws_secretsmanager_secret.job_key.arn}"}  # a name, not the key
+    assert "key_secret" in (INFRA / "network.tf").read_text()  # the cluster file names it for the servers
+
+
+def test_bucket_is_kept_on_destroy_unless_asked():
+    assert blocks("resource")[("aws_s3_bucket", "data")]["force_destroy"] == "${var.force_destroy}"
+    assert blocks("variable")[("force_destroy",)]["default"] is False
 
 
 def test_bucket_is_encrypted_versioned_and_private():
-    resources = _blocks("resource")
+    resources = blocks("resource")
     assert ("aws_s3_bucket_server_side_encryption_configuration", "data") in resources
     assert _one(resources[("aws_s3_bucket_versioning", "data")]["versioning_configuration"])["status"] == "Enabled"
     block = resources[("aws_s3_bucket_public_access_block", "data")]
@@ -115,42 +108,16 @@ def test_bucket_is_encrypted_versioned_and_private():
                                           "restrict_public_buckets"))
 
 
-PLACEHOLDERS = {
-    "${aws_cloudwatch_log_group.lambda.arn}": "arn:aws:logs:us-east-1:123456789012:log-group:/aws/lambda/dorylus-tensor",
-    "${aws_s3_bucket.data.arn}": "arn:aws:s3:::dorylus-data-x",
-    "${aws_lambda_function.tensor.arn}": "arn:aws:lambda:us-east-1:123456789012:function:dorylus-tensor",
-    "${var.dataset_prefix}": "datasets", "${var.checkpoint_prefix}": "checkpoints",
-}
-
-
-def _render(statements: list[dict]) -> str:
-    def sub(s: str) -> str:
-        for k, v in PLACEHOLDERS.items():
-            s = s.replace(k, v)
-        assert "${" not in s, s
-        return s
-
-    out = []
-    for s in statements:
-        st = {"Sid": s["sid"], "Effect": s.get("effect", "Allow"), "Action": s["actions"],
-              "Resource": [sub(r) for r in s["resources"]]}
-        if "condition" in s:
-            c = _one(s["condition"])
-            st["Condition"] = {c["test"]: {c["variable"]: [sub(v) for v in c["values"]]}}
-        out.append(st)
-    return json.dumps({"Version": "2012-10-17", "Statement": out})
-
-
 def test_policies_are_accepted_by_iam(moto_url):
     import boto3
 
     iam = boto3.client("iam")
     for doc in ("lambda", "server"):
-        arn = iam.create_policy(PolicyName=f"dorylus-{doc}", PolicyDocument=_render(_statements()[doc]))["Policy"]["Arn"]
+        arn = iam.create_policy(PolicyName=f"dorylus-{doc}", PolicyDocument=render(statements()[doc]))["Policy"]["Arn"]
         version = iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"]
         stored = iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]["Document"]
         stored = json.loads(stored) if isinstance(stored, str) else stored
-        assert len(stored["Statement"]) == len(_statements()[doc])
+        assert len(stored["Statement"]) == len(statements()[doc])
 
 
 def _binary(name: str, env: str) -> str | None:

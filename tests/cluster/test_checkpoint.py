@@ -23,8 +23,8 @@ def test_checkpoints_land_in_the_run_record(small_graph, tmp_path):
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch-000001.npz", "epoch-000002.npz", "latest.json"]
     assert not (store / "checkpoints").exists()  # the prepared store stays as it was
     ckpt = load_checkpoint(str(out / "checkpoints"))
-    assert int(ckpt["epoch"]) == 2 and np.array_equal(ckpt["W0"], np.load(out / "weights.npz")["W0"])
-    assert float(ckpt["adam_step1"]) == 2
+    assert int(ckpt["epoch"]) == 2 and np.array_equal(ckpt["W0:W"], np.load(out / "weights.npz")["W0"])
+    assert float(ckpt["W1:adam_step"]) == 2
 
 
 def test_a_damaged_checkpoint_is_refused(tmp_path):
@@ -72,6 +72,6 @@ def test_every_checkpoint_holds_all_layers_at_one_epoch(small_graph, tmp_path, m
     for f in sorted(folder.glob("epoch-*.npz")):
         with np.load(f) as z:
             epoch = int(z["epoch"])
-            assert [int(z[f"version{l}"]) for l in range(3)] == [epoch] * 3, f.name
-            assert [float(z[f"adam_step{l}"]) for l in range(3)] == [epoch] * 3
+            assert [int(z[f"W{l}:version"]) for l in range(3)] == [epoch] * 3, f.name
+            assert [float(z[f"W{l}:adam_step"]) for l in range(3)] == [epoch] * 3
     assert len(list(folder.glob("epoch-*.npz"))) == 7

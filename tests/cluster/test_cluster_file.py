@@ -10,11 +10,12 @@ import sys
 
 import numpy as np
 import pytest
+import zmq
 
 from dorylus_py.cli import main
 from dorylus_py.cluster.spec import ClusterSpec
 from dorylus_py.data import write_npz
-from dorylus_py.errors import ConfigError
+from dorylus_py.errors import ConfigError, DorylusError
 
 
 def free_ports(n):
@@ -27,30 +28,54 @@ def free_ports(n):
     return ports
 
 
-def test_servers_from_a_cluster_file(small_graph, tmp_path, capsys):
+def test_servers_from_a_cluster_file_with_curve(small_graph, tmp_path, capsys):
+    """The whole CLI path of a multi-machine job: keys from `dorylus keys gen`, CurveZMQ on every socket,
+    each process bound to its own address from the file."""
     write_npz(small_graph, tmp_path / "g.npz")
     assert main(["prepare", str(tmp_path / "g.npz"), "-k", "2", "--out", str(tmp_path / "parts")]) == 0
+    assert main(["keys", "gen", str(tmp_path / "keys")]) == 0
+    public = capsys.readouterr().out.split('"curve_public_key": "')[1].split('"')[0]
     d, g0, g1, w0 = free_ports(4)
     cluster = {"driver": f"tcp://127.0.0.1:{d}", "graph_servers": [f"tcp://127.0.0.1:{g0}", f"tcp://127.0.0.1:{g1}"],
-               "weight_servers": [f"tcp://127.0.0.1:{w0}"]}
+               "weight_servers": [f"tcp://127.0.0.1:{w0}"], "curve_public_key": public,
+               "curve_secret_key_file": str(tmp_path / "keys" / "server.key_secret")}
     (tmp_path / "cluster.json").write_text(json.dumps(cluster))
-    env = dict(os.environ, DORYLUS_TOKEN="shared-secret")
+    key = (tmp_path / "keys" / "job.key").read_text().strip()
+    env = dict(os.environ, DORYLUS_KEY=key)
     servers = [subprocess.Popen([sys.executable, "-m", "dorylus_py", role, "--cluster", str(tmp_path / "cluster.json"),
-                                 "--rank", str(rank), "--bind", "127.0.0.1"], env=env, stderr=subprocess.PIPE, text=True)
+                                 "--rank", str(rank)], env=env, stderr=subprocess.PIPE, text=True)
                for role, rank in [("graph-server", 0), ("graph-server", 1), ("weight-server", 0)]]
     try:
-        os.environ["DORYLUS_TOKEN"] = "shared-secret"
+        os.environ["DORYLUS_KEY"] = key
         code = main(["train", "--data", str(tmp_path / "parts"), "--backend", "cpu", "--cluster", str(tmp_path / "cluster.json"),
                      "--epochs", "3", "--out", str(tmp_path / "run"), "--quiet", "--dropout", "0"])
         assert code == 0, capsys.readouterr().err
         for p in servers:
             assert p.wait(timeout=30) == 0, p.stderr.read()
     finally:
-        os.environ.pop("DORYLUS_TOKEN", None)
+        os.environ.pop("DORYLUS_KEY", None)
         for p in servers:
             p.kill()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and np.isfinite(rows[-1]["loss"])
+
+
+def test_the_driver_binds_its_own_address_only(tmp_path, monkeypatch):
+    from dorylus_py.cluster.driver_link import DriverLink
+
+    port = free_ports(1)[0]
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"driver": f"tcp://127.0.0.1:{port}", "graph_servers": ["tcp://127.0.0.1:1"],
+                                "weight_servers": ["tcp://127.0.0.1:2"]}))
+    monkeypatch.setenv("DORYLUS_KEY", "cd" * 32)
+    link = DriverLink(tmp_path, ClusterSpec.load(path))
+    try:
+        assert link.router.getsockopt(zmq.LAST_ENDPOINT).decode() == f"tcp://127.0.0.1:{port}"  # not 0.0.0.0
+    finally:
+        link.stop()
+    monkeypatch.delenv("DORYLUS_KEY")
+    with pytest.raises(DorylusError, match="no job key"):
+        DriverLink(tmp_path, ClusterSpec.load(path))
 
 
 @pytest.mark.parametrize("content, message", [
@@ -79,6 +104,36 @@ def test_cluster_job_needs_a_prepared_store(small_graph, tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_keys_gen_and_curve_settings_in_the_cluster_file(tmp_path, capsys):
+    from dorylus_py.keys import load_curve_secret
+
+    keys = tmp_path / "keys"
+    assert main(["keys", "gen", str(keys)]) == 0
+    out = capsys.readouterr().out
+    public = out.split('"curve_public_key": "')[1].split('"')[0]
+    assert (keys / "job.key").read_text().strip() not in out  # secrets are written, never printed
+    assert oct(keys.stat().st_mode & 0o777) == "0o700"
+    assert all(oct((keys / f).stat().st_mode & 0o777) == "0o600" for f in ("server.key_secret", "job.key"))
+    assert len(bytes.fromhex((keys / "job.key").read_text())) == 32
+    assert len(load_curve_secret(str(keys / "server.key_secret"), public)) == 40
+    with pytest.raises(ConfigError, match="another key pair"):
+        load_curve_secret(str(keys / "server.key_secret"), "x" * 40)
+    with pytest.raises(ConfigError, match="no secret key"):
+        load_curve_secret(str(keys / "server.key"), public)
+    assert main(["keys", "gen", str(keys)]) == 2  # never overwritten by accident
+    base = {"driver": "tcp://10.0.0.1:7000", "graph_servers": ["tcp://10.0.0.2:7100"], "weight_servers": ["tcp://10.0.0.3:7200"]}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(base | {"curve_public_key": public, "curve_secret_key_file": str(keys / "server.key_secret"),
+                                       "key_secret": "arn:aws:secretsmanager:us-east-1:1:secret:k"}))
+    spec = ClusterSpec.load(path)
+    assert spec.curve_public_key == public and spec.key_secret.endswith(":k")
+    for bad, message in [({"curve_public_key": public}, "go together"), ({"curve_public_key": "short", "curve_secret_key_file": "f"},
+                                                                       "not a CurveZMQ public key"), ({"key_secret": 7}, "must be strings")]:
+        path.write_text(json.dumps(base | bad))
+        with pytest.raises(ConfigError, match=message):
+            ClusterSpec.load(path)
+
+
 def start_cluster_job(small_graph, tmp_path):
     """Servers from a cluster file and a driver, each its own process; returns them once an epoch is done."""
     write_npz(small_graph, tmp_path / "g.npz")
@@ -87,7 +142,7 @@ def start_cluster_job(small_graph, tmp_path):
     cluster = {"driver": f"tcp://127.0.0.1:{d}", "graph_servers": [f"tcp://127.0.0.1:{g0}", f"tcp://127.0.0.1:{g1}"],
                "weight_servers": [f"tcp://127.0.0.1:{w0}"]}
     (tmp_path / "cluster.json").write_text(json.dumps(cluster))
-    env = dict(os.environ, DORYLUS_TOKEN="shared-secret")
+    env = dict(os.environ, DORYLUS_KEY="ab" * 32)
     servers = {f"{role}-{rank}": subprocess.Popen(
         [sys.executable, "-m", "dorylus_py", role, "--cluster", str(tmp_path / "cluster.json"), "--rank", str(rank),
          "--bind", "127.0.0.1"], env=env, stderr=subprocess.PIPE, text=True)

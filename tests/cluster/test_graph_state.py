@@ -6,8 +6,11 @@ import torch
 
 from dorylus_py.data.graph import row_normalized
 from dorylus_py.kernels import NormalizedAdjacency
+from dorylus_py.models.spec import model_spec
 from dorylus_py.partition import PartitionStore, prepare
 from graph_servers.graph_state import GraphState
+
+GCN = model_spec("gcn", [16, 8, 4])
 
 
 @pytest.mark.parametrize("chunks", [1, 4])
@@ -16,7 +19,7 @@ def test_structure_is_at_most_16_bytes_per_edge_and_shares_the_store(small_graph
     store = PartitionStore.open(tmp_path / "p")
     for k in range(2):
         part = store.load(k)
-        state = GraphState(part, [16, 8, 4], [chunks, chunks], "none")
+        state = GraphState(part, GCN, [chunks, chunks], "none")
         cut = len(part.ghost_indices)
         # 8 bytes per entry of Â (edges and self loops); Â_LGᵀ: 8 per cut edge, and a row pointer per
         # ghost a chunk touches (at most one per cut edge); int32 row pointers of the blocks and their views
@@ -30,7 +33,7 @@ def test_structure_is_at_most_16_bytes_per_edge_and_shares_the_store(small_graph
 def test_gather_and_backward_match_the_global_matrices(small_graph, tmp_path):
     """One partition (K = 1): Gather is Â·Z and Gather backward Âᵀ·dG, whole and chunk by chunk."""
     prepare(small_graph, tmp_path / "p", 1, "hash")
-    state = GraphState(PartitionStore.open(tmp_path / "p").load(0), [16, 8, 4], [3], "none")
+    state = GraphState(PartitionStore.open(tmp_path / "p").load(0), GCN, [3], "none")
     adj = NormalizedAdjacency.for_graph(small_graph)
     z, dg = np.random.default_rng(0).standard_normal((2, small_graph.num_nodes, 8)).astype(np.float32)
     state.ZG[True][0][:] = z
@@ -50,7 +53,7 @@ def test_gather_and_backward_match_the_global_matrices(small_graph, tmp_path):
 def test_input_rows_are_float32_and_row_normalised_per_chunk(small_graph, tmp_path, dtype):
     prepare(small_graph, tmp_path / "p", 1, "hash", feature_dtype=dtype)
     part = PartitionStore.open(tmp_path / "p").load(0)
-    state = GraphState(part, [16, 8, 4], [2], "row")
+    state = GraphState(part, GCN, [2], "row")
     x = np.abs(part.feature_rows())
     rows = state.input_rows(10, 50)
     assert rows.dtype == np.float32

@@ -1,5 +1,6 @@
-"""Servers facing bad input: truncated frames, wrong shapes, unknown ops, wrong tokens are rejected
-with an error reply, and the same server then answers the next good request."""
+"""Servers facing bad input: unauthenticated frames (truncated, unsigned, wrong key, replayed) are
+dropped unanswered; authentic ones with wrong shapes or unknown ops get an error reply; and the same
+server then answers the next good request."""
 
 import json
 import time
@@ -14,11 +15,12 @@ from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
 from dorylus_py.pipeline.events import Tick
 from dorylus_py.platforms import Platform
-from dorylus_py.protocol import Message, decode, encode
+from dorylus_py.protocol import Message, Session
 from dorylus_py.weights.server import WeightServer
 from graph_servers.server import GraphServer
+from tests.protocol.forge import signed
 
-TOKEN = "secret"
+KEY = b"k" * 32
 
 
 @pytest.fixture()
@@ -29,31 +31,62 @@ def driver():
     sock.close(0)
 
 
-def ask(node, handle, client, frames):
-    client.send_multipart(frames)
-    for _ in range(100):
-        node.serve_once(handle, 20)
-        if client.poll(10):
-            return decode(client.recv_multipart(), TOKEN)
-    raise AssertionError("no reply")
+class Client:
+    """A tensor worker's side: one DEALER and a session with the job key."""
+
+    def __init__(self, node, key=KEY):
+        self.node, self.session = node, Session(key)
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(node.address)
+
+    def frames(self, msg: Message) -> list:
+        return self.session.encode(msg, self.node.address)
+
+    def ask(self, handle, frames_or_msg):
+        frames = self.frames(frames_or_msg) if isinstance(frames_or_msg, Message) else frames_or_msg
+        self.sock.send_multipart(frames)
+        for _ in range(100):
+            self.node.serve_once(handle, 20)
+            if self.sock.poll(10):
+                return self.session.decode(self.sock.recv_multipart(), self.session.id)
+        raise AssertionError("no reply")
+
+    def unanswered(self, handle, frames) -> None:
+        before = self.node.rejections.counts["unauthenticated"]
+        self.sock.send_multipart(frames)
+        for _ in range(100):
+            self.node.serve_once(handle, 20)
+            if self.node.rejections.counts["unauthenticated"] > before:
+                break
+        assert self.node.rejections.counts["unauthenticated"] == before + 1
+        assert not self.sock.poll(50)  # nothing goes back, not even an error
+
+    def close(self):
+        self.sock.close(0)
 
 
-def client_for(node):
-    c = zmq.Context.instance().socket(zmq.DEALER)
-    c.setsockopt(zmq.LINGER, 0)
-    c.connect(node.address)
-    return c
-
-
-def bad_frames(task):
-    good_header = {"op": "push_result", "token": TOKEN, "task": task,
-                   "tensors": [{"name": "Z", "dtype": "float32", "shape": [2, 4]}]}
+def unauthenticated(client, task) -> dict:
+    good = client.frames(Message("pull_rows", {"task": task}))
+    replayed = client.frames(Message("pull_rows", {"task": dict(task, epoch=9)}))
     return {
-        "truncated frames": [json.dumps(good_header).encode()],
-        "short tensor": [json.dumps(good_header).encode(), b"\0" * 7],
-        "unknown op": encode(Message("format_disk", {}), TOKEN),
-        "wrong token": encode(Message("pull_rows", {"task": task}), "guess"),
+        "truncated frames": good[:1],
+        "unsigned": [b"\0" * 68, json.dumps({"op": "pull_rows", "task": task}).encode()],
         "not json": [b"\xff\xfe"],
+        "altered": [good[0], bytes(good[1]) + b" "],  # still valid JSON, no longer what was signed
+        "wrong key": Client(client.node, b"another key, 32 bytes long......").frames(Message("pull_rows", {"task": task})),
+        "signed for another server": client.session.encode(Message("pull_rows", {"task": task}), "tcp://127.0.0.1:1"),
+        "replayed": replayed,
+    }, replayed
+
+
+def authentic_but_bad(client) -> dict:
+    header = {"op": "push_result", "task": {}, "tensors": [{"name": "Z", "dtype": "float32", "shape": [2, 4]}]}
+    return {
+        "short tensor": signed(client.session, json.dumps(header).encode(), b"\0" * 7, to=client.node.address),
+        "unknown op": signed(client.session, b'{"op": "format_disk"}', to=client.node.address),
+        "deep": signed(client.session, b'{"op": "pull_rows", "task": ' + b"[" * 5000 + b"}", to=client.node.address),
+        "huge number": signed(client.session, b'{"op": "pull_rows", "epoch": 1e999}', to=client.node.address),
     }
 
 
@@ -68,66 +101,80 @@ class Recorder(Platform):
 
 def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_path, driver):
     prepare(small_graph, tmp_path / "p", 1)
-    node = Node("graph-server", 0, driver, TOKEN)
+    node = Node("graph-server", 0, driver, KEY)
     spec = JobSpec(config=TrainConfig(backend="cpu", tensor_threads=1, chunks=2), data_dir=str(tmp_path / "p"),
                    feature_norm="none", dims=[16, 8, 4], id_offsets=[0, small_graph.num_nodes], chunk_counts=[2],
                    graph_servers=[node.address], weight_servers=[])
     gs = GraphServer(node, Message("start", {"spec": spec.to_wire()}))
     gs.platform.close()
     gs.platform = Recorder()  # the tasks are played by this test
-    client = client_for(node)
+    client = Client(node)
     try:
         rows = int(gs.state.bounds[1])
         task = {"kind": "fwd", "train": True, "epoch": 1, "layer": 0, "chunk": 0}
         gs.feed(Tick(time.time()))
         assert [e["task"]["chunk"] for e in gs.platform.events] == [0, 1]  # epoch 1's first tasks are out
-        for name, frames in bad_frames(task).items():
-            reply = ask(node, gs.handle, client, frames)
-            assert reply.op == "error", name
+        assert all("token" not in e and KEY.hex() not in json.dumps(e) for e in gs.platform.events)
+        dropped, replayed = unauthenticated(client, task)
+        client.ask(gs.handle, replayed)  # once: an answer (cancel: nobody runs epoch 9)
+        for name, frames in dropped.items():
+            client.unanswered(gs.handle, frames)
+        for name, frames in authentic_but_bad(client).items():
+            assert client.ask(gs.handle, frames).op == "error", name
         wrong_shape = Message("push_result", {"task": task, "version": 0}, {"Z": np.zeros((rows, 5), np.float32)})
-        assert "expected" in ask(node, gs.handle, client, encode(wrong_shape, TOKEN))["reason"]
+        assert "expected" in client.ask(gs.handle, wrong_shape)["reason"]
         for bad_task in ["x", {"kind": "fwd"}, dict(task, chunk=99), dict(task, kind="rm")]:
-            assert ask(node, gs.handle, client, encode(Message("pull_rows", {"task": bad_task}), TOKEN)).op == "error"
-        assert node.rejected == 10
+            assert client.ask(gs.handle, Message("pull_rows", {"task": bad_task})).op == "error"
+        assert node.rejections.counts == {"unauthenticated": 7, "invalid": 9}
         not_running = dict(task, layer=1)  # a copy nobody wants (any more) is told to stop, and why
-        cancel = ask(node, gs.handle, client, encode(Message("pull_rows", {"task": not_running, "req": "r1"}), TOKEN))
+        cancel = client.ask(gs.handle, Message("pull_rows", {"task": not_running, "req": "r1"}))
         assert cancel.op == "cancel" and cancel["req"] == "r1" and "not running" in cancel["reason"]
 
-        got = ask(node, gs.handle, client, encode(Message("pull_rows", {"task": task}), TOKEN))
+        got = client.ask(gs.handle, Message("pull_rows", {"task": task}))
         assert got.op == "rows" and got.tensors["P"].shape == (rows, 16)
         z = np.ones((rows, 8), np.float32)
         result = Message("push_result", {"task": task, "version": 0}, {"Z": z})
-        assert ask(node, gs.handle, client, encode(result, TOKEN)).op == "ok"
-        assert ask(node, gs.handle, client, encode(result, TOKEN)).op == "duplicate"
+        assert client.ask(gs.handle, result).op == "ok"
+        assert client.ask(gs.handle, result).op == "duplicate"
         np.testing.assert_array_equal(gs.state.ZG[True][0][:rows], z)
-        late = ask(node, gs.handle, client, encode(Message("pull_rows", {"task": task, "req": "r2"}), TOKEN))
+        late = client.ask(gs.handle, Message("pull_rows", {"task": task, "req": "r2"}))
         assert late.op == "cancel" and late["reason"] == "already done"
     finally:
-        client.close(0)
+        client.close()
         gs.close()
         node.close()
 
 
 def test_weight_server_rejects_bad_messages_and_keeps_serving(driver):
-    node = Node("weight-server", 0, driver, TOKEN)
+    node = Node("weight-server", 0, driver, KEY)
     spec = JobSpec(config=TrainConfig(lr=0.01), data_dir="", feature_norm="none", dims=[6, 4, 3], id_offsets=[0, 1],
                    chunk_counts=[1], weight_servers=["x"])
     ws = WeightServer(node, Message("start", {"spec": spec.to_wire()}))
-    client = client_for(node)
+    client = Client(node)
     try:
-        for name, frames in bad_frames({}).items():
-            assert ask(node, ws.handle, client, frames).op == "error", name
-        for bad in [Message("pull_weights", {"layer": 9, "version": 0}), Message("pull_weights", {"layer": "a", "version": 0}),
-                    Message("push_grad", {"layer": 0, "version": 0, "key": [1, 0, 0]}, {"grad": np.zeros((2, 2), np.float32)}),
-                    Message("pull_rows", {"task": {}})]:
-            assert ask(node, ws.handle, client, encode(bad, TOKEN)).op == "error"
-        got = ask(node, ws.handle, client, encode(Message("pull_weights", {"layer": 1, "version": 0}), TOKEN))
-        assert got.op == "weights" and got.tensors["W"].shape == (4, 3)
+        dropped, replayed = unauthenticated(client, {})
+        client.ask(ws.handle, replayed)
+        for name, frames in dropped.items():
+            client.unanswered(ws.handle, frames)
+        for name, frames in authentic_but_bad(client).items():
+            assert client.ask(ws.handle, frames).op == "error", name
         grad = np.ones((4, 3), np.float32)
-        push = Message("push_grad", {"layer": 1, "version": 0, "key": [1, 0, 0]}, {"grad": grad})
-        assert ask(node, ws.handle, client, encode(push, TOKEN)).op == "ok"
-        assert ask(node, ws.handle, client, encode(push, TOKEN)).op == "duplicate"
+        for bad in [Message("pull_weights", {"layer": 9, "version": 0}), Message("pull_weights", {"layer": "a", "version": 0}),
+                    Message("push_grad", {"layer": 0, "version": 0, "key": [1, 0, 0]}, {"W0.0": np.zeros((2, 2), np.float32)}),
+                    Message("push_grad", {"layer": 0, "version": 0, "key": [1, 0, 0]}, {"W1.0": np.zeros((4, 3), np.float32)}),
+                    Message("push_grad", {"layer": 1, "version": 0, "key": [1, 0, 0]}, {"W1.0": grad.astype(np.float64)}),
+                    Message("push_grad", {"layer": 1, "version": 0, "key": [1, 0, 0]}, {"W1.0": grad * np.nan}),
+                    Message("push_grad", {"layer": 1, "version": 0, "key": [[1], 0, 0]}, {"W1.0": grad}),
+                    Message("push_grad", {"layer": 1, "version": 0, "key": [1, 0, 0]}, {}),
+                    Message("pull_weights", {"layer": 1, "version": 1, "hold": [[1], 2, 3]}),
+                    Message("pull_rows", {"task": {}})]:
+            assert client.ask(ws.handle, bad).op == "error", bad
+        got = client.ask(ws.handle, Message("pull_weights", {"layer": 1, "version": 0}))
+        assert got.op == "weights" and got.tensors["W1.0"].shape == (4, 3)  # one block: the whole tensor
+        push = Message("push_grad", {"layer": 1, "version": 0, "key": [1, 0, 0]}, {"W1.0": grad})
+        assert client.ask(ws.handle, push).op == "ok"
+        assert client.ask(ws.handle, push).op == "duplicate"
         assert ws.store.latest(1) == 1
     finally:
-        client.close(0)
+        client.close()
         node.close()

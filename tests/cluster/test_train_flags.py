@@ -111,7 +111,7 @@ def test_server_counts_come_from_the_cluster_file(graph_npz, tmp_path, capsys, m
         assert message in capsys.readouterr().err
         assert not (tmp_path / "bad").exists()
 
-    monkeypatch.setenv("DORYLUS_TOKEN", "shared-secret")
+    monkeypatch.setenv("DORYLUS_KEY", "ab" * 32)
     servers = [subprocess.Popen([sys.executable, "-m", "dorylus_py", role, "--cluster", str(cluster), "--rank", "0",
                                  "--bind", "127.0.0.1"], stderr=subprocess.PIPE, text=True)
                for role in ("graph-server", "weight-server")]

@@ -35,7 +35,9 @@ def test_in_edge_csr_sorted_and_coalesced(caplog):
         (dict(src=[0, 1, 2], dst=[1, 2]), "3 source ids but 2 destination ids"),
         (dict(labels=np.array([0, 1, 0])), "3 labels but the graph has 4 vertices"),
         (dict(labels=np.array([0, 1, -2, 0])), "label -2 of vertex 2 is out of range"),
-        (dict(labels=np.array([0, 1, 5, 0]), num_classes=3), "label 5 of vertex 2 is out of range [0, 3)"),
+        (dict(labels=np.array([0, 1, 5, 0]), num_classes=3), "label 5 of vertex 2 is out of range [0, 3) for 3 classes"),
+        (dict(labels=np.array([0, 1, 99, 0])), "labels reach 99 but classes 2..98 have no vertex; renumber the labels to 0..2"),
+        (dict(labels=np.array([0, 2, 4, 7])), "classes 1, 3, 5..6 have no vertex"),
         (dict(labels=np.array([0, -1, 0, 1])), "vertex 1 is in the val split but has no label"),
         (dict(features=np.array([[1, np.nan, 0]] * 4, np.float32)), "NaN or infinity (first at vertex 0)"),
         (dict(val_mask=np.array([1, 1, 0, 0], bool)), "train and val masks overlap"),
@@ -51,6 +53,15 @@ def test_validation_names_the_problem(kwargs, message):
     assert str(e.value).startswith("g: ")
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_a_stray_label_is_an_error_unless_the_class_count_says_so():
+    labels = np.array([0, 1, 2, 3, 4, 5, 6, 99] * 2)
+    masks = [np.arange(16) % 3 == i for i in range(3)]
+    with pytest.raises(DataError, match="classes 7..98 have no vertex; renumber the labels to 0..7"):
+        Graph.from_edges([0], [1], np.ones((16, 2), np.float32), labels, *masks, source="g")
+    g = Graph.from_edges([0], [1], np.ones((16, 2), np.float32), labels, *masks, num_classes=100, source="g")
+    assert g.num_classes == 100  # given explicitly: empty classes are meant
 
 
 def test_random_split_only_labelled_and_disjoint():

@@ -12,13 +12,13 @@ import zmq
 from dorylus_py.config import TrainConfig
 from dorylus_py.decentral.node import Node
 from dorylus_py.decentral.peers import Inbox, Links
-from dorylus_py.protocol import Message, ProtocolError, decode, encode
+from dorylus_py.protocol import Message, ProtocolError, Session
 
-TOKEN = "t" * 32
+TOKEN = b"t" * 32  # the job key
 
 
 def test_the_inbox_answers_rejects_and_keeps_serving():
-    inbox = Inbox(rank=0, world=3, token=TOKEN)
+    inbox = Inbox(rank=0, world=3, key=TOKEN)
     seen = []
 
     def handle(sender, msg):
@@ -34,17 +34,19 @@ def test_the_inbox_answers_rejects_and_keeps_serving():
     raw = zmq.Context.instance().socket(zmq.DEALER)
     raw.setsockopt(zmq.LINGER, 0)
     raw.connect(inbox.address)
+    session = Session(TOKEN)
     try:
         assert links.ask(0, "ping").op == "ok"
         assert links.ask(0, "steal", {"epoch": 1}).get("reason") == "bad steal"
         assert links.ask(0, "mix").get("reason") == "internal error"  # the receive thread survived a bug
         links.tell(0, "report", {"epoch": 1})  # a notice: handled, not answered
-        for frames in ([b"not json"], encode(Message("ping", {"rank": 1, "id": 5}), "wrong-token")):
+        other_key = Session(b"another key, 32 bytes long......")
+        for frames in ([b"not json"], other_key.encode(Message("ping", {"rank": 1, "id": 5}), inbox.address)):
             raw.send_multipart(frames)  # unauthenticated: dropped without a word
         for rank in (7, 0, True, None):  # out of range, the inbox's own rank, not an integer, missing
-            raw.send_multipart(encode(Message("ping", {"rank": rank, "id": 9}), TOKEN))
+            raw.send_multipart(session.encode(Message("ping", {"rank": rank, "id": 9}), inbox.address))
             assert raw.poll(5000)
-            reply = decode(raw.recv_multipart(), TOKEN)
+            reply = session.decode(raw.recv_multipart(), session.id)
             assert reply.op == "error" and reply["id"] == 9 and "not a peer" in reply["reason"]
         assert links.ask(0, "ping").op == "ok"
         assert inbox.rejected == 2 + 2 + 4
@@ -59,15 +61,17 @@ def test_a_silent_peer_costs_one_bounded_wait_and_its_late_answer_is_dropped():
     silent = zmq.Context.instance().socket(zmq.ROUTER)
     silent.setsockopt(zmq.LINGER, 0)
     port = silent.bind_to_random_port("tcp://127.0.0.1")
-    links = Links(1, TOKEN, [f"tcp://127.0.0.1:{port}"] * 2)
+    address = f"tcp://127.0.0.1:{port}"
+    links = Links(1, TOKEN, [address] * 2)
+    server = Session(TOKEN)
     try:
         assert links.ask(0, "ping", timeout_s=0.3) is None
         identity, *body = silent.recv_multipart()
-        late = decode(body, TOKEN)
-        silent.send_multipart([identity, *encode(Message("ok", {"id": late["id"], "late": True}), TOKEN)])
+        late = server.decode(body, address)
+        silent.send_multipart([identity, *server.encode(Message("ok", {"id": late["id"], "late": True}), late.sender)])
         second_id = links.post(0, "ping")
         identity, *body = silent.recv_multipart()
-        silent.send_multipart([identity, *encode(Message("ok", {"id": second_id}), TOKEN)])
+        silent.send_multipart([identity, *server.encode(Message("ok", {"id": second_id}), late.sender)])
         answers = []
         while len(answers) < 2:
             answers += links.collect(5.0)
@@ -85,7 +89,7 @@ def test_a_silent_peer_costs_one_bounded_wait_and_its_late_answer_is_dropped():
 def node():
     cfg = TrainConfig(mode="gossip", workers=3, epochs=2, clusters=12, clusters_per_batch=2)
     params = np.arange(4, dtype=np.float32)
-    n = Node(cfg, rank=1, world=3, token=TOKEN, params=lambda: params.copy(),
+    n = Node(cfg, rank=1, world=3, key=TOKEN, params=lambda: params.copy(),
              share=lambda: ({"params": params.copy()}, {}), make_recorder=lambda: None)
     yield n
     n.inbox.close()

@@ -1,18 +1,30 @@
-from dorylus_py.pipeline.chunks import TENSOR_STAGES, ChunkPipeline, stage_list
+from dorylus_py.pipeline.chunks import ChunkPipeline
+from dorylus_py.pipeline.stages import attention_stages, task_stages, vertex_stages
 
 
 def test_stage_list_two_layers():
-    assert stage_list(2) == [
+    assert [(s.name, s.layer) for s in vertex_stages(2)] == [
         ("fwd", 0), ("gather", 0), ("fwd", 1), ("gather", 1), ("loss", 1),
         ("gather_bwd", 1), ("bwd", 1), ("gather_bwd", 0), ("bwd", 0),
         ("efwd", 0), ("egather", 0), ("efwd", 1), ("egather", 1), ("eval", 1),
     ]  # fmt: skip
 
 
+def test_attention_stage_list_has_apply_edge_tasks_and_unique_task_keys():
+    stages = attention_stages(2)
+    assert [(s.name, s.layer) for s in stages if s.layer == 0] == [
+        ("fwd", 0), ("edge_fwd", 0), ("gather", 0), ("attn_grad", 0), ("edge_bwd", 0), ("gather_bwd", 0),
+        ("bwd", 0), ("efwd", 0), ("eedge_fwd", 0), ("egather", 0),
+    ]  # fmt: skip
+    by_task = task_stages(stages)
+    assert by_task[("edge_fwd", False, 1)].name == "eedge_fwd" and by_task[("edge_fwd", True, 1)].needs == ("fwd",)
+    assert by_task[("edge_bwd", True, 0)].sends == (("ebwd", 0),)
+    assert [s.name for s in stages if s.gradient] == ["bwd", "bwd"]
+
+
 def finish_epoch(pipe, chunk):
     while True:
-        kind, _ = pipe.current(chunk)
-        if kind in TENSOR_STAGES:
+        if pipe.current(chunk).task is not None:
             pipe.started(chunk)
         if pipe.done(chunk):
             return
@@ -45,8 +57,7 @@ def test_busy_chunk_is_not_ready_and_run_to_the_end():
         ready = pipe.ready(pipe.min_epoch())
         assert ready, "stuck"
         for c, *_ in ready:
-            kind, _ = pipe.current(c)
-            if kind in TENSOR_STAGES and not pipe.busy[c]:
+            if pipe.current(c).task is not None and not pipe.busy[c]:
                 pipe.started(c)
             pipe.done(c)
             pipe.validate()

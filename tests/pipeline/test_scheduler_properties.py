@@ -10,21 +10,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dorylus_py.pipeline import events as ev
-from dorylus_py.pipeline.chunks import TENSOR_STAGES, stage_list
 from dorylus_py.pipeline.scheduler import Scheduler
+from dorylus_py.pipeline.stages import attention_stages, vertex_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy
 
 
 class Cluster:
-    def __init__(self, rng, servers, chunks, layers, epochs, mode, staleness, p_fail, p_lost, p_dup, switch_at_step):
+    def __init__(self, rng, servers, chunks, stages, epochs, mode, staleness, p_fail, p_lost, p_dup, switch_at_step):
         self.rng, self.epochs, self.mode, self.staleness = rng, epochs, mode, staleness
         self.p = {"fail": p_fail, "lost": p_lost, "dup": p_dup}
         self.now = 0.0
-        self.s = [Scheduler(rank=k, chunks=chunks[k], layers=layers, epochs=epochs, mode=mode, staleness=staleness,
+        layers = max(s.layer for s in stages) + 1
+        self.s = [Scheduler(rank=k, chunks=chunks[k], layers=layers, stages=tuple(stages), epochs=epochs, mode=mode, staleness=staleness,
                             peers=tuple(p for p in range(servers) if p != k), peer_chunks=sum(chunks) - chunks[k],
                             policy=RelaunchPolicy(min_s=1.0, factor=2.0, max_attempts=10**6), stall_s=1e9)
                   for k in range(servers)]
         self.pending: list[tuple[int, object]] = []  # (server, event) not yet delivered
+        self.delivered: list[Counter] = [Counter() for _ in range(servers)]  # (phase, epoch, layer) -> peer messages
         self.effects: Counter = Counter()
         self.gradients: Counter = Counter()
         self.reports: list[list[int]] = [[] for _ in range(servers)]
@@ -42,6 +44,7 @@ class Cluster:
         t = type(inst)
         if t is ev.Invoke:
             self.check_staleness(k, inst.key.epoch)
+            self.check_inputs(k, self.s[k].by_task[(inst.key.kind, inst.key.train, inst.key.layer)], inst.key.epoch)
             fate = self.rng.random()
             if fate < self.p["fail"]:
                 self.pending.append((k, ev.TaskEnded(inst.key, inst.attempt, False, 0.0, "injected")))
@@ -63,6 +66,9 @@ class Cluster:
                 self.pending.append((p, ev.PeerProgress(k, inst.min_epoch)))
         elif t is ev.RunGraph:
             self.check_staleness(k, inst.epoch)
+            if inst.chunk is None:
+                stage = next(s for s in self.s[k].pipe.stages if (s.name, s.layer) == (inst.stage, inst.layer))
+                self.check_inputs(k, stage, inst.epoch)
             self.pending.append((k, ev.GraphDone(inst.stage, inst.epoch, inst.layer, inst.chunk, 0.0)))
         elif t is ev.ReportEpoch:
             self.reports[k].append(inst.epoch)
@@ -83,6 +89,13 @@ class Cluster:
         bound = 1 if self.s[k].sync else self.staleness
         assert epoch - slowest <= bound, (epoch, slowest)
 
+    def check_inputs(self, k, stage, epoch):
+        """Sync: a stage that reads the peers' rows (a Gather, GAT's ApplyEdge) starts only once every peer
+        chunk's message of each phase it needs has come."""
+        if self.s[k].sync:
+            for phase in stage.needs:
+                assert self.delivered[k][(phase, epoch, stage.layer)] == self.s[k].peer_chunks, (stage, epoch)
+
     def deliver(self, i):
         k, item = self.pending.pop(i)
         if isinstance(item, tuple):  # a worker copy asks for its rows, then (maybe) answers
@@ -101,6 +114,8 @@ class Cluster:
             for inst in answer[1:]:
                 self.execute(k, inst)
             return
+        if isinstance(item, ev.RowsArrived):
+            self.delivered[k][(item.phase, item.epoch, item.layer)] += 1
         self.feed(k, _at(item, self.now))
 
     def run(self, chaotic_steps):
@@ -129,21 +144,26 @@ def _at(event, now):
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), servers=st.integers(1, 3), chunk_choice=st.lists(st.integers(1, 3), min_size=3, max_size=3),
-       layers=st.integers(1, 3), epochs=st.integers(1, 4), mode=st.sampled_from(["sync", "async"]),
+       layers=st.integers(1, 3), model=st.sampled_from([vertex_stages, attention_stages]), epochs=st.integers(1, 4),
+       mode=st.sampled_from(["sync", "async"]),
        staleness=st.integers(0, 2), p_fail=st.sampled_from([0.0, 0.2]), p_lost=st.sampled_from([0.0, 0.1]),
        p_dup=st.sampled_from([0.0, 0.3]), chaotic_steps=st.integers(0, 3000), switch_at_step=st.integers(0, 400))
-def test_exactly_once_within_staleness_and_every_epoch_finishes(seed, servers, chunk_choice, layers, epochs, mode, staleness,
-                                                                 p_fail, p_lost, p_dup, chaotic_steps, switch_at_step):
+def test_exactly_once_within_staleness_and_every_epoch_finishes(seed, servers, chunk_choice, layers, model, epochs, mode,
+                                                                 staleness, p_fail, p_lost, p_dup, chaotic_steps,
+                                                                 switch_at_step):
+    """Over GCN's stage list (ApplyVertex only) and GAT's (ApplyVertex and ApplyEdge tasks) alike."""
     chunks = chunk_choice[:servers]
-    c = Cluster(random.Random(seed), servers, chunks, layers, epochs, mode, staleness, p_fail, p_lost, p_dup, switch_at_step)
+    stages = model(layers)
+    c = Cluster(random.Random(seed), servers, chunks, stages, epochs, mode, staleness, p_fail, p_lost, p_dup, switch_at_step)
     c.run(chaotic_steps)
-    expected = set()
+    expected, with_gradient = set(), set()
     for k in range(servers):
         for epoch in range(1, epochs + 1):
-            for stage, layer in stage_list(layers):
-                if stage in TENSOR_STAGES:
-                    kind, train = ("fwd", False) if stage == "efwd" else (stage, stage != "eval")
-                    expected |= {(k, ev.TaskKey(kind, train, epoch, layer, ch)) for ch in range(chunks[k])}
+            for stage in stages:
+                if stage.task is not None:
+                    keys = {(k, ev.TaskKey(stage.task, stage.train, epoch, stage.layer, ch)) for ch in range(chunks[k])}
+                    expected |= keys
+                    with_gradient |= keys if stage.gradient else set()
     assert set(c.effects) == expected and set(c.effects.values()) == {1}  # every result applied exactly once
-    assert set(c.gradients) == {x for x in expected if x[1].kind == "bwd"} and set(c.gradients.values()) == {1}
+    assert set(c.gradients) == with_gradient and set(c.gradients.values()) == {1}
     assert c.reports == [list(range(1, epochs + 1))] * servers

@@ -1,0 +1,127 @@
+"""One tensor task, whatever the model: the rows a worker pulled and the weights it got, in; the
+tensors and fields it pushes back, out. The tensor worker (``lambda_functions/handler.py``) and the
+tests call only :func:`run_task`; each model's maths is in its own kernel module.
+
+Inputs a graph server ships (rows of the chunk; per-edge arrays ``(H, E)`` over the chunk's in-edges)::
+
+    fwd        P                                    (ApplyVertex forward)
+    bwd        P, dZ [, dOut] [, dsrc, ddst]        (ApplyVertex backward; SAGE/GAT: dOut; GAT: scores)
+    edge_fwd   src, dst, local_ptr, ghost_ptr       (GAT ApplyEdge forward; edges by block, kernels/attention.py)
+    edge_bwd   src, dst, local_ptr, ghost_ptr, dalpha   (GAT ApplyEdge backward)
+    loss       logits, labels, train
+    eval       logits, labels, masks
+
+Outputs: ``fwd`` -> ``Z`` [``S``] [``src``, ``dst``]; ``bwd`` -> ``grad:TENSOR`` per weight tensor of
+the layer [``dG`` below layer 0]; ``edge_fwd`` -> ``alpha``; ``edge_bwd`` -> ``ds``, ``ddst``;
+``loss`` -> ``dG`` and the field ``loss_sum``; ``eval`` -> the field ``correct``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dorylus_py.kernels import attention, gat_ops, gcn_ops, sage_ops
+from dorylus_py.kernels.dropout import EDGE, dropout_keep_mask
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    model: str  # gcn | gat | sage
+    kind: str
+    layer: int
+    epoch: int
+    seed: int
+    rate: float  # dropout on the layer's input (0 in the evaluation forward)
+    attn_rate: float = 0.0  # GAT: dropout on attention coefficients (0 in the evaluation forward)
+    negative_slope: float = 0.2
+    id_start: int = 0  # the chunk's first vertex id (keys vertex dropout)
+    edge_start: int = 0  # the id of the chunk's first edge from a local source (keys attention dropout)
+    ghost_edge_start: int = 0  # the id of its first edge from a ghost
+    num_train: int = 1  # training vertices in the whole graph (the loss is their mean)
+
+
+class TaskError(ValueError):
+    """The task cannot be run as asked (an unknown kind, a missing input)."""
+
+
+def run_task(ctx: TaskContext, rows: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]):
+    """``(tensors, fields)`` of the task's result. ``weights`` are the layer's tensors by base name
+    (``W``, ``att_src``, ...); ``rows`` the chunk's inputs above."""
+    try:
+        if ctx.kind == "fwd":
+            return _forward(ctx, rows, weights), {}
+        if ctx.kind == "bwd":
+            return _backward(ctx, rows, weights), {}
+        if ctx.kind in ("edge_fwd", "edge_bwd"):
+            return _edge(ctx, rows), {}
+        if ctx.kind == "loss":
+            loss_sum, grad = gcn_ops.softmax_cross_entropy(rows["logits"], rows["labels"], rows["train"], ctx.num_train)
+            return {"dG": grad}, {"loss_sum": float(loss_sum)}
+        if ctx.kind == "eval":
+            return {}, {"correct": gcn_ops.correct_counts(rows["logits"], rows["labels"], list(rows["masks"]))}
+    except KeyError as e:
+        raise TaskError(f"{ctx.model} {ctx.kind} task: missing input {e}") from None
+    raise TaskError(f"unknown task kind {ctx.kind!r}")
+
+
+def _keep(ctx: TaskContext, p: torch.Tensor):
+    if ctx.rate <= 0:
+        return None
+    return dropout_keep_mask(ctx.id_start, ctx.id_start + p.shape[0], p.shape[1], ctx.rate, ctx.seed, ctx.epoch,
+                             ctx.layer).to(p.device)
+
+
+def _forward(ctx, t, w) -> dict:
+    p, keep, l = t["P"], _keep(ctx, t["P"]), ctx.layer
+    if ctx.model == "gcn":
+        return {"Z": gcn_ops.apply_vertex_forward(p, w["W"], l, keep, ctx.rate)}
+    if ctx.model == "sage":
+        z, s = sage_ops.apply_vertex_forward(p, w["W_self"], w["W_neigh"], w["b"], l, keep, ctx.rate)
+        return {"Z": z, "S": s}
+    z, s_src, s_dst, s = gat_ops.apply_vertex_forward(p, w["W"], w["att_src"], w["att_dst"], w["b"], l, keep, ctx.rate)
+    return {"Z": z, "src": s_src, "dst": s_dst, "S": s}
+
+
+def _backward(ctx, t, w) -> dict:
+    p, keep, l = t["P"], _keep(ctx, t["P"]), ctx.layer
+    if ctx.model == "gcn":
+        dw, dg = gcn_ops.apply_vertex_backward(p, w["W"], t["dZ"], l, keep, ctx.rate)
+        grads = {"W": dw}
+    elif ctx.model == "sage":
+        grads, dg = sage_ops.apply_vertex_backward(p, w["W_self"], w["W_neigh"], t["dZ"], t["dOut"], l, keep, ctx.rate)
+    else:
+        grads, dg = gat_ops.apply_vertex_backward(p, w["W"], w["att_src"], w["att_dst"], t["dZ"], t["dsrc"], t["ddst"],
+                                                  t["dOut"], l, keep, ctx.rate)
+    out = {f"grad:{base}{l}": g for base, g in grads.items()}
+    return out | ({"dG": dg} if dg is not None else {})
+
+
+def _edge(ctx, t) -> dict:
+    """ApplyEdge over a chunk's edges, given and returned in block order (its local block's, then its
+    ghost block's: two runs of edge ids), computed in row order."""
+    src, dst, local_ptr, ghost_ptr = t["src"], t["dst"], t["local_ptr"], t["ghost_ptr"]
+    indptr, order = attention.row_order(local_ptr, ghost_ptr)
+    in_rows = (lambda x: x) if order is None else (lambda x: x.index_select(1, order))
+    keep = None
+    if ctx.attn_rate > 0:
+        runs = ((ctx.edge_start, int(local_ptr[-1])), (ctx.ghost_edge_start, int(ghost_ptr[-1])))
+        keep = torch.cat([dropout_keep_mask(start, start + count, src.shape[0], ctx.attn_rate, ctx.seed, ctx.epoch,
+                                            ctx.layer, EDGE) for start, count in runs]).t().to(src.device)
+        keep = in_rows(keep)
+    if ctx.kind == "edge_fwd":
+        alpha = attention.apply_edge_forward(in_rows(src), dst, indptr, ctx.negative_slope, keep, ctx.attn_rate)
+        return {"alpha": _in_blocks(alpha, order)}
+    ds, d_dst = attention.apply_edge_backward(in_rows(src), dst, indptr, in_rows(t["dalpha"]), ctx.negative_slope, keep,
+                                              ctx.attn_rate)
+    return {"ds": _in_blocks(ds, order), "ddst": d_dst}
+
+
+def _in_blocks(x: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+    """A per-edge ``(H, E)`` array in row order back in block order."""
+    if order is None:
+        return x
+    out = torch.empty_like(x)
+    out[:, order] = x
+    return out

@@ -1,0 +1,126 @@
+"""The graph server's side of a tensor task: what it pulls, what its result must look like, where it goes.
+
+Inputs and outputs per task kind are listed in ``dorylus_py/kernels/tasks.py``. Every result is checked
+against the model and the chunk (names, shapes, dtypes) before anything is written, so a wrong or
+hostile worker cannot corrupt the server's arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dorylus_py.pipeline.events import TaskKey
+from dorylus_py.protocol import ProtocolError, require
+from graph_servers.graph_state import GraphState
+
+
+def task_rows(s: GraphState, key: TaskKey) -> dict[str, np.ndarray]:
+    """What a task pulls: the chunk's rows of its inputs (per-edge arrays over the chunk's in-edges, in
+    the state's numbering: the local block's, then the ghost block's, each run with its row pointers)."""
+    kind, train, _, layer, chunk = key
+    a, b = s.chunk(chunk)
+    if kind in ("fwd", "bwd"):
+        out = {"P": s.input_rows(a, b) if layer == 0 else s.G[train][layer - 1][a:b]}
+        if kind == "bwd":
+            out["dZ"] = s.dZ[layer][a:b]
+            if s.model.self_term:
+                out["dOut"] = s.dG[layer][a:b]
+            if s.attention:
+                out |= {"dsrc": s.dsrc[layer][a:b], "ddst": s.ddst[layer][a:b]}
+        return out
+    if kind in ("edge_fwd", "edge_bwd"):
+        (llo, lhi), (glo, ghi) = s.edge_runs(chunk)
+        p, sg = s.part, s.SG[train][layer]
+        lp, gp = np.asarray(p.local_indptr[a : b + 1], np.int64), np.asarray(p.ghost_indptr[a : b + 1], np.int64)
+        sources = np.concatenate([sg[np.asarray(p.local_indices[lp[0] : lp[-1]])],
+                                  sg[s.n + np.asarray(p.ghost_indices[gp[0] : gp[-1]], np.int64)]])
+        out = {"src": np.ascontiguousarray(sources.T), "dst": s.SD[train][layer][a:b],
+               "local_ptr": lp - lp[0], "ghost_ptr": gp - gp[0]}
+        if kind == "edge_bwd":
+            h = s.shapes[layer].heads
+            out["dalpha"] = np.concatenate([s.dalpha[:h, llo:lhi], s.dalpha[:h, glo:ghi]], axis=1)
+        return out
+    logits = s.G[train][s.layers - 1][a:b]
+    if kind == "loss":
+        return {"logits": logits, "labels": s.labels[a:b], "train": s.masks[0, a:b]}
+    return {"logits": logits, "labels": s.labels[a:b], "masks": s.masks[:, a:b]}
+
+
+def expected_tensors(s: GraphState, key: TaskKey) -> dict[str, tuple]:
+    """Name -> shape of every tensor the result of ``key`` must carry (a row count of 1 for ``S``
+    stands for the rows of a GAT bias, broadcast to the chunk)."""
+    kind, _, _, layer, chunk = key
+    a, b = s.chunk(chunk)
+    rows, shape = b - a, s.shapes[layer]
+    if kind == "fwd":
+        out = {"Z": (rows, shape.z_width)}
+        if s.model.self_term:
+            out["S"] = (1 if s.attention else rows, shape.out_width)
+        if s.attention:
+            out |= {"src": (rows, shape.heads), "dst": (rows, shape.heads)}
+        return out
+    if kind == "bwd":
+        out = {f"grad:{t.name}": t.shape for t in s.model.layer_tensors(layer)}
+        return out | ({"dG": (rows, s.shapes[layer - 1].out_width)} if layer > 0 else {})
+    if kind in ("edge_fwd", "edge_bwd"):
+        edges = sum(hi - lo for lo, hi in s.edge_runs(chunk))
+        if kind == "edge_fwd":
+            return {"alpha": (shape.heads, edges)}
+        return {"ds": (shape.heads, edges), "ddst": (rows, shape.heads)}
+    if kind == "loss":
+        return {"dG": (rows, s.shapes[-1].out_width)}
+    return {}
+
+
+def check_result(s: GraphState, key: TaskKey, msg) -> None:
+    kind = key.kind
+    expected = expected_tensors(s, key)
+    require(msg, shapes=expected)
+    extra = set(msg.tensors) - set(expected)
+    if extra:
+        raise ProtocolError(f"{kind} result: unexpected tensors {sorted(extra)[:4]}")
+    if any(msg.tensors[name].dtype != np.float32 for name in expected):
+        raise ProtocolError(f"{kind} result: tensors must be float32")
+    if kind in ("fwd", "bwd"):
+        require(msg, "version")
+        v = msg["version"]
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**53:
+            raise ProtocolError(f"{kind} result: 'version' must be a non-negative integer")
+    elif kind == "loss":
+        require(msg, "loss_sum")
+        if not isinstance(msg["loss_sum"], (int, float)) or not np.isfinite(msg["loss_sum"]):
+            raise ProtocolError("loss result: 'loss_sum' must be a finite number")
+    elif kind == "eval":
+        require(msg, "correct")
+        c = msg["correct"]
+        if not (isinstance(c, list) and len(c) == 3 and all(isinstance(v, int) and 0 <= v <= s.n for v in c)):
+            raise ProtocolError("eval result: 'correct' must be three counts")
+
+
+def apply_result(s: GraphState, key: TaskKey, tensors: dict[str, np.ndarray]) -> None:
+    """Write a checked, accepted result into the arrays (gradients go to the weight servers instead)."""
+    kind, train, _, layer, chunk = key
+    a, b = s.chunk(chunk)
+    if kind == "fwd":
+        s.ZG[train][layer][a:b] = tensors["Z"]
+        if s.S is not None:
+            s.S[train][layer][a:b] = tensors["S"]
+        if s.attention:
+            s.SG[train][layer][a:b] = tensors["src"]
+            s.SD[train][layer][a:b] = tensors["dst"]
+    elif kind == "edge_fwd":
+        _put_edges(s.alpha[train][layer], s.edge_runs(chunk), tensors["alpha"])
+    elif kind == "edge_bwd":
+        _put_edges(s.ds[layer], s.edge_runs(chunk), tensors["ds"])
+        s.ddst[layer][a:b] = tensors["ddst"]
+    elif kind == "bwd" and layer > 0:
+        s.dG[layer - 1][a:b] = tensors["dG"]
+    elif kind == "loss":
+        s.dG[s.layers - 1][a:b] = tensors["dG"]
+
+
+def _put_edges(target: np.ndarray, runs, values: np.ndarray) -> None:
+    """Write a chunk's per-edge ``(H, E)`` result (its local block's edges, then its ghost block's)."""
+    (llo, lhi), (glo, ghi) = runs
+    target[:, llo:lhi] = values[:, : lhi - llo]
+    target[:, glo:ghi] = values[:, lhi - llo :]

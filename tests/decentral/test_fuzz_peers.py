@@ -1,0 +1,43 @@
+"""Fuzzing a decentralised worker's inbox (the peer-to-peer replacement of the gossip coordinator):
+10,000 hostile messages (tests/cluster/fuzz_corpus.py) at a real worker's handlers; its receive thread
+survives, its state is untouched, it still answers, and no reply carries the key. (Gossip is not
+deterministic, so unlike the Cora fuzz runs there is no final loss to compare.)"""
+
+import numpy as np
+import zmq
+
+from dorylus_py.config import TrainConfig
+from dorylus_py.decentral.node import Node
+from dorylus_py.decentral.peers import Links
+from tests.cluster.fuzz_corpus import corpus
+
+KEY = bytes(range(50, 82))
+MESSAGES = 10_000
+
+
+def test_a_workers_inbox_survives_hostile_messages():
+    cfg = TrainConfig(mode="gossip", workers=3, epochs=2, clusters=12, clusters_per_batch=2)
+    params = np.arange(4, dtype=np.float32)
+    node = Node(cfg, rank=1, world=3, key=KEY, params=lambda: params.copy(),
+                share=lambda: ({"params": params.copy()}, {}), make_recorder=lambda: None)
+    node.inbox.start(node._handle)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(node.inbox.address)
+    links = Links(0, KEY, [node.inbox.address] * 3)
+    replies = []
+    try:
+        for frames in corpus("worker", KEY, node.inbox.address, MESSAGES, seed=17):
+            sock.send_multipart(frames)
+            while sock.poll(0):
+                replies.append(sock.recv_multipart())
+        assert links.ask(1, "ping", timeout_s=120).op == "ok"  # after everything before it was handled
+        while sock.poll(500):
+            replies.append(sock.recv_multipart())
+    finally:
+        sock.close(0)
+        links.close()
+        node.inbox.close()
+    assert node.inbox.rejected >= 0.9 * MESSAGES
+    assert not node.ledger.epoch and not node.mailbox and not node.pool.dead and not node.kept
+    assert replies and not [r for r in replies if KEY in b"".join(r) or KEY.hex().encode() in b"".join(r)]

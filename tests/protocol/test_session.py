@@ -1,0 +1,164 @@
+"""Signed messages: round trips without sockets and over inproc PAIR sockets, and every check's refusal."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+import zmq
+
+from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
+from dorylus_py.protocol.session import _FIXED, ENVELOPE_BYTES
+from tests.protocol import forge
+
+KEY = bytes(range(32))
+ADDR = "tcp://127.0.0.1:7100"
+
+
+def pair() -> tuple[Session, Session]:
+    return Session(KEY), Session(KEY)
+
+
+def test_round_trip_without_copies():
+    a, b = pair()
+    z = np.arange(12, dtype=np.float32).reshape(3, 4)
+    frames = a.encode(Message("push_result", {"task": {"chunk": 1}}, {"Z": z, "m": np.array([True, False])}), ADDR)
+    assert len(frames[0]) == ENVELOPE_BYTES
+    assert np.shares_memory(np.asarray(frames[2]), z)  # encode: the frame is the array's own memory
+    got = b.decode(frames, ADDR)
+    assert np.shares_memory(got.tensors["Z"], z)  # decode: the tensor is a view of the frame
+    assert got.op == "push_result" and got["task"] == {"chunk": 1} and got.sender == a.id
+    np.testing.assert_array_equal(got.tensors["Z"], z)
+    assert got.tensors["m"].tolist() == [True, False] and "tensors" not in got.fields
+
+
+def test_reply_is_bound_to_the_asking_session():
+    client, server = pair()
+    request = server.decode(client.encode(Message("pull_rows", {"req": "r1"}), ADDR), ADDR)
+    reply = server.encode(Message("ok", {"req": "r1"}), request.sender)
+    assert client.decode(reply, client.id).op == "ok"
+    other = Session(KEY)
+    with pytest.raises(AuthError, match="bad MAC"):  # a captured reply is useless to any other session
+        other.decode(server.encode(Message("ok", {"req": "r1"}), request.sender), other.id)
+
+
+def test_round_trip_over_pair_sockets_zero_copy():
+    ctx = zmq.Context.instance()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    a.bind("inproc://session-test")
+    b.connect("inproc://session-test")
+    sa, sb = pair()
+    big = np.random.default_rng(0).standard_normal((1000, 64)).astype(np.float32)
+    for _ in range(2):  # each message gets its own sequence number
+        a.send_multipart(sa.encode(Message("rows", {}, {"P": big, "empty": np.zeros((0, 64), np.float32)}), ADDR),
+                         copy=False)
+        frames = b.recv_multipart(copy=False)
+        got = sb.decode(frames, ADDR)
+        assert np.shares_memory(got.tensors["P"], np.frombuffer(frames[2].buffer, np.uint8))  # read in place
+        np.testing.assert_array_equal(got.tensors["P"], big)
+        assert got.tensors["empty"].shape == (0, 64)
+    a.close()
+    b.close()
+
+
+def test_the_key_travels_in_no_frame():
+    a, _ = pair()
+    frames = a.encode(Message("rows", {"x": KEY.hex()[:0]}, {"P": np.frombuffer(b"\0" * 64, np.uint8)}), ADDR)
+    blob = b"".join(bytes(f) for f in frames)
+    assert KEY not in blob and KEY.hex().encode() not in blob and "KEY" not in repr(a) and KEY.hex() not in repr(a)
+
+
+def signed(session: Session, header: bytes, *data: bytes, me=ADDR) -> list:
+    return forge.signed(session, header, *data, to=me)
+
+
+@pytest.mark.parametrize(
+    "header, data, message",
+    [
+        (b"{not json", [], "not valid JSON"),
+        (b"[1, 2]", [], "not a JSON object"),
+        (b"\xff\xfe", [], "not valid JSON"),
+        (b"[" * 5000, [], "nested 5000 deep"),
+        (b'{"op":"ok","x":' + b"[" * 20 + b"]" * 20 + b"}", [], "nested 21 deep"),
+        (b'{"op":"ok","epoch":1e999}', [], "not finite"),
+        (b'{"op":"ok","epoch":NaN}', [], "NaN"),
+        (b'{"op":"ok","epoch":-Infinity}', [], "Infinity"),
+        (b'{"op":"ok","epoch":' + b"9" * 5000 + b"}", [], "out of range"),
+        (b'{"op":"ok","epoch":9007199254740993}', [], "out of range"),
+        (b'{"op":"launch_missiles"}', [], "unknown op"),
+        (b'{"op":["ok"]}', [], "unknown op"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[2,2]}]}', [], "does not match the 0 data"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[2,2]}]}', [b"\0" * 15],
+         r"15 bytes, but shape \[2, 2\] of float32 needs 16"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":"object","shape":[1]}]}', [b"\0" * 8], "dtype 'object'"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":["float32"],"shape":[1]}]}', [b"\0" * 4], "not allowed"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[-1]}]}', [b""], "bad shape"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[true]}]}', [b"\0" * 4], "bad shape"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":"uint8","shape":[1,1,1,1,1]}]}', [b"\0"], "bad shape"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":"uint8","shape":[1]},{"name":"P","dtype":"uint8","shape":[1]}]}',
+         [b"\0", b"\0"], "named twice"),
+        (b'{"op":"rows","tensors":{"P":1}}', [b"\0"], "does not match"),
+    ],
+)
+def test_hostile_bodies_with_a_valid_mac_are_refused(header, data, message):
+    sender, receiver = pair()
+    with pytest.raises(ProtocolError, match=message) as err:
+        receiver.decode(signed(sender, header, *data), ADDR)
+    assert not isinstance(err.value, AuthError)  # authenticated: answered with an error, not dropped
+
+
+def test_brackets_and_escaped_quotes_inside_strings_do_not_count_as_nesting():
+    sender, receiver = pair()
+    text = '[[[[{{{{\\"' * 100 + "\\\\"
+    got = receiver.decode(signed(sender, json.dumps({"op": "ok", "s": text, "t": "]]}}"}).encode()), ADDR)
+    assert got["s"] == text
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda f: [], "0 frames"),
+    (lambda f: f[:1], "1 frames"),
+    (lambda f: f + [b""] * 1100, "frames"),
+    (lambda f: [f[0][:-1], *f[1:]], "envelope of 67 bytes"),
+    (lambda f: [f[0], b" " * 70_000], "header of 70000 bytes"),
+    (lambda f: [b"XXXX" + f[0][4:], *f[1:]], "bad magic"),
+    (lambda f: [f[0][:-1] + bytes([f[0][-1] ^ 1]), *f[1:]], "bad MAC"),
+    (lambda f: [f[0], f[1][:-1], *f[2:]], "bad MAC"),
+    (lambda f: [f[0], f[1], f[2][:-4]], "bad MAC"),
+    (lambda f: [f[0], f[1], bytes(len(f[2]))], "bad MAC"),
+    (lambda f: [f[0][:4] + bytes(16) + f[0][20:], *f[1:]], "bad MAC"),  # another sender id
+    (lambda f: [f[0][:20] + struct.pack(">Q", 99) + f[0][28:], *f[1:]], "bad MAC"),  # another sequence number
+])
+def test_unauthenticated_messages_are_refused_before_parsing(mutate, message):
+    sender, receiver = pair()
+    frames = [bytes(f) for f in sender.encode(Message("rows", {}, {"P": np.ones(4, np.float32)}), ADDR)]
+    with pytest.raises(AuthError, match=message):
+        receiver.decode(mutate(frames), ADDR)
+
+
+def test_wrong_key_and_wrong_audience_are_refused():
+    frames = Session(b"another key of 32 bytes........!").encode(Message("ok"), ADDR)
+    with pytest.raises(AuthError, match="bad MAC"):
+        Session(KEY).decode(frames, ADDR)
+    sender, receiver = pair()
+    with pytest.raises(AuthError, match="bad MAC"):  # signed for another server
+        receiver.decode(sender.encode(Message("ok"), "tcp://127.0.0.1:7101"), ADDR)
+
+
+def test_replays_are_refused():
+    sender, receiver = pair()
+    first = sender.encode(Message("ok"), ADDR)
+    second = sender.encode(Message("ok"), ADDR)
+    receiver.decode(second, ADDR)
+    receiver.decode(first, ADDR)  # overtaken within the window: still new
+    for frames in (first, second):
+        with pytest.raises(AuthError, match="replay"):
+            receiver.decode(frames, ADDR)
+
+
+def test_short_keys_are_refused_and_sending_non_finite_numbers_fails_clearly():
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        Session(b"short")
+    with pytest.raises(ProtocolError, match="not a finite number"):
+        Session(KEY).encode(Message("epoch_stats", {"loss_sum": float("nan")}), ADDR)
+    with pytest.raises(ProtocolError, match="cannot be sent"):
+        Session(KEY).encode(Message("rows", {}, {"P": np.array(["a"])}), ADDR)
