@@ -60,3 +60,43 @@ def test_input_rows_are_float32_and_row_normalised_per_chunk(small_graph, tmp_pa
     expected = row_normalized(part.feature_rows()[10:50])
     np.testing.assert_array_equal(rows, expected)
     assert x.shape == (small_graph.num_nodes, 16)
+
+
+def test_sage_and_gat_share_the_stores_index_arrays(small_graph, tmp_path):
+    """GraphSAGE's mean: values of its own on the mapped patterns; GAT: per-edge arrays over both blocks,
+    ``A_LLᵀ`` with an int32 map to its edges."""
+    prepare(small_graph, tmp_path / "p", 2, "hash")
+    part = PartitionStore.open(tmp_path / "p").load(0)
+    sage = GraphState(part, model_spec("sage", [16, 8, 4]), [3, 3], "none")
+    col = lambda t: t.col_indices().untyped_storage().data_ptr()
+    assert col(sage.adj.local) == col(sage.adj.local_t)  # one pattern (an undirected graph), two sets of values
+    assert not torch.equal(sage.adj.local.values(), sage.adj.local_t.values())
+    assert sage.structure_bytes / sage.edges <= 24
+    gat = GraphState(part, model_spec("gat", [16, 8, 4], heads=2), [3, 3], "none")
+    edges = len(part.local_indices) + len(part.ghost_indices)
+    assert gat.alpha[True][0].shape == (2, edges)
+    assert sum(hi - lo for c in range(3) for lo, hi in gat.edge_runs(c)) == edges
+    assert gat.adj.local_t.edge.dtype == torch.int32
+    assert gat.structure_bytes / gat.edges <= 32
+
+
+def test_gat_attention_dropout_over_two_partitions_does_not_depend_on_the_chunking(small_graph, tmp_path):
+    """Edges keyed by their block position: every chunking of K = 2 draws the same masks (two runs per chunk)."""
+    from dorylus_py.cluster.launcher import train_distributed
+    from dorylus_py.config import TrainConfig
+    from dorylus_py.training import RunRecord
+
+    prepare(small_graph, tmp_path / "p", 2)
+    runs = []
+    for chunks in (1, 3):
+        cfg = TrainConfig(epochs=2, chunks=chunks, lambdas=2, feature_norm="none", model="gat", hidden=4, heads=2,
+                          dropout=0.0, attn_dropout=0.5, backend="cpu", graph_servers=2)
+        result = train_distributed(cfg, tmp_path / "p", RunRecord(tmp_path / f"c{chunks}", cfg.to_dict()), "none",
+                                   show_progress=False)
+        runs.append([r["loss"] for r in result.history])
+    np.testing.assert_allclose(runs[0], runs[1], rtol=1e-5)
+    no_dropout = TrainConfig(epochs=2, chunks=3, lambdas=2, feature_norm="none", model="gat", hidden=4, heads=2,
+                             dropout=0.0, attn_dropout=0.0, backend="cpu", graph_servers=2)
+    plain = train_distributed(no_dropout, tmp_path / "p", RunRecord(tmp_path / "plain", no_dropout.to_dict()), "none",
+                              show_progress=False)
+    assert [r["loss"] for r in plain.history] != pytest.approx(runs[0], rel=1e-4)  # the dropout did something
