@@ -22,9 +22,10 @@ GraphSAGE's mean shares the pattern with values of its own), and only ``A_LGᵀ`
 chunk, for the contributions: for GCN, 8 bytes per edge plus 8-12 per cut edge. Per-edge values
 (:class:`~dorylus_py.kernels.heads.HeadBlocks`): edges are numbered block-wise (the local block's in
 CSR order, then the ghost block's), so a chunk's edges are two runs of the per-edge arrays; ``A_LLᵀ``
-is built with a map to its edges (12 bytes per local edge). Features are read and converted to
-float32 (and row-normalised) one chunk at a time, when a task pulls them; the peers' contributions
-are added up when Gather backward needs them, so no sum of them is kept beside ``dZ``.
+is built with a map to its edges (int32 columns and edge ids: 8 bytes per local entry). Features are
+read and converted to float32 (and row-normalised) one chunk at a time, when a task pulls them; the
+peers' contributions are added up when Gather backward needs them, so no sum of them is kept beside
+``dZ``.
 """
 
 from __future__ import annotations

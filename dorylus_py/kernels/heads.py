@@ -11,7 +11,8 @@ Backward, with ``dOut`` the gradient of ``out``: ``dZ_h = A_hᵀ dOut_h`` (mean:
 and ``dvalues[h, e] = <dOut_h[dst e], Z_h[src e]>`` (mean: ``<dOut[dst e], Z_h[src e]> / H``), a
 sampled dense-dense product (SDDMM). Per-edge arrays are head-major ``(H, E)``, so one head's values
 are one contiguous row and need no copy to become a CSR's values; nothing per edge is wider than
-``H``. GCN and GraphSAGE are the case ``H = 1`` with fixed values.
+``H``. GCN and GraphSAGE are the case ``H = 1`` with fixed values. :class:`HeadBlocks` is a graph
+server's ``A`` in the store's local and ghost blocks, its edges numbered block by block.
 """
 
 from __future__ import annotations
