@@ -100,3 +100,40 @@ def test_gat_attention_dropout_over_two_partitions_does_not_depend_on_the_chunki
     plain = train_distributed(no_dropout, tmp_path / "p", RunRecord(tmp_path / "plain", no_dropout.to_dict()), "none",
                               show_progress=False)
     assert [r["loss"] for r in plain.history] != pytest.approx(runs[0], rel=1e-4)  # the dropout did something
+
+
+@pytest.mark.parametrize("model", ["sage", "gat"])
+def test_directed_graph_gather_and_backward_match_the_global_matrices(small_graph, tmp_path, model):
+    """``Â_LLᵀ`` from the store (GraphSAGE's mean values on it) or built with its edge map (GAT): on a directed
+    graph, one partition's Gather and Gather backward equal the global matrix's, chunk by chunk."""
+    from dorylus_py.kernels.heads import EdgeCSR
+    from dorylus_py.kernels.sparse import gcn_norm_weights
+    from dorylus_py.models.sage import mean_adjacency
+    from tests.partition.test_partition import _directed
+
+    graph = _directed(small_graph)
+    prepare(graph, tmp_path / "p", 1, "hash")
+    part = PartitionStore.open(tmp_path / "p").load(0)
+    assert not part.local_symmetric
+    state = GraphState(part, model_spec(model, [16, 8, 4], heads=1), [3], "none")
+    n = graph.num_nodes
+    if model == "sage":
+        adj = mean_adjacency(graph)
+        matrix, transpose = adj.matrix, adj.transpose
+    else:
+        ip, ix, _ = gcn_norm_weights(graph.indptr, graph.indices)
+        values = torch.rand(1, len(ix), generator=torch.Generator().manual_seed(0))
+        state.alpha[True][0][:] = values.numpy()
+        a = EdgeCSR.from_csr(ip, ix, n)
+        matrix, transpose = a.matrices(values)[0], a.transpose().matrices(values)[0]
+    z, dg = np.random.default_rng(0).standard_normal((2, n, 8)).astype(np.float32)
+    state.ZG[True][0][:] = z
+    state.dG[0][:] = dg
+    for c in range(state.chunks):
+        state.gather(True, 0, c)
+        state.gather_backward(0, c)
+    S = state.S[True][0] if state.S else 0
+    torch.testing.assert_close(torch.from_numpy(state.G[True][0] - S), torch.sparse.mm(matrix, torch.from_numpy(z)),
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(state.dZ[0]), torch.sparse.mm(transpose, torch.from_numpy(dg)),
+                               rtol=1e-5, atol=1e-5)
