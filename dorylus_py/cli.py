@@ -177,7 +177,8 @@ def _config_from_args(cls, args):
 
 
 def _run_synth(args) -> int:
-    from dorylus_py.data import SynthConfig, generate, write_npz
+    from dorylus_py.config import SynthConfig
+    from dorylus_py.data.synth import write_synth
     from dorylus_py.progress import status
 
     out = Path(args.out)
@@ -185,10 +186,7 @@ def _run_synth(args) -> int:
     cfg = _config_from_args(SynthConfig, args)
     cfg.check()
     t0 = time.perf_counter()
-    graph = generate(cfg, progress=status)
-    status(f"writing {out}")
-    write_npz(graph, out)
-    s = graph.summary()
+    s = write_synth(cfg, out, progress=status)
     print(
         f"wrote {out}: {s['nodes']:,} vertices, {s['edges']:,} edges, {s['features']} features, "
         f"{s['classes']} classes, split {s['train']:,}/{s['val']:,}/{s['test']:,} "
@@ -231,14 +229,24 @@ def _add_prepare(sub, data) -> None:
         "partition a dataset for K graph servers: per-partition Gather CSR over [local | ghost] "
         "columns, ghost maps, send lists, features, labels, masks and a checksummed manifest",
         [data],
-        DATA_FORMATS,
+        DATA_FORMATS + "\nAn .npz input is streamed: memory stays at a few hundred bytes per vertex whatever the\n"
+        "edge count (METIS, when it is chosen, needs its own: about 200 bytes per edge).\n",
     )
     p.add_argument("input", metavar="INPUT", help="dataset (see formats below)")
     p.add_argument("--partitions", "-k", type=int, required=True, help="number of partitions (graph servers)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder, or s3://BUCKET/PREFIX (AWS credentials, "
                    "region and AWS_ENDPOINT_URL from the environment); must be empty unless --overwrite")
-    p.add_argument("--partitioner", default="metis", help="metis: minimum edge cut (default); hash: by vertex id")
-    p.add_argument("--seed", type=int, default=0, help="METIS seed (default 0)")
+    p.add_argument("--partitioner", default="auto",
+                   help="metis: minimum edge cut, needs memory; fennel: streaming, a few passes, bounded memory; "
+                        "hash: by vertex id; auto (default): metis when its memory estimate fits --memory-budget, "
+                        "else fennel (the choice is printed)")
+    p.add_argument("--memory-budget", type=float, metavar="GB", help="auto: memory METIS may use (default: 3/4 of "
+                   "the memory available now)")
+    p.add_argument("--feature-dtype", default="float32", help="how features are stored: float32 (default), float16 "
+                   "or bfloat16; graph servers compute in float32")
+    p.add_argument("--scratch", metavar="DIR", help="folder for temporary files, about 16 bytes per edge "
+                   "(default: beside --out)")
+    p.add_argument("--seed", type=int, default=0, help="METIS / Fennel seed (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (refused if its "
                    "checkpoints/ holds files, unless --delete-checkpoints)")
     p.add_argument("--delete-checkpoints", action="store_true", help="with --overwrite: delete the store's checkpoints too")
@@ -246,24 +254,35 @@ def _add_prepare(sub, data) -> None:
 
 
 def _run_prepare(args) -> int:
-    from dorylus_py.data import load_graph
-    from dorylus_py.partition import prepare
+    from dorylus_py.partition import FEATURE_DTYPES, prepare
+    from dorylus_py.partition.source import open_source
     from dorylus_py.progress import status
 
     if args.partitions < 1:  # checked before anything is read or created
         raise ConfigError(f"--partitions must be >= 1, got {args.partitions}")
     _check_partitioner(args.partitioner)
+    if args.feature_dtype not in FEATURE_DTYPES:
+        raise ConfigError(f"--feature-dtype must be one of {', '.join(FEATURE_DTYPES)}, got {args.feature_dtype!r}")
+    if args.memory_budget is not None and args.memory_budget <= 0:
+        raise ConfigError(f"--memory-budget must be > 0 GB, got {args.memory_budget}")
+    if args.scratch and not Path(args.scratch).is_dir():
+        raise ConfigError(f"{args.scratch}: --scratch is not a folder")
     if not cli_train.is_s3(args.out) and Path(args.out).exists() and not args.overwrite:
         raise DorylusError(f"{args.out}: already exists (pass --overwrite to replace it)")
     t0 = time.perf_counter()
-    status(f"loading {args.input}")
-    graph = load_graph(args.input, _sources(args))
-    m = prepare(graph, args.out, args.partitions, args.partitioner, args.seed, args.overwrite, progress=status,
+    status(f"reading {args.input}")
+    source = open_source(args.input, _sources(args))
+    budget = None if args.memory_budget is None else int(args.memory_budget * 2**30)
+    m = prepare(source, args.out, args.partitions, args.partitioner, args.seed, args.overwrite, progress=status,
+                feature_dtype=args.feature_dtype, memory_budget=budget, scratch=args.scratch,
                 delete_checkpoints=args.delete_checkpoints)
+    if m["partitioner_note"]:
+        print(f"partitioner auto: {m['partitioner_note']}")
     print(
         f"wrote {args.out}: {m['partitions']} partitions of {m['nodes']:,} vertices ({m['partitioner']}); "
-        f"edge cut {m['edge_cut']:,} of {m['edges']:,} edges ({100 * m['edge_cut_fraction']:.1f} %); "
-        f"balance {m['balance']:.3f} (largest / mean); {time.perf_counter() - t0:.1f} s"
+        f"edge cut {m['edge_cut']:,} of {m['edges']:,} edges ({100 * m['edge_cut_fraction']:.1f} %, hash would cut "
+        f"{100 * m['hash_edge_cut_fraction']:.1f} %); balance {m['balance']:.3f} (largest / mean); "
+        f"{time.perf_counter() - t0:.1f} s"
     )
     return 0
 
@@ -331,8 +350,8 @@ def _add_train(sub, data) -> None:
     c.add_argument("--async-update", choices=("epoch", "chunk"), default=d.async_update,
                    help="async: one weight update per epoch's worth of chunk gradients, taken without a barrier "
                         "(default; Cora 81 %%), or one per chunk gradient (78 %%)")
-    c.add_argument("--partitioner", default=d.partitioner, help="metis or hash: how --data is partitioned when it is "
-                   "not a prepared store of --graph-servers parts (default metis)")
+    c.add_argument("--partitioner", default=d.partitioner, help="auto, metis, fennel or hash: how --data is partitioned "
+                   "when it is not a prepared store of --graph-servers parts (default auto; see `dorylus prepare --help`)")
     c.add_argument("--lambdas", type=int, default=d.lambdas, help=f"local: concurrent emulated Lambdas in all (default {d.lambdas})")
     c.add_argument("--lambda-latency-ms", type=float, default=d.lambda_latency_ms, help="local: injected latency per invocation (default 0)")
     c.add_argument("--lambda-fail-rate", type=float, default=d.lambda_fail_rate, help="local: chance an invocation fails (default 0)")
@@ -388,7 +407,7 @@ def _run_train(args) -> int:
     from dorylus_py.data import SynthConfig, generate, load_graph
     from dorylus_py.progress import status
     from dorylus_py.training import RunRecord, train_reference
-    from dorylus_py.training.reference import resolve_feature_norm
+    from dorylus_py.training.reference import feature_norm_for, resolve_feature_norm
 
     given = given_flags(args.argv)
     resumed = cli_train.resume_args(args, given) if args.resume_dir else None
@@ -411,19 +430,27 @@ def _run_train(args) -> int:
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode if cfg.mode in DECENTRAL_MODES else cfg.backend}")
     checkpoints = cli_train.checkpoints_of(cfg, run_dir)
     done = cli_train.checkpoint_epoch(checkpoints, cfg.epochs) if resumed is not None else None  # before any write
-    if cfg.data is None:
+    store, copy = (cli_train.store_for(cfg, run_dir, reuse=resumed is not None) if distributed
+                   else (None, cfg.mode in DECENTRAL_MODES))  # copy: the run writes the data into its record
+    graph = None
+    if distributed and not copy:  # the graph servers read the store; the driver needs only its manifest
+        from dorylus_py.partition import PartitionStore
+
+        manifest = PartitionStore.open(store).manifest
+        summary, source = manifest["summary"], cfg.data
+        norm = feature_norm_for(cfg.feature_norm, manifest["features_nonnegative"], store)
+    elif cfg.data is None:
         synth = SynthConfig()
         status(f"no --data: generating a graph ({synth.nodes:,} vertices, {synth.edges:,} edges, seed {synth.seed})")
         graph = generate(synth)
     else:
         status(f"loading {cfg.data}")
         graph = load_graph(cfg.data, _sources(args))
-    norm = resolve_feature_norm(cfg, graph)
-    store, copy = (cli_train.store_for(cfg, run_dir, reuse=resumed is not None) if distributed
-                   else (None, cfg.mode in DECENTRAL_MODES))  # copy: the run writes the data into its record
+    if graph is not None:
+        summary, source, norm = graph.summary(), graph.source, resolve_feature_norm(cfg, graph)
     if args.overwrite and cfg.data and not cli_train.is_s3(cfg.data) and Path(cfg.data).resolve().is_relative_to(run_dir.resolve()):
         raise ConfigError(f"--data {cfg.data} lies inside {run_dir}, which --overwrite would delete")
-    config = cfg.to_dict() | {"feature_norm": norm, "graph": graph.summary(), "graph_source": graph.source,
+    config = cfg.to_dict() | {"feature_norm": norm, "graph": summary, "graph_source": source,
                               "sources": dataclasses.asdict(_sources(args)), "cluster": args.cluster,
                               "no_data_copy": args.no_data_copy, "store": None if copy and args.no_data_copy else store}
     if resumed is not None:  # the record's configuration, with what may change and when it was resumed

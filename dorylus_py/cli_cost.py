@@ -138,9 +138,16 @@ def _run_cost_estimate(args) -> int:
     prices = Prices.load(args.prices, args.region, args.arch)
     prices.hourly(args.as_instance)
     if args.data:
-        from dorylus_py.data import load_graph
+        from dorylus_py.cli_train import is_prepared_store
 
-        s = load_graph(args.data).summary()
+        if is_prepared_store(args.data):  # its manifest has the counts: no need to put the graph together
+            from dorylus_py.partition import PartitionStore
+
+            s = PartitionStore.open(args.data).manifest["summary"]
+        else:
+            from dorylus_py.data import load_graph
+
+            s = load_graph(args.data).summary()
         counts = {k: s[k] for k in ("nodes", "edges", "features", "classes")}
     else:
         counts = {k: getattr(args, k) for k in ("nodes", "edges", "features", "classes")}

@@ -52,7 +52,7 @@ class TrainConfig:
     staleness: int = 1  # async: a chunk may run at most this many epochs ahead of the slowest
     switch_threshold: float = 0.0  # async: switch to sync once validation accuracy is within this of --target-acc
     async_update: str = "epoch"  # async: one Adam step per epoch's worth of chunk gradients, or per `chunk`
-    partitioner: str = "metis"  # how --data is split into K parts when it is not a store of K parts already
+    partitioner: str = "auto"  # how --data is split into K parts when it is not a store of K parts already
     lambdas: int = 4  # local: emulated Lambdas running at once, shared out among graph servers
     lambda_latency_ms: float = 0.0  # local: injected invoke latency per task
     lambda_fail_rate: float = 0.0  # local: chance that an invocation fails (before or part-way)

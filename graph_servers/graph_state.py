@@ -3,16 +3,29 @@
 Every model's layer is ``G_l = A_l Z_l [+ S_l]`` (``models/spec.py``): tensor tasks compute ``Z_l``
 (and the self term ``S_l``) chunk by chunk; each finished chunk's ``Z_l`` rows go to the peers that
 hold them as ghosts (positions in their ghost order, via the send lists); Gather multiplies by the
-partition's rows of ``A_l``, a CSR over ``[local | ghost]`` columns whose values are fixed (GCN:
-``Â``; GraphSAGE: the mean ``D⁻¹A``, 0 on the self loop) or come per head from ApplyEdge tasks
-(GAT: ``α̃``, ``(H, E)``). ``Z_l`` and its ghosts share one buffer of ``n_local + n_ghost`` rows,
-so Gather reads it in place. The loss task turns the logits ``G_{L-1}`` into ``dG_{L-1}``;
-backward runs the path in reverse: each chunk's ``dG_l`` rows give the peers their contribution
-``A[chunk, ghosts]ᵀ dG_l[chunk]`` to their vertices' gradients (the newest contribution of every
-peer chunk is kept), and Gather backward is ``dZ_l = Aᵀ[local] dG_l + remote``. GAT adds, per layer,
-the source and destination scores (``(n, H)``), the per-edge ``α̃``, ``dα̃`` and ``ds`` (each
-``(H, E)``: nothing per edge is wider than the head count), the SDDMM ``dα̃ = <dG_v, Z_u>``
-(``attn_grad``), and the sources' score gradients ``Σ_v ds_uv`` with the peers' parts (``ebwd``).
+partition's rows of ``A_l``, whose values are fixed (GCN: ``Â``; GraphSAGE: the mean ``D⁻¹A``, 0 on
+the self loop) or come per head from ApplyEdge tasks (GAT: ``α̃``, ``(H, E)``). ``Z_l`` and its
+ghosts share one buffer of ``n_local + n_ghost`` rows, so Gather reads it in place. The loss task
+turns the logits ``G_{L-1}`` into ``dG_{L-1}``; backward runs the path in reverse: each chunk's
+``dG_l`` rows give the peers their contribution ``A[chunk, ghosts]ᵀ dG_l[chunk]`` to their vertices'
+gradients (the newest contribution of every peer chunk is kept, in ``remote_parts``), and Gather
+backward is ``dZ_l = Aᵀ[local] dG_l`` plus those contributions. GAT adds, per layer, the source and
+destination scores (``(n, H)``), the per-edge ``α̃``, ``dα̃`` and ``ds`` (each ``(H, E)``), the
+SDDMM ``dα̃ = <dG_v, Z_u>`` (``attn_grad``), and the sources' score gradients ``Σ_v ds_uv`` with
+the peers' parts (``ebwd``).
+
+Memory: the partition's arrays stay memory-mapped from the store and are never copied. ``A`` is held
+in the store's blocks, ``A_LL`` (local columns) and ``A_LG`` (ghost columns); each chunk's rows are
+views of them. Fixed values (:class:`~dorylus_py.kernels.sparse.BlockAdjacency`): ``Â_LL`` serves
+backward too when it is symmetric (an undirected graph; else the store's ``Â_LLᵀ`` is mapped;
+GraphSAGE's mean shares the pattern with values of its own), and only ``A_LGᵀ`` is built, chunk by
+chunk, for the contributions: for GCN, 8 bytes per edge plus 8-12 per cut edge. Per-edge values
+(:class:`~dorylus_py.kernels.heads.HeadBlocks`): edges are numbered block-wise (the local block's in
+CSR order, then the ghost block's), so a chunk's edges are two runs of the per-edge arrays; ``A_LLᵀ``
+is built with a map to its edges (int32 columns and edge ids: 8 bytes per local entry). Features are
+read and converted to float32 (and row-normalised) one chunk at a time, when a task pulls them; the
+peers' contributions are added up when Gather backward needs them, so no sum of them is kept beside
+``dZ``.
 """
 
 from __future__ import annotations
@@ -21,11 +34,11 @@ import numpy as np
 import torch
 
 from dorylus_py.data.graph import row_normalized
-from dorylus_py.kernels.heads import EdgeCSR, edge_value_grad, gather_heads, gather_heads_backward, row_sums
-from dorylus_py.kernels.sparse import mean_weights
+from dorylus_py.heap import return_freed_memory
+from dorylus_py.kernels.heads import HeadBlocks, gather_heads_backward, row_sums
+from dorylus_py.kernels.sparse import BlockAdjacency, csr_nbytes
 from dorylus_py.models.spec import ModelSpec
 from dorylus_py.partition.layout import Partition
-from dorylus_py.pipeline.events import TaskKey
 from dorylus_py.protocol import ProtocolError
 
 
@@ -37,43 +50,77 @@ class GraphState:
     def __init__(self, part: Partition, model: ModelSpec, chunk_counts: list[int], feature_norm: str, edge_offset: int = 0):
         """``chunk_counts``: how many chunks every graph server has (ours included); ``edge_offset``:
         the id of this partition's first edge (edges are numbered across partitions, for dropout keys)."""
+        return_freed_memory()  # before the buffers: chunk-sized temporaries must not pile up in the heap
         self.part, self.model, self.chunk_counts, self.edge_offset = part, model, chunk_counts, edge_offset
         self.n, self.g = n, g = part.num_local, part.num_ghosts
         self.shapes = model.layers
         self.layers = model.num_layers
         self.attention = model.aggregation == "attention"
         self.peers = [p for p in range(part.num_parts) if p != part.index]
-        x = np.asarray(part.features)
-        self.x = np.ascontiguousarray(row_normalized(x) if feature_norm == "row" else x, dtype=np.float32)
+        self.feature_norm = feature_norm
         self.labels = np.asarray(part.labels)
         self.masks = np.stack([np.asarray(part.train_mask), np.asarray(part.val_mask), np.asarray(part.test_mask)])
-        self.indptr = np.asarray(part.indptr)
+        self.nnz_local = len(part.local_indices)
+        self.adj = self._adjacency()
         self.bounds = np.linspace(0, n, chunk_counts[part.index] + 1).astype(np.int64)
         self.send_ids = [torch.from_numpy(np.array(part.sends_to(p))) for p in range(part.num_parts)]
-        self.fixed = None  # (1, E) values of A for GCN and GraphSAGE; GAT's come from the tasks
-        if not self.attention:
-            w = part.weights if model.aggregation == "gcn" else mean_weights(self.indptr, part.indices)
-            self.fixed = torch.from_numpy(np.array(w, dtype=np.float32)).reshape(1, -1)
-        self._layouts()
-        shapes, nnz, hmax = self.shapes, len(part.indices), max(s.heads for s in self.shapes)
+        self._chunk_layouts()
+        shapes, edges, hmax = self.shapes, self.nnz_local + len(part.ghost_indices), max(s.heads for s in self.shapes)
         # ZG[train][l]: rows 0..n-1 are Z_l, rows n.. its ghosts; G[train][l]: the layer's output
         self.ZG = {t: [_zeros(n + g, s.z_width) for s in shapes] for t in (True, False)}
         self.G = {t: [_zeros(n, s.out_width) for s in shapes] for t in (True, False)}
         self.S = {t: [_zeros(n, s.out_width) for s in shapes] for t in (True, False)} if model.self_term else None
         self.dG = [_zeros(n, s.out_width) for s in shapes]
         self.dZ = [_zeros(n, s.z_width) for s in shapes]
-        self.remote = {"bwd": [_zeros(n, s.z_width) for s in shapes]}  # the peers' parts of dZ (and of dsrc)
-        self.remote_parts: dict[tuple, tuple] = {}  # (phase, layer, peer, peer chunk) -> (our rows, its last part)
+        self.phases = ("bwd", "ebwd") if self.attention else ("bwd",)  # what the peers contribute
+        # (phase, layer, peer, peer chunk) -> (our rows, int32; its newest contribution to them)
+        self.remote_parts: dict[tuple, tuple] = {}
         if self.attention:
             self.SG = {t: [_zeros(n + g, s.heads) for s in shapes] for t in (True, False)}  # source scores, with ghosts
             self.SD = {t: [_zeros(n, s.heads) for s in shapes] for t in (True, False)}  # destination scores
-            shared = _zeros(hmax, nnz)  # the evaluation forward's α̃: read only by the chunk that wrote it
-            self.alpha = {True: [_zeros(s.heads, nnz) for s in shapes], False: [shared[: s.heads] for s in shapes]}
-            self.dalpha = _zeros(hmax, nnz)  # dα̃ of one layer at a time, per chunk: attn_grad -> edge_bwd
-            self.ds = [_zeros(s.heads, nnz) for s in shapes]
+            shared = _zeros(hmax, edges)  # the evaluation forward's α̃: read only by the chunk that wrote it
+            self.alpha = {True: [_zeros(s.heads, edges) for s in shapes], False: [shared[: s.heads] for s in shapes]}
+            self.dalpha = _zeros(hmax, edges)  # dα̃ of one layer at a time, per chunk: attn_grad -> edge_bwd
+            self.ds = [_zeros(s.heads, edges) for s in shapes]
             self.dsrc = [_zeros(n, s.heads) for s in shapes]
             self.ddst = [_zeros(n, s.heads) for s in shapes]
-            self.remote["ebwd"] = [_zeros(n, s.heads) for s in shapes]
+
+    def _adjacency(self) -> BlockAdjacency | HeadBlocks:
+        p, n, g = self.part, self.n, self.g
+        if self.attention:
+            return HeadBlocks.from_arrays(p.local_indptr, p.local_indices, p.ghost_indptr, p.ghost_indices, n, g)
+        local, ghost = (p.local_indptr, p.local_indices, p.local_weights), (p.ghost_indptr, p.ghost_indices, p.ghost_weights)
+        local_t = None if p.local_symmetric else (p.local_t_indptr, p.local_t_indices, p.local_t_weights)
+        if self.model.aggregation == "mean":
+            local, ghost, local_t = self._mean_blocks(local, ghost, local_t)
+        return BlockAdjacency.from_arrays(local, ghost, local_t, n, g)
+
+    def _mean_blocks(self, local, ghost, local_t):
+        """GraphSAGE's ``D⁻¹A`` on the blocks' patterns (``D``: in-degree without the self loop; 0 on the
+        self loop): row ``v``'s entries are ``1/deg v``, and ``Aᵀ``'s entries ``1/deg`` of their column."""
+        lp, gp = np.asarray(local[0], np.int64), np.asarray(ghost[0], np.int64)
+        inv = (1.0 / np.maximum(np.diff(lp) + np.diff(gp) - 1, 1)).astype(np.float32)
+        rows = np.repeat(np.arange(self.n), np.diff(lp))
+        cols = np.asarray(local[1])
+        pattern_t = local if local_t is None else local_t
+        rows_t, cols_t = np.repeat(np.arange(self.n), np.diff(np.asarray(pattern_t[0], np.int64))), np.asarray(pattern_t[1])
+        return ((local[0], cols, np.where(cols == rows, np.float32(0), inv[rows])),
+                (ghost[0], ghost[1], np.repeat(inv, np.diff(gp))),
+                (pattern_t[0], cols_t, np.where(cols_t == rows_t, np.float32(0), inv[cols_t])))
+
+    @property
+    def edges(self) -> int:
+        """In-edges held (both blocks, without the self loops)."""
+        return self.nnz_local + len(self.part.ghost_indices) - self.n
+
+    @property
+    def structure_bytes(self) -> int:
+        """Bytes of graph structure for forward and backward Gather: the blocks (and GAT's edge maps),
+        each chunk's new row pointers, and the chunks' ghost transposes."""
+        if self.attention:
+            views = sum(m.crow.nbytes for r in self.rows_of if r is not self.adj for m in (r.local, r.ghost, r.local_t))
+            return self.adj.nbytes() + views + sum(t.nbytes() for t in self.ghost_t)
+        return self.adj.nbytes() + sum(r.row_pointer_bytes() for r in self.rows_of) + csr_nbytes(*self.ghost_t)
 
     @property
     def chunks(self) -> int:
@@ -82,42 +129,26 @@ class GraphState:
     def chunk(self, c: int) -> tuple[int, int]:
         return int(self.bounds[c]), int(self.bounds[c + 1])
 
-    def edges_of(self, c: int) -> tuple[int, int]:
-        """The chunk's in-edges: positions ``lo..hi`` of the partition's CSR (and of per-edge arrays)."""
+    def edge_runs(self, c: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The chunk's in-edges as positions of the per-edge arrays: the local block's run, the ghost block's."""
         a, b = self.chunk(c)
-        return int(self.indptr[a]), int(self.indptr[b])
+        lp, gp, nl = self.part.local_indptr, self.part.ghost_indptr, self.nnz_local
+        return (int(lp[a]), int(lp[b])), (nl + int(gp[a]), nl + int(gp[b]))
 
-    def _fix(self, m: EdgeCSR) -> EdgeCSR:
-        return m if self.fixed is None else m.fix(self.fixed)
-
-    def _layouts(self) -> None:
-        """``A`` and ``Aᵀ`` over local vertices, and per chunk: its rows of ``A``, its rows of ``Aᵀ``, and
-        ``A[chunk, ghosts]ᵀ`` for the contributions to the ghosts' owners; which of its rows each peer
-        holds as ghosts."""
-        part, n = self.part, self.n
-        ip, ix = self.indptr, np.asarray(part.indices)
-        adj = EdgeCSR.from_csr(ip, ix, n + self.g)
-        adj_t = adj.transpose().rows(0, n)  # (n, n): Aᵀ restricted to local sources
-        self.adj, self.adj_t = self._fix(adj), self._fix(adj_t)
-        self.rows_of, self.local_t, self.ghost_t, self.touched, self.send_in_chunk = [], [], [], [], []
+    def _chunk_layouts(self) -> None:
+        """Per chunk: its rows of the blocks (views), ``A[chunk, ghosts]ᵀ`` for the contributions to the
+        ghosts' owners, and which of its rows each peer holds as ghosts."""
+        part = self.part
+        self.rows_of, self.ghost_t, self.touched, self.send_in_chunk = [], [], [], []
         for c in range(self.chunks):
             a, b = self.chunk(c)
-            lo, hi = ip[a], ip[b]
-            self.rows_of.append(self._fix(adj.rows(a, b)))
-            self.local_t.append(self._fix(adj_t.rows(a, b)))
-            ghost = ix[lo:hi] >= n
-            r = np.repeat(np.arange(b - a), np.diff(ip[a : b + 1]))[ghost]
-            gcols = ix[lo:hi][ghost] - n
-            touched = np.unique(gcols)  # the ghosts this chunk has edges from, sorted (so grouped by owner)
-            tcol = np.searchsorted(touched, gcols)
-            order = np.argsort(tcol, kind="stable")
-            crow = np.concatenate([[0], np.cumsum(np.bincount(tcol, minlength=len(touched)))])
-            edges = np.arange(lo, hi)[ghost][order]
-            self.ghost_t.append(self._fix(EdgeCSR(torch.from_numpy(crow), torch.from_numpy(r[order]),
-                                                  (len(touched), b - a), torch.from_numpy(edges))))
+            rows = self.adj.rows(a, b)
+            self.rows_of.append(rows)
+            touched, ghost_t = rows.ghost_transpose()  # the ghosts this chunk has edges from, grouped by owner
+            self.ghost_t.append(ghost_t)  # (touched, b - a)
             cut = np.searchsorted(touched, np.asarray(part.ghost_offsets))
-            self.touched.append({p: (cut[p], cut[p + 1], touched[cut[p] : cut[p + 1]] - part.ghost_offsets[p])
-                                 for p in self.peers})
+            self.touched.append({p: (cut[p], cut[p + 1], touched[cut[p] : cut[p + 1]].astype(np.int64)
+                                     - part.ghost_offsets[p]) for p in self.peers})
             per_peer = {}
             for p in self.peers:
                 ids = self.send_ids[p].numpy()
@@ -125,8 +156,8 @@ class GraphState:
                 per_peer[p] = (pos, ids[pos])
             self.send_in_chunk.append(per_peer)
 
-    def _values(self, train: bool, layer: int) -> torch.Tensor | None:
-        return None if self.fixed is not None else torch.from_numpy(self.alpha[train][layer])
+    def _values(self, train: bool, layer: int) -> torch.Tensor:
+        return torch.from_numpy(self.alpha[train][layer])
 
     # --- graph work (on the graph thread; it touches rows no running task reads) -------------------
 
@@ -141,43 +172,51 @@ class GraphState:
         else:
             raise ValueError(f"unknown graph stage {stage!r}")
 
-    def _rows(self, chunk: int | None) -> tuple[int, int]:
-        return (0, self.n) if chunk is None else self.chunk(chunk)
+    def _rows(self, chunk: int | None):
+        """``((a, b), blocks)``: the chunk's row range and its rows of ``A`` (all rows for None)."""
+        return ((0, self.n), self.adj) if chunk is None else (self.chunk(chunk), self.rows_of[chunk])
 
     def gather(self, train: bool, layer: int, chunk: int | None) -> None:
-        s, (a, b) = self.shapes[layer], self._rows(chunk)
-        m = self.adj if chunk is None else self.rows_of[chunk]
-        out = gather_heads(m, self._values(train, layer), torch.from_numpy(self.ZG[train][layer]), s.heads, s.concat)
-        self.G[train][layer][a:b] = out.numpy() + self.S[train][layer][a:b] if self.S else out.numpy()
+        """``G_l`` of the chunk's rows, written in place."""
+        s, ((a, b), m) = self.shapes[layer], self._rows(chunk)
+        out, zg = self.G[train][layer][a:b], torch.from_numpy(self.ZG[train][layer])
+        if self.attention:
+            out[:] = m.gather(self._values(train, layer), zg, s.heads, s.concat).numpy()
+        else:
+            m.gather(zg, out=torch.from_numpy(out))
+        if self.S:
+            out += self.S[train][layer][a:b]
 
     def gather_backward(self, layer: int, chunk: int | None) -> None:
         """``dZ_l`` of the chunk's rows: our own chunks' ``dG_l`` through ``Aᵀ``, plus the peers' parts
         (GAT: also the sources' score gradients, from our edges' ``ds`` and the peers' parts)."""
-        s, (a, b) = self.shapes[layer], self._rows(chunk)
-        m = self.adj_t if chunk is None else self.local_t[chunk]
-        if chunk is None:  # sync: the peers' parts summed afresh in a fixed order (the same bits every run)
-            for phase in self.remote:
-                self._sum_remote(phase, layer)
-        dz = gather_heads_backward(m, self._values(True, layer), torch.from_numpy(self.dG[layer]), s.heads, s.concat)
-        self.dZ[layer][a:b] = dz.numpy() + self.remote["bwd"][layer][a:b]
+        s, ((a, b), m) = self.shapes[layer], self._rows(chunk)
+        dz, dg = self.dZ[layer][a:b], torch.from_numpy(self.dG[layer])
         if self.attention:
-            self.dsrc[layer][a:b] = row_sums(m, torch.from_numpy(self.ds[layer])).numpy() + self.remote["ebwd"][layer][a:b]
+            dz[:] = m.gather_t(self._values(True, layer), dg, s.heads, s.concat).numpy()
+            self.dsrc[layer][a:b] = row_sums(m.local_t, torch.from_numpy(self.ds[layer])).numpy()
+        else:
+            m.gather_t(dg, out=torch.from_numpy(dz))
+        self._add_remote("bwd", layer, a, b, dz)
+        if self.attention:
+            self._add_remote("ebwd", layer, a, b, self.dsrc[layer][a:b])
+
+    def _add_remote(self, phase: str, layer: int, a: int, b: int, target: np.ndarray) -> None:
+        """Add the peers' parts for rows ``a..b-1`` in a fixed order (the same bits every run), from a
+        snapshot of the keys (the loop thread may add parts meanwhile)."""
+        for key in sorted(k for k in list(self.remote_parts) if k[:2] == (phase, layer)):
+            local, contribution = self.remote_parts[key]
+            inside = (local >= a) & (local < b)
+            target[local[inside] - a] += contribution[inside]  # a part never repeats a row
 
     def attention_grad(self, layer: int, chunk: int | None) -> None:
-        """GAT: ``dα̃`` of the chunk's in-edges, ``<dG_l[v], Z_l[u]>`` per head (an SDDMM)."""
-        s, (a, b) = self.shapes[layer], self._rows(chunk)
-        m = self.adj if chunk is None else self.rows_of[chunk]
-        lo, hi = int(self.indptr[a]), int(self.indptr[b])
-        d = edge_value_grad(m, torch.from_numpy(self.dG[layer][a:b]), torch.from_numpy(self.ZG[True][layer]), s.heads,
-                            s.concat)
-        self.dalpha[: s.heads, lo:hi] = d.numpy()
-
-    def _sum_remote(self, phase: str, layer: int) -> None:
-        remote = self.remote[phase][layer]
-        remote[:] = 0
-        for key in sorted(k for k in self.remote_parts if k[:2] == (phase, layer)):
-            rows, part = self.remote_parts[key]
-            remote[rows] += part
+        """GAT: ``dα̃`` of the chunk's in-edges, ``<dG_l[v], Z_l[u]>`` per head (an SDDMM per block)."""
+        s, ((a, b), m) = self.shapes[layer], self._rows(chunk)
+        local, ghost = m.value_grads(torch.from_numpy(self.dG[layer][a:b]), torch.from_numpy(self.ZG[True][layer]),
+                                     s.heads, s.concat)
+        (llo, lhi), (glo, ghi) = m.edge_runs()
+        self.dalpha[: s.heads, llo:lhi] = local.numpy()
+        self.dalpha[: s.heads, glo:ghi] = ghost.numpy()
 
     # --- what goes to the peers --------------------------------------------------------------------
 
@@ -196,22 +235,24 @@ class GraphState:
         if not self.peers:
             return {}
         s, (a, b), m = self.shapes[layer], self.chunk(chunk), self.ghost_t[chunk]
-        if phase == "bwd":
-            contrib = gather_heads_backward(m, self._values(True, layer), torch.from_numpy(self.dG[layer][a:b]), s.heads,
-                                            s.concat).numpy()
+        dg = torch.from_numpy(self.dG[layer][a:b])
+        if not self.attention:
+            contrib = torch.sparse.mm(m, dg).numpy()
+        elif phase == "bwd":
+            contrib = gather_heads_backward(m, self._values(True, layer), dg, s.heads, s.concat).numpy()
         else:
             contrib = row_sums(m, torch.from_numpy(self.ds[layer])).numpy()
         return {p: (positions, contrib[lo:hi]) for p, (lo, hi, positions) in self.touched[chunk].items()}
 
     def store_peer_rows(self, phase: str, src: int, layer: int, src_chunk: int, tensors: dict[str, np.ndarray]) -> None:
         """Keep a peer's rows (checked first: nothing out of range is written)."""
-        if (src not in self.peers or not 0 <= layer < self.layers or phase not in ("fwd", "efwd", *self.remote)
+        if (src not in self.peers or not 0 <= layer < self.layers or phase not in ("fwd", "efwd", *self.phases)
                 or not 0 <= src_chunk < self.chunk_counts[src]):
             raise ProtocolError(f"rows from {src} chunk {src_chunk} for layer {layer} phase {phase!r} are not expected")
         s = self.shapes[layer]
-        positions, rows = tensors.get("positions"), tensors.get("rows")
+        positions = tensors.get("positions")
         sl = self.part.ghosts_from(src)
-        backward = phase in self.remote
+        backward = phase in self.phases
         limit = len(self.send_ids[src]) if backward else sl.stop - sl.start
         if positions is None or positions.dtype != np.int64 or positions.ndim != 1:
             raise ProtocolError("ghost positions must be int64, one per row")
@@ -224,17 +265,19 @@ class GraphState:
             raise ProtocolError(f"ghost positions out of range [0, {limit})")
         if not backward:
             train, at = phase == "fwd", self.n + sl.start + positions
-            self.ZG[train][layer][at] = rows
+            self.ZG[train][layer][at] = tensors["rows"]
             if self.attention:
                 self.SG[train][layer][at] = tensors["scores"]
             return
         if len(np.unique(positions)) != len(positions):
             raise ProtocolError("contribution positions repeat")
         # this peer chunk's newest contribution replaces its previous one
-        key, local = (phase, layer, src, src_chunk), self.send_ids[src].numpy()[positions]
-        old = self.remote_parts.get(key)
-        target = self.remote[phase][layer]
-        if old is not None:
-            target[old[0]] -= old[1]
-        target[local] += rows
-        self.remote_parts[key] = (local, np.array(rows))
+        local = self.send_ids[src].numpy()[positions].astype(np.int32)
+        self.remote_parts[(phase, layer, src, src_chunk)] = (local, np.array(tensors["rows"]))
+
+    # --- tensor tasks' inputs (graph_servers/task_io.py) -------------------------------------------
+
+    def input_rows(self, a: int, b: int) -> np.ndarray:
+        """Feature rows ``a:b`` as float32, row-normalised if configured (``P_0`` of the chunk)."""
+        x = self.part.feature_rows(a, b)
+        return row_normalized(x) if self.feature_norm == "row" else x

@@ -102,7 +102,9 @@ class GraphServer:
         self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "bytes_sent": 0, "bytes_received": 0}
         self.finished = False
         log.info("graph server %d start %s", self.k, json.dumps({
-            "rank": self.k, "vertices": self.state.n, "edges": int(len(part.indices)), "ghosts": self.state.g,
+            "rank": self.k, "vertices": self.state.n, "edges": self.state.edges, "ghosts": self.state.g,
+            "structure_bytes": self.state.structure_bytes,
+            "structure_bytes_per_edge": round(self.state.structure_bytes / max(self.state.edges, 1), 2),
             "peers": len(self.peers), "chunks": self.state.chunks, "platform": self.platform.name,
             "first_epoch": spec.first_epoch, "restart": spec.restart}))
 
@@ -142,9 +144,10 @@ class GraphServer:
             self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.curve, inst, servers))
         elif kind is ev.Serve:
             rows = task_rows(self.state, inst.key)
-            (a, b), (lo, _) = self.state.chunk(inst.key.chunk), self.state.edges_of(inst.key.chunk)
+            (a, b), ((lo, _), (glo, _)) = self.state.chunk(inst.key.chunk), self.state.edge_runs(inst.key.chunk)
             self._answer(request, Message("rows", {"start": a, "stop": b, "id_start": self.spec.id_offsets[self.k] + a,
-                                                   "edge_start": self.state.edge_offset + lo}, rows))
+                                                   "edge_start": self.state.edge_offset + lo,
+                                                   "ghost_edge_start": self.state.edge_offset + glo}, rows))
         elif kind is ev.Cancel:
             self._answer(request, Message("duplicate" if request[2] == "push_result" else "cancel", {"reason": inst.reason}))
         elif kind is ev.Accept:

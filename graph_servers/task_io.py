@@ -15,11 +15,12 @@ from graph_servers.graph_state import GraphState
 
 
 def task_rows(s: GraphState, key: TaskKey) -> dict[str, np.ndarray]:
-    """What a task pulls: the chunk's rows of its inputs (per-edge arrays over the chunk's in-edges)."""
+    """What a task pulls: the chunk's rows of its inputs (per-edge arrays over the chunk's in-edges, in
+    the state's numbering: the local block's, then the ghost block's, each run with its row pointers)."""
     kind, train, _, layer, chunk = key
     a, b = s.chunk(chunk)
     if kind in ("fwd", "bwd"):
-        out = {"P": s.x[a:b] if layer == 0 else s.G[train][layer - 1][a:b]}
+        out = {"P": s.input_rows(a, b) if layer == 0 else s.G[train][layer - 1][a:b]}
         if kind == "bwd":
             out["dZ"] = s.dZ[layer][a:b]
             if s.model.self_term:
@@ -28,12 +29,16 @@ def task_rows(s: GraphState, key: TaskKey) -> dict[str, np.ndarray]:
                 out |= {"dsrc": s.dsrc[layer][a:b], "ddst": s.ddst[layer][a:b]}
         return out
     if kind in ("edge_fwd", "edge_bwd"):
-        lo, hi = s.edges_of(chunk)
-        cols = np.asarray(s.part.indices)[lo:hi]
-        out = {"src": np.ascontiguousarray(s.SG[train][layer][cols].T), "dst": s.SD[train][layer][a:b],
-               "indptr": s.indptr[a : b + 1] - lo}
+        (llo, lhi), (glo, ghi) = s.edge_runs(chunk)
+        p, sg = s.part, s.SG[train][layer]
+        lp, gp = np.asarray(p.local_indptr[a : b + 1], np.int64), np.asarray(p.ghost_indptr[a : b + 1], np.int64)
+        sources = np.concatenate([sg[np.asarray(p.local_indices[lp[0] : lp[-1]])],
+                                  sg[s.n + np.asarray(p.ghost_indices[gp[0] : gp[-1]], np.int64)]])
+        out = {"src": np.ascontiguousarray(sources.T), "dst": s.SD[train][layer][a:b],
+               "local_ptr": lp - lp[0], "ghost_ptr": gp - gp[0]}
         if kind == "edge_bwd":
-            out["dalpha"] = np.ascontiguousarray(s.dalpha[: s.shapes[layer].heads, lo:hi])
+            h = s.shapes[layer].heads
+            out["dalpha"] = np.concatenate([s.dalpha[:h, llo:lhi], s.dalpha[:h, glo:ghi]], axis=1)
         return out
     logits = s.G[train][s.layers - 1][a:b]
     if kind == "loss":
@@ -58,10 +63,10 @@ def expected_tensors(s: GraphState, key: TaskKey) -> dict[str, tuple]:
         out = {f"grad:{t.name}": t.shape for t in s.model.layer_tensors(layer)}
         return out | ({"dG": (rows, s.shapes[layer - 1].out_width)} if layer > 0 else {})
     if kind in ("edge_fwd", "edge_bwd"):
-        lo, hi = s.edges_of(chunk)
+        edges = sum(hi - lo for lo, hi in s.edge_runs(chunk))
         if kind == "edge_fwd":
-            return {"alpha": (shape.heads, hi - lo)}
-        return {"ds": (shape.heads, hi - lo), "ddst": (rows, shape.heads)}
+            return {"alpha": (shape.heads, edges)}
+        return {"ds": (shape.heads, edges), "ddst": (rows, shape.heads)}
     if kind == "loss":
         return {"dG": (rows, s.shapes[-1].out_width)}
     return {}
@@ -104,13 +109,18 @@ def apply_result(s: GraphState, key: TaskKey, tensors: dict[str, np.ndarray]) ->
             s.SG[train][layer][a:b] = tensors["src"]
             s.SD[train][layer][a:b] = tensors["dst"]
     elif kind == "edge_fwd":
-        lo, hi = s.edges_of(chunk)
-        s.alpha[train][layer][:, lo:hi] = tensors["alpha"]
+        _put_edges(s.alpha[train][layer], s.edge_runs(chunk), tensors["alpha"])
     elif kind == "edge_bwd":
-        lo, hi = s.edges_of(chunk)
-        s.ds[layer][:, lo:hi] = tensors["ds"]
+        _put_edges(s.ds[layer], s.edge_runs(chunk), tensors["ds"])
         s.ddst[layer][a:b] = tensors["ddst"]
     elif kind == "bwd" and layer > 0:
         s.dG[layer - 1][a:b] = tensors["dG"]
     elif kind == "loss":
         s.dG[s.layers - 1][a:b] = tensors["dG"]
+
+
+def _put_edges(target: np.ndarray, runs, values: np.ndarray) -> None:
+    """Write a chunk's per-edge ``(H, E)`` result (its local block's edges, then its ghost block's)."""
+    (llo, lhi), (glo, ghi) = runs
+    target[:, llo:lhi] = values[:, : lhi - llo]
+    target[:, glo:ghi] = values[:, lhi - llo :]

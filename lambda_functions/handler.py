@@ -89,7 +89,8 @@ def _run(event: dict, context, session: Session) -> dict:
                       seed=event["seed"], rate=float(event["dropout"]) if train else 0.0,
                       attn_rate=float(event["attn_dropout"]) if train else 0.0,
                       negative_slope=float(event["negative_slope"]), id_start=rows["id_start"],
-                      edge_start=rows["edge_start"], num_train=event["num_train"])
+                      edge_start=rows["edge_start"], ghost_edge_start=rows["ghost_edge_start"],
+                      num_train=event["num_train"])
     fields: dict = {"task": task}
     weights = {}
     if event["weight_servers"]:

@@ -14,7 +14,7 @@ DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or Path(__file__).resolve().p
 
 
 def pytest_addoption(parser):
-    parser.addoption("--slow", action="store_true", help="also run tests marked slow (multi-seed accuracy measurements)")
+    parser.addoption("--slow", action="store_true", help="also run tests marked slow (multi-seed accuracy, scale)")
 
 
 def pytest_collection_modifyitems(config, items):

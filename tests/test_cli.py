@@ -130,7 +130,7 @@ def test_bad_flags_exit_2(tmp_path, capsys, small_graph):
         (["prepare", tmp_path / "g.npz", "-k", 0, "--out", tmp_path / "p"], "--partitions must be >= 1, got 0"),
         (["prepare", tmp_path / "g.npz", "-k", 0, "--out", tmp_path / "a" / "b" / "p3"], "--partitions must be >= 1"),
         (["prepare", tmp_path / "g.npz", "-k", 2, "--out", tmp_path / "a" / "p", "--partitioner", "random"],
-         "--partitioner must be one of metis, hash, got 'random'"),
+         "--partitioner must be one of auto, metis, fennel, hash, got 'random'"),
         (["train", "--data", tmp_path / "g.npz", "--lr", -1], "--lr must be > 0, got -1.0"),
         (["train", "--data", tmp_path / "g.npz", "--weight-decay", -0.5], "--weight-decay must be >= 0, got -0.5"),
         (["train", "--data", tmp_path / "g.npz", "--backend", "local", "--chunks", 0], "--chunks must be >= 1, got 0"),

@@ -22,8 +22,8 @@ class JobSpec:
     dims: list[int]  # layer widths: features, hidden..., classes
     id_offsets: list[int]  # partition k numbers its vertices id_offsets[k] .. id_offsets[k+1] - 1
     chunk_counts: list[int]  # chunks of each graph server
-    edge_offsets: list[int] = field(default_factory=list)  # partition k numbers its in-edges (CSR order, self loops
-    # included) from edge_offsets[k]: attention dropout is keyed by that id
+    edge_offsets: list[int] = field(default_factory=list)  # partition k numbers its in-edges (self loops included;
+    # its local block's in CSR order, then its ghost block's) from edge_offsets[k]: attention dropout is keyed by that id
     graph_servers: list[str] = field(default_factory=list)  # addresses, by rank
     weight_servers: list[str] = field(default_factory=list)
     num_train: int = 0  # training vertices in the whole graph (the loss is their mean)

@@ -5,12 +5,19 @@ or the built-in one (``default_calibration.json``, measured here on a generated 
 
 - graph-server seconds per unit of Gather work (edges per server x widths gathered, forward and back);
 - tensor-task seconds per unit of dense work (vertices x the sum of the layers' matrix sizes);
+- seconds every tensor task costs whatever its size (pulling rows and weights, pushing results,
+  starting): the intercept of task durations regressed on their work, so that small calibration
+  graphs, whose tasks are mostly this fixed cost, do not inflate the per-unit rate;
+- idle seconds per epoch and chunk: the part of the epoch in which the busiest graph server ran
+  nothing (waiting on messages and barriers), which grows with the number of chunks, not with the graph;
 - billed / measured Lambda time, tasks per epoch per (graph server x chunk), start-up seconds, and a
-  factor ``overlap`` that maps the sum of the two parts onto the epoch time the run measured.
+  factor ``overlap`` that maps the sum of the busy parts onto the epoch time the run measured.
 
-For a configuration: graph time per epoch = rate x work / server speed; tensor time per epoch = rate x
-work spread over the Lambdas (or each server's tensor threads); epoch = overlap x (graph + tensor);
-wall = start-up + epochs x epoch. Cost is priced as ``cost/model.py`` prices a record: server-hours,
+For a configuration: graph time per epoch = rate x work / server speed; tensor time per epoch = (rate x
+work + fixed cost x tasks) spread over the Lambdas (or each server's tensor threads); epoch = idle x
+chunks + overlap x (graph + tensor); wall = start-up + epochs x epoch. Measured here (2 cores, shared):
+calibrated on 200 k vertices / 4 M edges, the model predicts 2 M / 40 M within the errors printed by
+``benchmarks/bench_scale.py`` (README), where a purely proportional model was off by +200 % (``cpu``). Cost is priced as ``cost/model.py`` prices a record: server-hours,
 GB-seconds (a Lambda under 1769 MB gets a proportional CPU share, so runs that much longer) and
 requests. From its own calibration a run is reproduced; other configurations are extrapolations.
 Server speed scales with vCPUs relative to the calibration's ``--as-instance``.
@@ -78,6 +85,8 @@ class Calibration:
     instance: str
     memory_mb: int
     source: str
+    task_s: float = 0.0  # fixed seconds per tensor task
+    idle_s_per_chunk: float = 0.0  # seconds per epoch and chunk in which the busiest server ran nothing
 
     @classmethod
     def default(cls) -> "Calibration":
@@ -98,30 +107,35 @@ class Calibration:
         tasks = [t for t in tasks if t["epoch"] >= rows[0]["epoch"]]
         graph_s = sum(t["end"] - t["start"] for t in tasks if t["kind"] in GRAPH_KINDS) / (setup.graph_servers * epochs)
         tensor = [t for t in tasks if t["kind"] not in GRAPH_KINDS]
-        tensor_s = sum(t["end"] - t["start"] for t in tensor) / epochs
+        task_s = _fixed_task_seconds(tensor, work)
+        tensor_s = sum(t["end"] - t["start"] for t in tensor) / epochs - task_s * len(tensor) / epochs
         billed = sum(t["billed_ms"] for t in tensor) / 1000.0
         steady = statistics.median(m["epoch_s"] for m in rows)
-        cal = cls(graph_s / work.graph_units(setup.graph_servers), tensor_s / work.tensor_units(),
-                  billed / max(tensor_s * epochs, 1e-9), len(tensor) / (epochs * setup.graph_servers * setup.chunks),
-                  max(0.0, metrics[-1]["wall_s"] - len(metrics) * steady), 1.0, instance, setup.memory_mb, str(run_dir))
-        return cls(**(asdict(cal) | {"overlap": steady / max(cal._parts(work, setup)[0], 1e-9)}))
+        idle = _idle_seconds(tasks, rows, setup.graph_servers)
+        cal = cls(graph_s / work.graph_units(setup.graph_servers), max(tensor_s, 0.0) / work.tensor_units(),
+                  billed / max(sum(t["end"] - t["start"] for t in tensor), 1e-9),
+                  len(tensor) / (epochs * setup.graph_servers * setup.chunks),
+                  max(0.0, metrics[-1]["wall_s"] - len(metrics) * steady), 1.0, instance, setup.memory_mb, str(run_dir),
+                  task_s, idle / setup.chunks)
+        return cls(**(asdict(cal) | {"overlap": (steady - idle) / max(cal._parts(work, setup)[0], 1e-9)}))
 
     def _parts(self, work: Workload, setup: Setup) -> tuple[float, float]:
         """(graph + tensor seconds per epoch before the overlap factor, summed tensor seconds)."""
         speed = vcpus(setup.instance) / vcpus(self.instance)
         graph = self.graph_s_per_unit * work.graph_units(setup.graph_servers) / speed
-        tensor_total = self.tensor_s_per_unit * work.tensor_units()
+        tasks = self.tasks_per_server_chunk * setup.graph_servers * setup.chunks
+        tensor_total = self.tensor_s_per_unit * work.tensor_units() + self.task_s * tasks
         if setup.backend in ("cpu", "gpu"):
             tensor = tensor_total / (setup.graph_servers * setup.tensor_threads * speed)
         else:
             cpu_share = min(1.0, setup.memory_mb / FULL_CPU_MB) / min(1.0, self.memory_mb / FULL_CPU_MB)
             tensor_total /= cpu_share
-            tensor = tensor_total / min(setup.lambdas, max(1.0, self.tasks_per_server_chunk * setup.graph_servers * setup.chunks))
+            tensor = tensor_total / min(setup.lambdas, max(1.0, tasks))
         return graph + tensor, tensor_total
 
     def estimate(self, work: Workload, setup: Setup, prices: Prices) -> dict:
         both, tensor_total = self._parts(work, setup)
-        epoch_s = self.overlap * both
+        epoch_s = self.idle_s_per_chunk * setup.chunks + self.overlap * both
         wall = self.startup_s + setup.epochs * epoch_s
         servers = setup.graph_servers + setup.weight_servers
         server_usd = servers * wall / 3600.0 * prices.hourly(setup.instance)
@@ -161,3 +175,45 @@ def search(cal: Calibration, work: Workload, base: Setup, prices: Prices, instan
                           base.tensor_threads)
             rows.append(cal.estimate(work, setup, prices))
     return rows
+
+
+def _task_units(task: dict, work: Workload, rows: float) -> float:
+    """Dense work of one tensor task (multiply-adds over its ``rows``): what its time grows with."""
+    d, layer = work.dims, task["layer"]
+    if task["kind"] == "fwd":
+        return rows * d[layer] * d[layer + 1]
+    if task["kind"] == "bwd":
+        return rows * d[layer] * d[layer + 1] * (1 if layer == 0 else 2)
+    return rows * d[-1]  # loss, eval
+
+
+def _fixed_task_seconds(tensor: list[dict], work: Workload) -> float:
+    """Intercept of a least-squares line through (work, duration) of the run's tensor tasks: what a task
+    costs whatever its size. 0 when the tasks' work does not vary enough to tell."""
+    import numpy as np
+
+    chunks = {(t["server"], t["chunk"]) for t in tensor}
+    rows = work.nodes / max(len(chunks), 1)
+    units = np.array([_task_units(t, work, rows) for t in tensor])
+    seconds = np.array([t["end"] - t["start"] for t in tensor])
+    if len(units) < 3 or units.std() < 1e-9 * max(units.mean(), 1.0):
+        return 0.0
+    slope, intercept = np.polyfit(units, seconds, 1)
+    return float(min(max(intercept, 0.0), seconds.min() if slope >= 0 else 0.0))
+
+
+def _idle_seconds(tasks: list[dict], metrics: list[dict], servers: int) -> float:
+    """Median over the ``metrics`` epochs of the epoch time minus the busiest server's busy time (its
+    tasks and graph stages, overlaps counted once)."""
+    idle = []
+    for m in metrics:
+        busy = 0.0
+        for k in range(servers):
+            spans = sorted((t["start"], t["end"]) for t in tasks if t["epoch"] == m["epoch"] and t["server"] == k)
+            total, end = 0.0, -float("inf")
+            for a, b in spans:
+                total += max(0.0, b - max(a, end))
+                end = max(end, b)
+            busy = max(busy, total)
+        idle.append(max(0.0, m["epoch_s"] - busy))
+    return statistics.median(idle) if idle else 0.0

@@ -8,6 +8,7 @@ Every constructor validates, so a ``Graph`` that exists is safe to train on.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -121,33 +122,7 @@ class Graph:
         if not _all_finite(self.features):
             row = int(np.nonzero(~np.isfinite(self.features).all(axis=1))[0][0])
             raise DataError(f"{s}: features contain NaN or infinity (first at vertex {row})")
-        if len(self.labels) != n:
-            raise DataError(f"{s}: {len(self.labels)} labels but the graph has {n} vertices")
-        if self.num_classes < 2:
-            raise DataError(f"{s}: need at least 2 classes, found {self.num_classes}")
-        bad = (self.labels < -1) | (self.labels >= self.num_classes)
-        if bad.any():
-            v = int(np.nonzero(bad)[0][0])
-            raise DataError(
-                f"{s}: label {self.labels[v]} of vertex {v} is out of range [0, {self.num_classes}) for "
-                f"{self.num_classes} classes (-1 marks unlabelled): fix the label, or the class count if it is wrong"
-            )
-        for split in SPLITS:
-            m = self.mask(split)
-            if m.shape != (n,):
-                raise DataError(f"{s}: {split}_mask has {len(m)} entries but the graph has {n} vertices")
-            unlabelled = m & (self.labels < 0)
-            if unlabelled.any():
-                v = int(np.nonzero(unlabelled)[0][0])
-                raise DataError(f"{s}: vertex {v} is in the {split} split but has no label (-1)")
-        for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
-            both = self.mask(a) & self.mask(b)
-            if both.any():
-                raise DataError(
-                    f"{s}: {a} and {b} masks overlap ({int(both.sum())} vertices, first {int(np.argmax(both))})"
-                )
-        if not self.train_mask.any():
-            raise DataError(f"{s}: the train split is empty")
+        validate_vertices(self.labels, (self.train_mask, self.val_mask, self.test_mask), self.num_classes, n, s)
 
     def summary(self) -> dict:
         deg = self.in_degrees()
@@ -164,6 +139,36 @@ class Graph:
             "mean_in_degree": float(deg.mean()) if len(deg) else 0.0,
             "isolated": int((deg == 0).sum()),
         }
+
+
+def validate_vertices(labels: np.ndarray, masks: tuple, num_classes: int, n: int, source: str) -> None:
+    """Labels in range and masks of length ``n``, disjoint, labelled, with a non-empty train split."""
+    if len(labels) != n:
+        raise DataError(f"{source}: {len(labels)} labels but the graph has {n} vertices")
+    if num_classes < 2:
+        raise DataError(f"{source}: need at least 2 classes, found {num_classes}")
+    bad = (labels < -1) | (labels >= num_classes)
+    if bad.any():
+        v = int(np.nonzero(bad)[0][0])
+        raise DataError(
+            f"{source}: label {labels[v]} of vertex {v} is out of range [0, {num_classes}) for "
+            f"{num_classes} classes (-1 marks unlabelled): fix the label, or the class count if it is wrong"
+        )
+    for split, m in zip(SPLITS, masks):
+        if m.shape != (n,):
+            raise DataError(f"{source}: {split}_mask has {len(m)} entries but the graph has {n} vertices")
+        unlabelled = m & (labels < 0)
+        if unlabelled.any():
+            v = int(np.nonzero(unlabelled)[0][0])
+            raise DataError(f"{source}: vertex {v} is in the {split} split but has no label (-1)")
+    for (a, ma), (b, mb) in itertools.combinations(zip(SPLITS, masks), 2):
+        both = ma & mb
+        if both.any():
+            raise DataError(
+                f"{source}: {a} and {b} masks overlap ({int(both.sum())} vertices, first {int(np.argmax(both))})"
+            )
+    if not masks[0].any():
+        raise DataError(f"{source}: the train split is empty")
 
 
 def random_split(

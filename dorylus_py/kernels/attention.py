@@ -9,7 +9,9 @@ For the in-edges ``u -> v`` of a chunk's destinations ``v`` (self loops included
 
 The worker gets only what the edges' endpoints hold: ``src`` (``(H, E)``, ``s_src`` of each edge's
 source, gathered by the graph server), ``dst`` (``(R, H)``, the chunk's own ``s_dst``) and the chunk's
-CSR row pointer ``indptr`` (``(R + 1,)``); per-edge arrays are head-major ``(H, E)``. Backward, from
+CSR row pointer ``indptr`` (``(R + 1,)``); per-edge arrays are head-major ``(H, E)``. A graph server
+numbers its edges by block (local sources, then ghosts: ``graph_servers/graph_state.py``);
+:func:`row_order` puts a chunk's two runs into the row order the softmax needs. Backward, from
 ``dα̃`` (the graph server's SDDMM of ``dOut`` and ``Z``)::
 
     dα = dα̃ · keep / (1 - p);   de = α (dα - Σ_w α_wv dα_wv);   ds = de · LeakyReLU'(e)
@@ -65,4 +67,18 @@ def apply_edge_backward(src, dst, indptr, d_alpha, slope: float, keep=None, rate
     de = alpha * (d - segment_sum(alpha * d, indptr).index_select(1, rows))
     ds = torch.where(e > 0, de, de * slope)
     return ds, segment_sum(ds, indptr).t()
+
+
+def row_order(local_ptr: torch.Tensor, ghost_ptr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(indptr, order)`` of edges given block by block (the rows' edges from the local block, then
+    from the ghost block, each with its row pointers): the CSR row pointer over both, and for every
+    entry in row order its position in the block order (None when that is the identity: no ghosts)."""
+    indptr = local_ptr + ghost_ptr
+    if int(ghost_ptr[-1]) == 0:
+        return indptr, None
+    rows = _rows(indptr)
+    within = torch.arange(len(rows), device=indptr.device) - indptr[rows]
+    local_len = (local_ptr[1:] - local_ptr[:-1])[rows]
+    order = torch.where(within < local_len, local_ptr[rows] + within, local_ptr[-1] + ghost_ptr[rows] + within - local_len)
+    return indptr, order
 

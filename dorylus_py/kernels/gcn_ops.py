@@ -27,7 +27,8 @@ def input_gradient(dp: torch.Tensor, p_raw: torch.Tensor, activation: str = "rel
 
 
 def apply_dropout(p: torch.Tensor, keep: torch.Tensor | None, rate: float) -> torch.Tensor:
-    return p if keep is None else p * keep * (1.0 / (1.0 - rate))
+    """``p * keep * scale``, with one temporary the size of ``p`` rather than two (``p`` is not changed)."""
+    return p if keep is None else (p * keep).mul_(1.0 / (1.0 - rate))
 
 
 def apply_vertex_forward(p_raw, w, layer: int, keep=None, rate: float = 0.0) -> torch.Tensor:

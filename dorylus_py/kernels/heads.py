@@ -11,7 +11,8 @@ Backward, with ``dOut`` the gradient of ``out``: ``dZ_h = A_hᵀ dOut_h`` (mean:
 and ``dvalues[h, e] = <dOut_h[dst e], Z_h[src e]>`` (mean: ``<dOut[dst e], Z_h[src e]> / H``), a
 sampled dense-dense product (SDDMM). Per-edge arrays are head-major ``(H, E)``, so one head's values
 are one contiguous row and need no copy to become a CSR's values; nothing per edge is wider than
-``H``. GCN and GraphSAGE are the case ``H = 1`` with fixed values.
+``H``. GCN and GraphSAGE are the case ``H = 1`` with fixed values. :class:`HeadBlocks` is a graph
+server's ``A`` in the store's local and ghost blocks, its edges numbered block by block.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from dorylus_py.kernels.sparse import tensor_view
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,10 +104,20 @@ class EdgeCSR:
             return list(self.fixed)
         return [self.matrix(v) for v in self.pick(values)]
 
+    def nbytes(self) -> int:
+        """Bytes of its index arrays and edge map."""
+        return edge_csr_nbytes(self)
+
     def fix(self, values: torch.Tensor) -> "EdgeCSR":
         """The same pattern with ``values`` built in once (GCN's ``Â``, GraphSAGE's mean: values that
         never change), so products need no per-call gather of the values."""
         return replace(self, fixed=tuple(self.matrix(v) for v in self.pick(values)))
+
+
+def edge_csr_nbytes(*ms: EdgeCSR) -> int:
+    """Bytes of the index arrays and edge maps behind ``ms``, an array shared by several counted once."""
+    arrays = {(t.data_ptr(), t.nbytes) for m in ms for t in (m.crow, m.col, m.edge) if t is not None}
+    return sum(nbytes for _, nbytes in arrays)
 
 
 def _head(x: torch.Tensor, h: int, width: int) -> torch.Tensor:
@@ -174,3 +186,68 @@ class GatherHeads(torch.autograd.Function):
         d_values = edge_value_grad(a, d_out, z, heads, concat) if ctx.needs_input_grad[2] else None
         d_z = gather_heads_backward(at, values, d_out, heads, concat) if ctx.needs_input_grad[3] else None
         return None, None, d_values, d_z, None, None
+
+
+def _compact(m: EdgeCSR) -> EdgeCSR:
+    """``m`` with int32 row pointers, columns and edge map where the counts allow (half the bytes)."""
+    if m.nnz >= 2**31 or max(m.shape) >= 2**31 or (m.edge is not None and m.edge.numel() and int(m.edge.max()) >= 2**31):
+        return m
+    return replace(m, crow=m.crow.int(), col=m.col.int(), edge=None if m.edge is None else m.edge.int())
+
+
+@dataclass(frozen=True, eq=False)
+class HeadBlocks:
+    """Rows of a partition's ``A`` (all its rows, or one chunk's) with per-edge values ``(H, E)``, in the
+    store's two blocks: ``local`` over local columns, its edges numbered ``0..nnz_L-1`` in CSR order, and
+    ``ghost`` over ghost columns, numbered from ``nnz_L``; so a chunk's edges are two contiguous runs and
+    its values two views. ``local_t`` (rows = local sources) maps its entries to their edges for backward.
+    The blocks' index arrays are the store's (memory-mapped, int32 where it has them)."""
+
+    local: EdgeCSR  # (R, n)
+    ghost: EdgeCSR  # (R, g)
+    local_t: EdgeCSR  # (R, n) rows of Aᵀ over local sources, with an edge map
+
+    @classmethod
+    def from_arrays(cls, local_indptr, local_indices, ghost_indptr, ghost_indices, n: int, g: int) -> "HeadBlocks":
+        local = EdgeCSR(tensor_view(local_indptr), tensor_view(local_indices), (n, n))
+        ghost = EdgeCSR(tensor_view(ghost_indptr), tensor_view(ghost_indices), (n, g), None, local.nnz)
+        return cls(local, ghost, _compact(local.transpose()))
+
+    def rows(self, a: int, b: int) -> "HeadBlocks":
+        """Rows ``a..b-1`` (views; their edges keep their numbers)."""
+        if a == 0 and b == self.local.shape[0]:
+            return self
+        return HeadBlocks(self.local.rows(a, b), self.ghost.rows(a, b), self.local_t.rows(a, b))
+
+    def edge_runs(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The edges of these rows: ``(lo, hi)`` of the local block's run and of the ghost block's."""
+        return ((self.local.edge_start, self.local.edge_start + self.local.nnz),
+                (self.ghost.edge_start, self.ghost.edge_start + self.ghost.nnz))
+
+    def gather(self, values: torch.Tensor, zg: torch.Tensor, heads: int, concat: bool) -> torch.Tensor:
+        """These rows of ``A [Z | Z_ghost]``, ``zg`` having the ghosts' rows last."""
+        n = self.local.shape[1]
+        out = gather_heads(self.local, values, zg[:n], heads, concat)
+        return out + gather_heads(self.ghost, values, zg[n:], heads, concat) if self.ghost.nnz else out
+
+    def gather_t(self, values: torch.Tensor, d_out: torch.Tensor, heads: int, concat: bool) -> torch.Tensor:
+        """These rows of ``A_LLᵀ dOut`` (``d_out`` over all local rows)."""
+        return gather_heads_backward(self.local_t, values, d_out, heads, concat)
+
+    def value_grads(self, d_out: torch.Tensor, zg: torch.Tensor, heads: int, concat: bool):
+        """``(H, nnz)`` per block: the SDDMM ``<dOut_h[row], Z_h[col]>`` of each entry."""
+        n = self.local.shape[1]
+        return edge_value_grad(self.local, d_out, zg[:n], heads, concat), edge_value_grad(self.ghost, d_out, zg[n:],
+                                                                                          heads, concat)
+
+    def ghost_transpose(self) -> tuple[np.ndarray, EdgeCSR]:
+        """``(touched, A_LGᵀ)``: the ghosts these rows have edges from (sorted) and the transposed block
+        over them, ``(len(touched), R)``, its entries mapped to their edges."""
+        cols = self.ghost.col.to(torch.int64)
+        touched = torch.unique(cols)
+        compact = replace(self.ghost, col=torch.searchsorted(touched, cols), shape=(self.ghost.shape[0], len(touched)))
+        return touched.numpy(), _compact(compact.transpose())
+
+    def nbytes(self) -> int:
+        """Bytes of the index arrays and edge maps behind these blocks (each array once)."""
+        return edge_csr_nbytes(self.local, self.ghost, self.local_t)

@@ -6,8 +6,8 @@ Inputs a graph server ships (rows of the chunk; per-edge arrays ``(H, E)`` over 
 
     fwd        P                                    (ApplyVertex forward)
     bwd        P, dZ [, dOut] [, dsrc, ddst]        (ApplyVertex backward; SAGE/GAT: dOut; GAT: scores)
-    edge_fwd   src, dst, indptr                     (GAT ApplyEdge forward)
-    edge_bwd   src, dst, indptr, dalpha             (GAT ApplyEdge backward)
+    edge_fwd   src, dst, local_ptr, ghost_ptr       (GAT ApplyEdge forward; edges by block, kernels/attention.py)
+    edge_bwd   src, dst, local_ptr, ghost_ptr, dalpha   (GAT ApplyEdge backward)
     loss       logits, labels, train
     eval       logits, labels, masks
 
@@ -37,7 +37,8 @@ class TaskContext:
     attn_rate: float = 0.0  # GAT: dropout on attention coefficients (0 in the evaluation forward)
     negative_slope: float = 0.2
     id_start: int = 0  # the chunk's first vertex id (keys vertex dropout)
-    edge_start: int = 0  # the chunk's first edge id (keys attention dropout)
+    edge_start: int = 0  # the id of the chunk's first edge from a local source (keys attention dropout)
+    ghost_edge_start: int = 0  # the id of its first edge from a ghost
     num_train: int = 1  # training vertices in the whole graph (the loss is their mean)
 
 
@@ -98,12 +99,29 @@ def _backward(ctx, t, w) -> dict:
 
 
 def _edge(ctx, t) -> dict:
-    src, dst, indptr = t["src"], t["dst"], t["indptr"]
+    """ApplyEdge over a chunk's edges, given and returned in block order (its local block's, then its
+    ghost block's: two runs of edge ids), computed in row order."""
+    src, dst, local_ptr, ghost_ptr = t["src"], t["dst"], t["local_ptr"], t["ghost_ptr"]
+    indptr, order = attention.row_order(local_ptr, ghost_ptr)
+    in_rows = (lambda x: x) if order is None else (lambda x: x.index_select(1, order))
     keep = None
     if ctx.attn_rate > 0:
-        keep = dropout_keep_mask(ctx.edge_start, ctx.edge_start + src.shape[1], src.shape[0], ctx.attn_rate, ctx.seed,
-                                 ctx.epoch, ctx.layer, EDGE).t().to(src.device)
+        runs = ((ctx.edge_start, int(local_ptr[-1])), (ctx.ghost_edge_start, int(ghost_ptr[-1])))
+        keep = torch.cat([dropout_keep_mask(start, start + count, src.shape[0], ctx.attn_rate, ctx.seed, ctx.epoch,
+                                            ctx.layer, EDGE) for start, count in runs]).t().to(src.device)
+        keep = in_rows(keep)
     if ctx.kind == "edge_fwd":
-        return {"alpha": attention.apply_edge_forward(src, dst, indptr, ctx.negative_slope, keep, ctx.attn_rate)}
-    ds, d_dst = attention.apply_edge_backward(src, dst, indptr, t["dalpha"], ctx.negative_slope, keep, ctx.attn_rate)
-    return {"ds": ds, "ddst": d_dst}
+        alpha = attention.apply_edge_forward(in_rows(src), dst, indptr, ctx.negative_slope, keep, ctx.attn_rate)
+        return {"alpha": _in_blocks(alpha, order)}
+    ds, d_dst = attention.apply_edge_backward(in_rows(src), dst, indptr, in_rows(t["dalpha"]), ctx.negative_slope, keep,
+                                              ctx.attn_rate)
+    return {"ds": _in_blocks(ds, order), "ddst": d_dst}
+
+
+def _in_blocks(x: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+    """A per-edge ``(H, E)`` array in row order back in block order."""
+    if order is None:
+        return x
+    out = torch.empty_like(x)
+    out[:, order] = x
+    return out

@@ -4,7 +4,7 @@ Per layer and head: ``z = P W``, ``e_uv = LeakyReLU(a_srcᵀ z_u + a_dstᵀ z_v)
 ``v`` and its self loop, ``α = softmax_v(e)``, ``h'_v = Σ_u α_uv z_u``; heads concatenated in hidden
 layers and averaged in the last, then ``+ b``; ELU between layers; dropout on each layer's input
 (keyed by vertex) and on the attention coefficients (keyed by edge: the position of ``u -> v`` in the
-CSR of ``A + I``, which is the graph servers' edge numbering too). The scores and the softmax are
+CSR of ``A + I``, which is a single graph server's edge numbering too). The scores and the softmax are
 plain torch autograd; the aggregation is :class:`~dorylus_py.kernels.heads.GatherHeads` (a sparse
 product per head, its backward checked against autograd in the tests).
 """

@@ -1,7 +1,7 @@
-"""Partitioning for graph servers: assignment (METIS, hash), per-partition layout, the store."""
+"""Partitioning for graph servers: the streaming prepare (METIS, Fennel, hash), layouts, the store."""
 
-from dorylus_py.partition.layout import Partition, build_partitions, edge_cut
+from dorylus_py.partition.layout import FEATURE_DTYPES, Partition
 from dorylus_py.partition.partitioners import PARTITIONERS, assign
 from dorylus_py.partition.store import PartitionStore, prepare
 
-__all__ = ["PARTITIONERS", "Partition", "PartitionStore", "assign", "build_partitions", "edge_cut", "prepare"]
+__all__ = ["FEATURE_DTYPES", "PARTITIONERS", "Partition", "PartitionStore", "assign", "prepare"]

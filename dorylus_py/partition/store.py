@@ -3,15 +3,20 @@
 The folder may also be an ``s3://bucket/prefix`` (``partition/s3.py``): it is written by uploading a
 finished local folder, and read by fetching the manifest and then only the partitions loaded.
 
-The manifest records the format version, the graph's counts, the partitioner, edge cut and balance,
-and the size and SHA-256 of every file. Loading partition ``k`` reads only ``part-k/`` (memory-mapped)
-and checks sizes always and checksums by default, so a truncated or corrupt file is named, never used.
+:func:`prepare` streams (``source.py`` -> ``csr.py`` -> ``partitioners.py`` -> ``build.py``): the
+graph is never held in memory, only per-vertex arrays and one block of edges, so its peak memory is
+a few hundred bytes per vertex whatever the edge count (METIS, when chosen, needs its own). The
+manifest records the format version, the graph's counts and split sizes (so a driver needs nothing
+else), the partitioner and why, edge cut beside a hash partition's, balance, and the size and SHA-256
+of every file. Loading partition ``k`` reads only ``part-k/`` (memory-mapped) and checks sizes always
+and checksums by default, so a truncated or corrupt file is named, never used.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,75 +25,147 @@ import numpy as np
 from dorylus_py.atomic import atomic_dir
 from dorylus_py.checksum import sha256_file
 from dorylus_py.data.graph import Graph
-from dorylus_py.errors import DataError
+from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.jsonfile import read_json
-from dorylus_py.partition.layout import Partition, build_partitions, edge_cut
 from dorylus_py.partition import s3
-from dorylus_py.partition.partitioners import assign
+from dorylus_py.partition.build import LayoutWriter
+from dorylus_py.partition.csr import DiskCSR, build_csr, symmetrized
+from dorylus_py.partition.layout import FEATURE_DTYPES, Partition, decode_features
+from dorylus_py.partition.partitioners import check_parts, choose, fennel, fill_empty, hash_owner, metis
+from dorylus_py.partition.source import GraphSource, graph_source
 
 FORMAT = "dorylus-partitions"
-VERSION = 1
+VERSION = 2  # 2: Â in local/ghost blocks with the ghost transpose, int32 indices, feature dtype, counts
 
 
 def prepare(
-    graph: Graph,
+    data: Graph | GraphSource,
     out: str | os.PathLike,
     parts: int,
-    method: str = "metis",
+    method: str = "auto",
     seed: int = 0,
     overwrite: bool = False,
     progress=None,
+    feature_dtype: str = "float32",
+    memory_budget: int | None = None,
+    scratch: str | os.PathLike | None = None,
     delete_checkpoints: bool = False,
 ) -> dict:
-    """Partition ``graph`` into ``parts`` and write the store at ``out`` atomically; return the manifest.
-    Replacing a store whose ``checkpoints/`` holds files needs ``delete_checkpoints`` too."""
+    """Partition ``data`` into ``parts`` and write the store at ``out`` atomically; return the manifest.
+
+    ``method``: ``auto`` | ``metis`` | ``fennel`` | ``hash``; ``memory_budget`` (bytes) decides ``auto``
+    (default: 3/4 of the memory available); ``scratch``: folder for temporary files (default: beside ``out``).
+    Replacing a store whose ``checkpoints/`` holds files needs ``delete_checkpoints`` too.
+    """
+    source = data if isinstance(data, GraphSource) else graph_source(data)
+    check_parts(parts, source.num_nodes, source.name, method)
+    if feature_dtype not in FEATURE_DTYPES:
+        raise ConfigError(f"--feature-dtype must be one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
     if overwrite and not delete_checkpoints:
         from dorylus_py.checkpoint import refuse_to_delete_checkpoints  # (checkpoint imports this package)
 
         refuse_to_delete_checkpoints(out)
     if s3.is_s3(out):
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tmp:
-            manifest = prepare(graph, Path(tmp) / "store", parts, method, seed, progress=progress)
+        with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+            manifest = prepare(source, Path(tmp) / "store", parts, method, seed, False, progress, feature_dtype,
+                               memory_budget, tmp)
             s3.upload_store(Path(tmp) / "store", str(out), overwrite, progress)
         return manifest
     out = Path(out)
     if out.exists() and not overwrite:
         raise DataError(f"{out}: already exists (pass --overwrite to replace it)")
     say = progress or (lambda msg: None)
+    made = _make_parents(out.parent)
+    try:
+        return _prepare_into(source, out, parts, method, seed, overwrite, feature_dtype, memory_budget, scratch, say)
+    except BaseException:
+        for folder in made:  # a failure leaves no folders behind (the store's own is atomic)
+            folder.rmdir()
+        raise
+
+
+def _prepare_into(source, out: Path, parts, method, seed, overwrite, feature_dtype, memory_budget, scratch, say) -> dict:
+    seconds = {}
     t0 = time.perf_counter()
-    say(f"partitioning with {method}")
-    owner = assign(graph, parts, method, seed)
-    t_assign = time.perf_counter() - t0
-    say("building partition layouts")
-    partitions = build_partitions(graph, owner)
-    sizes = np.bincount(owner, minlength=parts)
-    cut = edge_cut(graph, owner)
-    manifest = {
-        "format": FORMAT,
-        "version": VERSION,
-        "source": graph.source,
-        "nodes": graph.num_nodes,
-        "edges": graph.num_edges,
-        "features": graph.num_features,
-        "classes": graph.num_classes,
-        "partitions": parts,
-        "partitioner": method,
-        "seed": seed,
-        "edge_cut": cut,
-        "edge_cut_fraction": cut / max(graph.num_edges, 1),
-        "balance": float(sizes.max() / sizes.mean()),
-        "partition_seconds": round(t_assign, 3),
-        "parts": [],
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)  # only now: a bad flag or graph leaves no folders behind
-    with atomic_dir(out, overwrite=overwrite) as tmp:
-        for part in partitions:
-            say(f"writing partition {part.index + 1}/{parts}")
-            manifest["parts"].append(_write_part(part, tmp / part_dir(part.index)))
+    with atomic_dir(out, overwrite=overwrite) as tmp, tempfile.TemporaryDirectory(
+        prefix=".prepare-", dir=scratch or out.parent
+    ) as work:
+        work = Path(work)
+        csr = build_csr(source, work, say)
+        seconds["csr"] = time.perf_counter() - t0
+        note = ""
+        if method == "auto":
+            method, note = choose(csr.num_nodes, csr.num_edges, parts, memory_budget)
+            say(f"partitioner auto: {note}")
+        owner = _assign(csr, parts, method, seed, work, say)
+        seconds["partition"] = time.perf_counter() - t0 - sum(seconds.values())
+        folders = [tmp / part_dir(k) for k in range(parts)]
+        for folder in folders:
+            folder.mkdir()
+        writer = LayoutWriter(csr, owner, folders, work, say)
+        cuts = writer.survey()
+        for k in range(parts):
+            writer.write_structure(k)
+        seconds["layout"] = time.perf_counter() - t0 - sum(seconds.values())
+        features = writer.write_vertex_data(source, feature_dtype)
+        seconds["features"] = time.perf_counter() - t0 - sum(seconds.values())
+        manifest = _manifest(source, csr, owner, parts, method, note, seed, cuts, features, feature_dtype, seconds)
+        manifest["parts"] = [stats | {"files": files} for stats, files in zip(writer.stats, writer.files)]
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; return those created, deepest first."""
+    missing = [p for p in [folder, *folder.parents] if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _assign(csr: DiskCSR, parts: int, method: str, seed: int, work: Path, say) -> np.ndarray:
+    if parts == 1:
+        return np.zeros(csr.num_nodes, dtype=np.int64)
+    say(f"partitioning with {method}")
+    if method == "metis":
+        sym = symmetrized(csr, work)
+        owner = metis(sym.indptr, sym.indices, parts, seed)
+    elif method == "fennel":
+        owner = fennel(csr.indptr, csr.indices, parts, seed, progress=say)
+    else:
+        owner = hash_owner(np.arange(csr.num_nodes), parts)
+    return fill_empty(owner.astype(np.int64), parts)
+
+
+def _manifest(source, csr, owner, parts, method, note, seed, cuts, features, feature_dtype, seconds) -> dict:
+    sizes = np.bincount(owner, minlength=parts)
+    deg = csr.in_degrees()
+    edges = max(csr.num_edges, 1)
+    summary = {"nodes": csr.num_nodes, "edges": csr.num_edges, "features": source.num_features,
+               "classes": source.num_classes, **source.summary_counts(),
+               "max_in_degree": int(deg.max()) if len(deg) else 0, "mean_in_degree": float(deg.mean()) if len(deg) else 0.0,
+               "isolated": int((deg == 0).sum())}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "source": source.name,
+        "nodes": csr.num_nodes,
+        "edges": csr.num_edges,
+        "features": source.num_features,
+        "classes": source.num_classes,
+        "summary": summary,
+        "feature_dtype": feature_dtype,
+        **features,
+        "partitions": parts,
+        "partitioner": method,
+        "partitioner_note": note,
+        "seed": seed,
+        "edge_cut": cuts["edge_cut"],
+        "edge_cut_fraction": cuts["edge_cut"] / edges,
+        "hash_edge_cut": cuts["hash_edge_cut"],
+        "hash_edge_cut_fraction": cuts["hash_edge_cut"] / edges,
+        "balance": float(sizes.max() / sizes.mean()),
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+    }
 
 
 def part_dir(k: int) -> str:
@@ -120,7 +197,8 @@ class PartitionStore:
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise DataError(f"{path}: not a dorylus partition manifest")
         if manifest.get("version") != VERSION:
-            raise DataError(f"{path}: format version {manifest.get('version')} is not supported (need {VERSION})")
+            raise DataError(f"{path}: format version {manifest.get('version')} is not supported (need {VERSION}); "
+                            f"prepare the dataset again with this dorylus (`dorylus prepare`)")
         if len(manifest.get("parts", [])) != manifest.get("partitions"):
             raise DataError(f"{path}: lists {len(manifest.get('parts', []))} parts, expected {manifest.get('partitions')}")
         return cls(root, manifest)
@@ -153,7 +231,7 @@ class PartitionStore:
                 arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
             except (ValueError, OSError) as e:
                 raise DataError(f"{path}: unreadable ({e})") from None
-        return Partition(index=k, num_parts=self.num_parts, **arrays)
+        return Partition(index=k, num_parts=self.num_parts, feature_dtype=self.manifest["feature_dtype"], **arrays)
 
     def assemble(self, verify: bool = True) -> Graph:
         """Put every partition back together into the original :class:`Graph`."""
@@ -167,12 +245,13 @@ class PartitionStore:
             p = self.load(k, verify)
             gids = np.asarray(p.global_ids)
             col_ids = np.concatenate([gids, np.asarray(p.ghost_ids)])
-            rows = np.repeat(gids, np.diff(p.indptr))
-            cols = col_ids[np.asarray(p.indices)]
+            indptr, indices, _ = p.combined_csr()
+            rows = np.repeat(gids, np.diff(indptr))
+            cols = col_ids[indices]
             keep = rows != cols  # the diagonal of Â is GCN's self loop, not an edge
             srcs.append(cols[keep])
             dsts.append(rows[keep])
-            features[gids] = p.features
+            features[gids] = decode_features(p.features, p.feature_dtype)
             labels[gids] = p.labels
             for mask, part_mask in zip(masks, (p.train_mask, p.val_mask, p.test_mask)):
                 mask[gids] = part_mask
@@ -185,19 +264,3 @@ class PartitionStore:
             num_classes=m["classes"],
             source=self.remote or str(self.root),
         )
-
-
-def _write_part(part: Partition, folder: Path) -> dict:
-    folder.mkdir()
-    files = {}
-    for name in Partition.ARRAYS:
-        path = folder / f"{name}.npy"
-        np.save(path, np.ascontiguousarray(getattr(part, name)), allow_pickle=False)
-        files[path.name] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
-    return {
-        "nodes": part.num_local,
-        "ghosts": part.num_ghosts,
-        "nnz": int(len(part.indices)),
-        "sends": int(len(part.send_ids)),
-        "files": files,
-    }

@@ -30,12 +30,16 @@ def model_dims(cfg: TrainConfig, graph: Graph) -> list[int]:
 
 def resolve_feature_norm(cfg: TrainConfig, graph: Graph) -> str:
     """``auto`` becomes ``row`` for non-negative (bag-of-words-like) features, else ``none``."""
-    non_negative = bool((graph.features >= 0).all())
-    if cfg.feature_norm == "row" and not non_negative:
-        raise ConfigError(f"{graph.source}: --feature-norm row needs non-negative features; use none")
-    if cfg.feature_norm == "auto":
+    return feature_norm_for(cfg.feature_norm, bool((graph.features >= 0).all()), graph.source)
+
+
+def feature_norm_for(choice: str, non_negative: bool, source: str) -> str:
+    """:func:`resolve_feature_norm` from what is known of the features (a prepared store's manifest)."""
+    if choice == "row" and not non_negative:
+        raise ConfigError(f"{source}: --feature-norm row needs non-negative features; use none")
+    if choice == "auto":
         return "row" if non_negative else "none"
-    return cfg.feature_norm
+    return choice
 
 
 def input_features(cfg: TrainConfig, graph: Graph) -> np.ndarray:

@@ -37,7 +37,7 @@ def test_prepare_to_s3_and_load_back(small_graph, graph_file, bucket, tmp_path, 
     assert remote.manifest["parts"] == local["parts"]  # same files, same checksums
     for k in range(3):
         a, b = remote.load(k), PartitionStore.open(tmp_path / "local").load(k)
-        assert np.array_equal(a.features, b.features) and np.array_equal(a.indices, b.indices)
+        assert np.array_equal(a.features, b.features) and np.array_equal(a.local_indices, b.local_indices)
     capsys.readouterr()
     assert main(["check", f"s3://{bucket}/cora/k3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["edges"] == small_graph.num_edges
