@@ -193,9 +193,7 @@ class _Run:
         done = self.first_epoch() - 1
         self.history = [r for r in self.history if r["epoch"] <= done]
         self.record.rewind_metrics(self.history)
-        self.best = BestTracker()
-        for r in self.history:
-            self.best.update(r["epoch"], r["val_acc"], r["test_acc"])
+        self.best = BestTracker.over(self.history)
         if self.switched is not None and self.switched > done + 1:
             self.switched = None  # the switch happened after the checkpoint: it may happen again
         self.bar.n = done

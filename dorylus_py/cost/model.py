@@ -91,7 +91,7 @@ def run_cost(config: dict, wall_s: float, tasks: list[dict], prices: Prices, ins
 def read_record(run_dir: str | Path) -> tuple[dict, list[dict], list[dict], dict]:
     """``config``, ``metrics`` rows, ``tasks`` rows, ``summary`` of a run record; clear errors if broken.
     A record whose process was killed before it could write ``summary.json`` gets one from its epochs."""
-    from dorylus_py.training.record import BestTracker, epoch_summary, read_lines
+    from dorylus_py.training.record import read_lines, summary_of_epochs
 
     run_dir = Path(run_dir)
     not_a_record = f"missing; is {run_dir} a run record (dorylus train --out)?"
@@ -103,8 +103,5 @@ def read_record(run_dir: str | Path) -> tuple[dict, list[dict], list[dict], dict
     if (run_dir / "summary.json").exists():
         summary = read_json(run_dir / "summary.json", DataError)
     else:
-        best = BestTracker()
-        for m in metrics:
-            best.update(m["epoch"], m["val_acc"], m["test_acc"])
-        summary = {"status": "unknown: no summary.json (was the run killed?)", **epoch_summary(metrics, best)}
+        summary = summary_of_epochs(metrics, "unknown: no summary.json (was the run killed?)")
     return config, metrics, tasks, summary

@@ -99,9 +99,7 @@ class RunRecord:
         last = history[-1]["epoch"] if history else (self._first_epoch - 1)
         self._metrics.close()
         self.history = [r for r in self.history if r["epoch"] <= last]
-        self.best = BestTracker()
-        for row in self.history:
-            self.best.update(row["epoch"], row["val_acc"], row["test_acc"])
+        self.best = BestTracker.over(self.history)
         self._rewrite_lines("metrics.jsonl", self.history)
         self._metrics = open(self.dir / "metrics.jsonl", "a")
 
@@ -186,13 +184,11 @@ def end_record(run_dir: str | os.PathLike, status: str) -> None:
     if (run_dir / "summary.json").exists() or not (run_dir / "config.json").exists():
         return
     try:
-        path, best = run_dir / "metrics.jsonl", BestTracker()
+        path = run_dir / "metrics.jsonl"
         lines = path.read_text().splitlines() if path.exists() else []
         history = [json.loads(x) for x in lines if x.endswith("}")]  # a killed writer may leave half a line
-        for row in history:
-            best.update(row["epoch"], row["val_acc"], row["test_acc"])
         with atomic_file(run_dir / "summary.json") as tmp:
-            tmp.write_text(json.dumps({"status": status, **epoch_summary(history, best)}, indent=2) + "\n")
+            tmp.write_text(json.dumps(summary_of_epochs(history, status), indent=2) + "\n")
         _stopped.append(run_dir)
     except Exception as e:  # noqa: BLE001
         logging.getLogger(__name__).warning("%s: could not write summary.json (%s)", run_dir, e)
@@ -215,6 +211,11 @@ def read_lines(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             raise DataError(f"{path}:{i}: not a JSON line (truncated file?)") from None
     return rows
+
+
+def summary_of_epochs(history: list[dict], status: str) -> dict:
+    """A summary from the metrics rows alone (a record whose run did not write one)."""
+    return {"status": status, **epoch_summary(history, BestTracker.over(history))}
 
 
 def epoch_summary(history: list[dict], best: "BestTracker") -> dict:
@@ -244,6 +245,14 @@ class BestTracker:
         self.best_val_acc = -1.0
         self.test_acc_at_best_val = float("nan")
         self.best_epoch = 0
+
+    @classmethod
+    def over(cls, history: list[dict]) -> "BestTracker":
+        """The tracker after every metrics row of ``history``."""
+        best = cls()
+        for row in history:
+            best.update(row["epoch"], row["val_acc"], row["test_acc"])
+        return best
 
     def update(self, epoch: int, val_acc: float, test_acc: float) -> bool:
         if val_acc > self.best_val_acc:
