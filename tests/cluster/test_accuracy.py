@@ -1,7 +1,9 @@
-"""Cora through the whole `local` system (graph servers, weight server, emulated Lambdas), 3 seeds.
+"""Cora through the whole `local` system (graph servers, weight server, emulated Lambdas).
 
-The published 2-layer GCN test accuracy is 81.5 %; sync mode must reach 80.5 % on average and
-async mode with staleness 1 must reach 80.0 %. About 4-5 minutes on 2 cores.
+The published 2-layer GCN test accuracy is 81.5 %. Over 3 seeds, sync mode must reach 80.5 % on average
+and async mode with staleness 1 must reach 80.0 % (``pytest --slow``, about 3 minutes on 2 cores). The
+default suite trains one seed per mode against the same floors less a point, the spread between seeds
+(about 40 s).
 """
 
 import numpy as np
@@ -12,6 +14,8 @@ from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord
 
+MODES = [("sync", 1, 0.805), ("async", 2, 0.800)]
+
 
 @pytest.fixture(scope="module")
 def cora_parts(cora, tmp_path_factory):
@@ -20,12 +24,21 @@ def cora_parts(cora, tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("mode, chunks, floor", [("sync", 1, 0.805), ("async", 2, 0.800)])
+def _test_accuracy(parts, out, mode: str, chunks: int, seed: int) -> float:
+    cfg = TrainConfig(backend="local", graph_servers=2, lambdas=4, chunks=chunks, mode=mode, staleness=1,
+                      seed=seed, feature_norm="row")
+    record = RunRecord(out / f"{mode}-{seed}", cfg.to_dict())
+    return train_distributed(cfg, parts, record, "row", show_progress=False).summary["test_acc_at_best_val"]
+
+
+@pytest.mark.parametrize("mode, chunks, floor", MODES)
+def test_cora_local_two_graph_servers_one_seed(cora_parts, tmp_path, mode, chunks, floor):
+    acc = _test_accuracy(cora_parts, tmp_path, mode, chunks, seed=0)
+    assert acc >= floor - 0.01, acc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, chunks, floor", MODES)
 def test_cora_local_two_graph_servers(cora_parts, tmp_path, mode, chunks, floor):
-    accs = []
-    for seed in range(3):
-        cfg = TrainConfig(backend="local", graph_servers=2, lambdas=4, chunks=chunks, mode=mode, staleness=1,
-                          seed=seed, feature_norm="row")
-        record = RunRecord(tmp_path / f"{mode}-{seed}", cfg.to_dict())
-        accs.append(train_distributed(cfg, cora_parts, record, "row", show_progress=False).summary["test_acc_at_best_val"])
+    accs = [_test_accuracy(cora_parts, tmp_path, mode, chunks, seed) for seed in range(3)]
     assert np.mean(accs) >= floor, accs
