@@ -1,5 +1,5 @@
 """`dorylus train`'s Lambda pool flags: how many tensor workers run at once (a number, or ``auto``
-within bounds). Only the standard library is imported, like the CLI's: the parser stays fast."""
+within bounds), and the emulated workers' network links. Only the standard library is imported, like the CLI's: the parser stays fast."""
 
 from __future__ import annotations
 
@@ -29,3 +29,6 @@ def add_lambda_pool(parser: argparse.ArgumentParser, d) -> None:
                    help=f"--lambdas auto: fewest workers in all, where each pool starts (default {d.lambdas_min})")
     g.add_argument("--lambdas-max", type=int, default=d.lambdas_max, metavar="N",
                    help=f"--lambdas auto: most workers in all (default {d.lambdas_max})")
+    g.add_argument("--lambda-bandwidth-mbps", type=float, default=d.lambda_bandwidth_mbps, metavar="MBPS",
+                   help="local: cap each emulated Lambda's transfers at this rate, each way (the Dorylus paper "
+                        "measured about 200 between a Lambda and an EC2 server; default 0: unlimited)")

@@ -57,6 +57,7 @@ class TrainConfig:
     lambdas_min: int = 2  # --lambdas auto: fewest and most tensor workers at once, in all
     lambdas_max: int = 32
     lambda_latency_ms: float = 0.0  # local: injected invoke latency per task
+    lambda_bandwidth_mbps: float = 0.0  # local: each emulated Lambda's transfer rate, each way (0: unlimited)
     lambda_fail_rate: float = 0.0  # local: chance that an invocation fails (before or part-way)
     lambda_cold_start_ms: float = 0.0  # local: the first invocation on each emulated worker waits this long
     lambda_memory_mb: int = 3008  # billed memory per Lambda (AWS bills GB-seconds)
@@ -137,6 +138,10 @@ class TrainConfig:
         if not 0.0 <= self.lambda_fail_rate < 1.0:
             raise ConfigError(f"--lambda-fail-rate must be in [0, 1), got {self.lambda_fail_rate}")
         at_least("--lambda-latency-ms", self.lambda_latency_ms, 0)
+        at_least("--lambda-bandwidth-mbps", self.lambda_bandwidth_mbps, 0)
+        if self.lambda_bandwidth_mbps and self.backend != "local":
+            raise ConfigError(f"--lambda-bandwidth-mbps caps the links of emulated Lambdas (--backend local), not "
+                              f"--backend {self.backend}")
         at_least("--lambda-memory-mb", self.lambda_memory_mb, 128)
         above("--lambda-timeout-s", self.lambda_timeout_s, 0)
         if self.backend in ("cpu", "gpu"):

@@ -53,7 +53,7 @@ def make_platform(spec: JobSpec, rank: int, node: Node):
     if cfg.backend == "local":
         return LocalLambdaPlatform(per_server, cfg.lambda_latency_ms, cfg.lambda_fail_rate, cfg.lambda_memory_mb,
                                    cfg.lambda_timeout_s, seed=seed, cold_start_ms=cfg.lambda_cold_start_ms,
-                                   key=node.job_key)
+                                   key=node.job_key, bandwidth_mbps=cfg.lambda_bandwidth_mbps)
     from dorylus_py.platforms.aws import AwsLambdaPlatform
 
     return AwsLambdaPlatform(cfg.lambda_function, per_server, cfg.lambda_memory_mb, cfg.aws_region or None,

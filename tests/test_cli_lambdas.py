@@ -1,4 +1,5 @@
-"""The Lambda pool flags (``--lambdas N|auto``, ``--lambdas-min``, ``--lambdas-max``): parsed into the typed
+"""The Lambda pool flags (``--lambdas N|auto``, ``--lambdas-min``, ``--lambdas-max``,
+``--lambda-bandwidth-mbps``): parsed into the typed
 config, kept typed across processes (the job spec), shared out among graph servers, and every mistake one
 line with exit code 2."""
 
@@ -35,6 +36,8 @@ def test_auto_and_its_bounds_parse_into_the_config_and_survive_the_wire():
     (["--backend", "local", "--lambdas", "auto", "--lambdas-min", "8", "--lambdas-max", "4"],
      "--lambdas-max (4) is below --lambdas-min (8)"),
     (["--backend", "cpu", "--lambdas", "auto"], "--lambdas auto sizes Lambda pools (--backend local or lambda)"),
+    (["--backend", "local", "--lambda-bandwidth-mbps", "-5"], "--lambda-bandwidth-mbps must be >= 0, got -5.0"),
+    (["--backend", "cpu", "--lambda-bandwidth-mbps", "200"], "--lambda-bandwidth-mbps caps the links of emulated Lambdas"),
 ])
 def test_pool_flag_mistakes_are_one_line_exit_2(tmp_path, capsys, argv, message):
     code = main(["train", "--out", str(tmp_path / "run"), "--epochs", "1", *argv])
@@ -48,3 +51,4 @@ def test_help_lists_the_pool_flags(capsys):
         main(["train", "--help"])
     out = capsys.readouterr().out
     assert "Lambda pool" in out and "--lambdas N|auto" in out and "--lambdas-max N" in out
+    assert "--lambda-bandwidth-mbps MBPS" in out

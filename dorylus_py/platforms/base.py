@@ -64,12 +64,14 @@ class Platform:
 
 
 class LambdaContext:
-    """The part of AWS's context object the handler uses, with an optional injected early timeout."""
+    """The part of AWS's context object the handler uses, with an optional injected early timeout and,
+    for the emulator alone, a cap on the worker's transfer rate (``bandwidth_mbps``, each way; 0: none)."""
 
-    def __init__(self, timeout_ms: int, expire_at_check: int | None = None):
+    def __init__(self, timeout_ms: int, expire_at_check: int | None = None, bandwidth_mbps: float = 0.0):
         self.deadline = time.monotonic() + timeout_ms / 1000
         self.expire_at_check = expire_at_check  # after this many time checks, report no time left
         self.checks = 0
+        self.bandwidth_mbps = bandwidth_mbps
 
     def get_remaining_time_in_millis(self) -> int:
         self.checks += 1

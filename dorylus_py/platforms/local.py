@@ -2,6 +2,7 @@
 
 ``concurrency`` processes stay warm (like Lambda containers, they keep their sockets between
 invocations); the first invocation on each waits ``cold_start_ms`` first, as a new container would.
+``bandwidth_mbps`` caps each worker's transfers, each way (``lambda_functions/link.py``).
 Each invocation can be delayed by ``latency_ms`` (invoke latency) and, with probability ``fail_rate``,
 made to fail: either before it starts, or part-way through by running its clock out, which exercises
 the relaunch path with partial effects. Billed duration is the handler's run time rounded up to 1 ms,
@@ -32,7 +33,7 @@ from multiprocessing.connection import wait
 from dorylus_py.platforms.base import Completion, LambdaContext, Platform, PoolLoad, billed_ms
 
 
-def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, seed: int) -> tuple:
+def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, seed: int, bandwidth_mbps: float) -> tuple:
     """Runs in a worker process; returns (start, end, run_seconds, ok, error)."""
     rng = random.Random(seed)
     if latency_ms:
@@ -46,7 +47,7 @@ def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, 
     try:
         from lambda_functions.handler import handler
 
-        handler(event, LambdaContext(timeout_ms, expire))
+        handler(event, LambdaContext(timeout_ms, expire, bandwidth_mbps))
         ok, err = True, ""
     except Exception as e:  # noqa: BLE001  (a failed Lambda; the graph server relaunches)
         ok, err = False, f"{type(e).__name__}: {e}"
@@ -100,11 +101,11 @@ class LocalLambdaPlatform(Platform):
 
     def __init__(self, concurrency: int, latency_ms: float = 0.0, fail_rate: float = 0.0, memory_mb: int = 3008,
                  timeout_s: float = 60.0, seed: int = 0, cold_start_ms: float = 0.0, warm_timeout_s: float = 180.0,
-                 key: bytes = b"", park_s: float = 60.0):
+                 key: bytes = b"", park_s: float = 60.0, bandwidth_mbps: float = 0.0):
         super().__init__()
         self._key_hex = key.hex()  # the job key, for the workers' environment
         self.latency_ms, self.fail_rate, self.memory_mb = latency_ms, fail_rate, memory_mb
-        self.cold_start_ms, self.park_s = cold_start_ms, park_s
+        self.cold_start_ms, self.park_s, self.bandwidth_mbps = cold_start_ms, park_s, bandwidth_mbps
         self.timeout_ms = int(timeout_s * 1000)
         self.rng = random.Random(seed)
         self.replaced = 0  # workers that died and were replaced
@@ -134,7 +135,7 @@ class LocalLambdaPlatform(Platform):
 
     def invoke(self, event: dict) -> None:
         self._pending.put((event["task"], (json.dumps(event), self.latency_ms, self.fail_rate, self.timeout_ms,
-                                           self.rng.getrandbits(32))))
+                                           self.rng.getrandbits(32), self.bandwidth_mbps)))
         self._wake_send.send_bytes(b"")
 
     def resize(self, size: int) -> None:

@@ -1,4 +1,5 @@
-"""Whole jobs with the Lambda optimisations of issue 14: the autotuned pool (``--lambdas auto``), and
+"""Whole jobs with the Lambda optimisations of issue 14: the autotuned pool (``--lambdas auto``), capped
+Lambda bandwidth (``--lambda-bandwidth-mbps``), and
 what it must not change (sync mode still equals full-batch training)."""
 
 import json
@@ -39,3 +40,13 @@ def test_an_autotuned_pool_stays_in_its_bounds_and_changes_no_result(small_graph
     assert all(1 <= r["size"] <= 4 and r["reason"] and r["billed_ms"] == 0 for r in resizes)
     logs = "".join(p.read_text() for p in (tmp_path / "auto" / "logs").glob("graph-server-*"))
     assert "lambdas 1 -> " in logs
+
+
+def test_a_capped_link_changes_no_result_and_makes_tasks_take_the_time_their_bytes_need(small_graph, tmp_path):
+    ref = train_reference(small_graph, TrainConfig(epochs=2, dropout=0.0, feature_norm="none"), show_progress=False)
+    got = run(small_graph, tmp_path, "slow", epochs=2, lambdas=4, lambda_bandwidth_mbps=1)
+    np.testing.assert_allclose(losses(got), losses(ref), rtol=1e-4)
+    rows_per_chunk = small_graph.num_nodes / 2 / 3
+    need_s = rows_per_chunk * small_graph.features.shape[1] * 4 * 8 / 1e6  # a chunk's features, at 1 Mbps
+    fwd0 = [r for r in rows(tmp_path, "slow") if r["kind"] == "fwd" and r["train"] and r["layer"] == 0 and r["ok"]]
+    assert len(fwd0) >= 12 and min(r["billed_ms"] for r in fwd0) >= 0.9 * need_s * 1000, (need_s, fwd0)
