@@ -1,5 +1,6 @@
 """`dorylus train`'s Lambda pool flags: how many tensor workers run at once (a number, or ``auto``
-within bounds), and the emulated workers' network links. Only the standard library is imported, like the CLI's: the parser stays fast."""
+within bounds), and the emulated workers' network links. Only the standard library is imported, like
+the CLI's: the parser stays fast."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ class TrainConfig:
     switch_threshold: float = 0.0  # async: switch to sync once validation accuracy is within this of --target-acc
     async_update: str = "epoch"  # async: one Adam step per epoch's worth of chunk gradients, or per `chunk`
     partitioner: str = "auto"  # how --data is split into K parts when it is not a store of K parts already
-    lambdas: int | str = 4  # local/lambda: tensor workers at once in all, shared out among graph servers; "auto": sized as the run goes
+    lambdas: int | str = 4  # local/lambda: tensor workers at once in all, shared among graph servers; or "auto"
     lambdas_min: int = 2  # --lambdas auto: fewest and most tensor workers at once, in all
     lambdas_max: int = 32
     lambda_latency_ms: float = 0.0  # local: injected invoke latency per task
