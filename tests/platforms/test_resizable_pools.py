@@ -1,8 +1,11 @@
 """Resizable pools (``--lambdas auto``): the local emulator grows, shrinks (parking warm workers, stopped
-after a while) and reports its load; the AWS platform's concurrency limit changes while calls wait."""
+after a while) and reports its load; the AWS platform's concurrency limit changes while calls wait, on
+its own and through aiobotocore against an endpoint that holds the calls."""
 
 import asyncio
+import threading
 import time
+from http.server import ThreadingHTTPServer
 
 import psutil
 import pytest
@@ -115,3 +118,38 @@ def test_the_aws_concurrency_limit_changes_while_calls_wait():
         assert (slots.busy, slots.waiting, sorted(inside)) == (0, 0, [0, 1, 2])  # ... and lets the rest through
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_the_aws_platform_reports_calls_in_flight_and_lets_more_through_when_resized(monkeypatch):
+    pytest.importorskip("aiobotocore")
+    from dorylus_py.platforms.aws import AwsLambdaPlatform
+    from tests.aws.test_lambda_platform import FakeLambdaApi
+
+    release = threading.Event()
+
+    class HeldApi(FakeLambdaApi):
+        def do_POST(self):  # noqa: N802
+            release.wait(120)
+            super().do_POST()
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t"}.items():
+        monkeypatch.setenv(k, v)
+    FakeLambdaApi.script, FakeLambdaApi.bodies = [], []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), HeldApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    platform = AwsLambdaPlatform("dorylus", 1, 3008, region="us-east-1",
+                                 endpoint_url=f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        for i in range(3):
+            platform.invoke({"task": {"kind": "fwd", "chunk": i}})
+        until(lambda: platform.load() == PoolLoad(ready=1, waiting=2, busy=1))
+        platform.resize(3)
+        until(lambda: platform.load() == PoolLoad(ready=3, waiting=0, busy=3))  # all three calls in flight
+        release.set()
+        done = []
+        until(lambda: done.extend(platform.completions()) or len(done) == 3)
+        assert all(c.ok for c in done) and platform.load().busy == 0
+    finally:
+        release.set()
+        platform.close()
+        server.shutdown()
