@@ -291,6 +291,7 @@ def _run_prepare(args) -> int:
 
 
 def _add_train(sub, data) -> None:
+    from dorylus_py.cli_lambdas import add_lambda_pool
     from dorylus_py.config import BACKENDS, FEATURE_NORMS, MODELS, MODES, TrainConfig
 
     d = TrainConfig()
@@ -352,7 +353,6 @@ def _add_train(sub, data) -> None:
                         "(default; Cora 81 %%), or one per chunk gradient (78 %%)")
     c.add_argument("--partitioner", default=d.partitioner, help="auto, metis, fennel or hash: how --data is partitioned "
                    "when it is not a prepared store of --graph-servers parts (default auto; see `dorylus prepare --help`)")
-    c.add_argument("--lambdas", type=int, default=d.lambdas, help=f"local: concurrent emulated Lambdas in all (default {d.lambdas})")
     c.add_argument("--lambda-latency-ms", type=float, default=d.lambda_latency_ms, help="local: injected latency per invocation (default 0)")
     c.add_argument("--lambda-fail-rate", type=float, default=d.lambda_fail_rate, help="local: chance an invocation fails (default 0)")
     c.add_argument("--lambda-cold-start-ms", type=float, default=d.lambda_cold_start_ms,
@@ -389,6 +389,7 @@ def _add_train(sub, data) -> None:
     c.add_argument("--relaunch-min-s", type=float, default=d.relaunch_min_s, help=f"relaunch a task after max(this, factor x average) (default {d.relaunch_min_s})")
     c.add_argument("--relaunch-factor", type=float, default=d.relaunch_factor, help=f"(default {d.relaunch_factor})")
     c.add_argument("--wait-timeout-s", type=float, default=d.wait_timeout_s, help=f"give up on any single wait after this (default {d.wait_timeout_s:.0f})")
+    add_lambda_pool(p, d)
     g = p.add_argument_group("decentralised modes (--mode gossip | allreduce): Cluster-GCN batches on data-parallel workers")
     g.add_argument("--workers", type=int, default=d.workers, help=f"worker processes (default {d.workers}; under torchrun: its world size)")
     g.add_argument("--clusters", type=int, default=d.clusters, help=f"METIS clusters of the graph (default {d.clusters})")

@@ -53,8 +53,11 @@ class TrainConfig:
     switch_threshold: float = 0.0  # async: switch to sync once validation accuracy is within this of --target-acc
     async_update: str = "epoch"  # async: one Adam step per epoch's worth of chunk gradients, or per `chunk`
     partitioner: str = "auto"  # how --data is split into K parts when it is not a store of K parts already
-    lambdas: int = 4  # local: emulated Lambdas running at once, shared out among graph servers
+    lambdas: int | str = 4  # local/lambda: tensor workers at once in all, shared among graph servers; or "auto"
+    lambdas_min: int = 2  # --lambdas auto: fewest and most tensor workers at once, in all
+    lambdas_max: int = 32
     lambda_latency_ms: float = 0.0  # local: injected invoke latency per task
+    lambda_bandwidth_mbps: float = 0.0  # local: each emulated Lambda's transfer rate, each way (0: unlimited)
     lambda_fail_rate: float = 0.0  # local: chance that an invocation fails (before or part-way)
     lambda_cold_start_ms: float = 0.0  # local: the first invocation on each emulated worker waits this long
     lambda_memory_mb: int = 3008  # billed memory per Lambda (AWS bills GB-seconds)
@@ -130,11 +133,15 @@ class TrainConfig:
         if self.async_update not in ("epoch", "chunk"):
             raise ConfigError(f"--async-update must be epoch or chunk, got {self.async_update!r}")
         at_least("--staleness", self.staleness, 0)
-        at_least("--lambdas", self.lambdas, 1)
+        self.check_lambdas()
         at_least("--tensor-threads", self.tensor_threads, 1)
         if not 0.0 <= self.lambda_fail_rate < 1.0:
             raise ConfigError(f"--lambda-fail-rate must be in [0, 1), got {self.lambda_fail_rate}")
         at_least("--lambda-latency-ms", self.lambda_latency_ms, 0)
+        at_least("--lambda-bandwidth-mbps", self.lambda_bandwidth_mbps, 0)
+        if self.lambda_bandwidth_mbps and self.backend != "local":
+            raise ConfigError(f"--lambda-bandwidth-mbps caps the links of emulated Lambdas (--backend local), not "
+                              f"--backend {self.backend}")
         at_least("--lambda-memory-mb", self.lambda_memory_mb, 128)
         above("--lambda-timeout-s", self.lambda_timeout_s, 0)
         if self.backend in ("cpu", "gpu"):
@@ -148,6 +155,30 @@ class TrainConfig:
         above("--relaunch-min-s", self.relaunch_min_s, 0)
         at_least("--relaunch-factor", self.relaunch_factor, 1)
         above("--wait-timeout-s", self.wait_timeout_s, 0)
+
+    def check_lambdas(self) -> None:
+        if self.lambdas != "auto":
+            if not isinstance(self.lambdas, int) or isinstance(self.lambdas, bool):
+                raise ConfigError(f"--lambdas must be a number or auto, got {self.lambdas!r}")
+            at_least("--lambdas", self.lambdas, 1)
+            return
+        if self.backend not in ("local", "lambda"):
+            raise ConfigError(f"--lambdas auto sizes Lambda pools (--backend local or lambda); --backend {self.backend} "
+                              "runs its tensor tasks on --tensor-threads")
+        at_least("--lambdas-min", self.lambdas_min, 1)
+        if self.lambdas_max < self.lambdas_min:
+            raise ConfigError(f"--lambdas-max ({self.lambdas_max}) is below --lambdas-min ({self.lambdas_min})")
+
+    def lambdas_per_server(self, graph_servers: int) -> tuple[int, int, int]:
+        """(start, fewest, most) tensor workers of one graph server: ``--lambdas`` (or, with ``auto``,
+        ``--lambdas-min`` and ``--lambdas-max``) shared out among the graph servers, at least one each.
+        An autotuned pool starts at its fewest and grows as its tasks wait."""
+        def share(n: int) -> int:
+            return max(1, n // graph_servers)
+
+        if self.lambdas == "auto":
+            return share(self.lambdas_min), share(self.lambdas_min), share(self.lambdas_max)
+        return (share(self.lambdas),) * 3
 
     def check_decentral(self) -> None:
         if self.backend != "reference":

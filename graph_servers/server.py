@@ -35,6 +35,7 @@ from dorylus_py.platforms import InprocPlatform, LocalLambdaPlatform
 from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.weights.blocks import servers_of_layer, split, weight_blocks
 from graph_servers.graph_state import GraphState
+from graph_servers.pool import AutoPool
 from graph_servers.task_io import apply_result, check_result, task_rows
 from graph_servers.wire import integer, peer_rows, task_event, task_of
 
@@ -47,12 +48,12 @@ def make_platform(spec: JobSpec, rank: int, node: Node):
     cfg = spec.config
     if cfg.backend not in ("local", "lambda"):
         return InprocPlatform(cfg.tensor_threads, cfg.resolved_device(), node.session.sibling())
-    per_server = max(1, cfg.lambdas // len(spec.graph_servers))
+    per_server, _, _ = cfg.lambdas_per_server(len(spec.graph_servers))
     seed = cfg.seed * 1000 + rank + 7919 * spec.restart
     if cfg.backend == "local":
         return LocalLambdaPlatform(per_server, cfg.lambda_latency_ms, cfg.lambda_fail_rate, cfg.lambda_memory_mb,
                                    cfg.lambda_timeout_s, seed=seed, cold_start_ms=cfg.lambda_cold_start_ms,
-                                   key=node.job_key)
+                                   key=node.job_key, bandwidth_mbps=cfg.lambda_bandwidth_mbps)
     from dorylus_py.platforms.aws import AwsLambdaPlatform
 
     return AwsLambdaPlatform(cfg.lambda_function, per_server, cfg.lambda_memory_mb, cfg.aws_region or None,
@@ -87,6 +88,9 @@ class GraphServer:
             first_epoch=spec.first_epoch, policy=policy, stall_s=cfg.wait_timeout_s, stages=tuple(stages))
         # Graph jobs run on one thread of their own; a finished one wakes the loop through an inproc socket.
         self.graph_pool = ThreadPoolExecutor(1, thread_name_prefix="graph")
+        self.graph_out = 0  # graph jobs submitted and not done
+        tasks_per_epoch = self.state.chunks * sum(s.task is not None for s in stages)
+        self.auto_pool = AutoPool.of(spec, self.platform, self.k, tasks_per_epoch)
         self.graph_done: queue.SimpleQueue = queue.SimpleQueue()
         wake = f"inproc://graph-done-{id(self)}"
         self.wake_recv = node.ctx.socket(zmq.PULL)
@@ -121,6 +125,8 @@ class GraphServer:
             self._collect()
             self._graph_jobs_done()
             self.feed(ev.Tick(time.time()))
+            if self.auto_pool is not None:
+                self._tune_pool()
         self._flush_tasks()
         self.node.to_driver(Message("epoch_stats", {"rank": self.k, "finished": True}))
         while True:  # serve late copies (they are told to stop) until the driver says stop
@@ -159,6 +165,7 @@ class GraphServer:
             self._forward_gradient(inst, msg)
         elif kind is ev.RunGraph:
             self.epoch_start.setdefault(inst.epoch, time.perf_counter())
+            self.graph_out += 1
             self.graph_pool.submit(self._graph_job, inst)
         elif kind is ev.SendProgress:
             for sock in self.peers.values():
@@ -271,6 +278,8 @@ class GraphServer:
                                    "epoch": t["epoch"], "layer": t["layer"], "attempt": t.get("attempt", 1),
                                    "where": c.where, "start": c.start, "end": c.end, "billed_ms": c.billed_ms,
                                    "memory_mb": c.memory_mb, "ok": c.ok, "error": c.error})
+            if self.auto_pool is not None:
+                self.auto_pool.finished(c)
             key = ev.TaskKey(t["kind"], t["train"], t["epoch"], t["layer"], t["chunk"])
             self.feed(ev.TaskEnded(key, t.get("attempt", 1), c.ok, time.time(), c.error))
 
@@ -289,6 +298,7 @@ class GraphServer:
             self.wake_recv.recv()
         while not self.graph_done.empty():
             inst, t0, t1, error = self.graph_done.get()
+            self.graph_out -= 1
             if error is not None:
                 raise error
             self.task_rows.append({"kind": inst.stage, "train": self.graph_train[inst.stage], "server": self.k,
@@ -296,6 +306,12 @@ class GraphServer:
                                    "where": "graph-server", "start": t0, "end": t1, "billed_ms": 0, "memory_mb": 0,
                                    "ok": True, "error": ""})
             self.feed(ev.GraphDone(inst.stage, inst.epoch, inst.layer, inst.chunk, time.time()))
+
+    def _tune_pool(self) -> None:
+        """``--lambdas auto``: the tuner measures the pool; a resize it makes goes into tasks.jsonl."""
+        row = self.auto_pool.tick(self.graph_out > 0, self.scheduler.pipe.min_epoch())
+        if row is not None:
+            self.task_rows.append(row)
 
     # --- the driver --------------------------------------------------------------------------------
 

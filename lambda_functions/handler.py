@@ -24,7 +24,8 @@ for tasks without weights), "model", "dropout", "attn_dropout", "negative_slope"
 "device", "task": {"kind", "epoch", "layer", "chunk", "server", "version", "train", "attempt"}}``.
 The weights of a layer are spread over several weight servers by row block: the task asks the lead
 for its version (the newest, or the one it names) and every other server for that same version.
-Sockets are cached per process (and per thread), as a warm Lambda container keeps them.
+Sockets are cached per process (and per thread), as a warm Lambda container keeps them. In the local
+emulator, ``context.bandwidth_mbps`` paces every message both ways (``link.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from dorylus_py.kernels.tasks import TaskContext, run_task
 from dorylus_py.protocol import Message, ProtocolError, Session
 from dorylus_py.protocol.transport import Curve, dealer
 from dorylus_py.weights.blocks import join
+from lambda_functions.link import frame_bytes, link_of, wait_until
 
 REQUEST_TIMEOUT_MS = 30_000  # no single answer takes longer (a dead server: the task is relaunched)
 SAFETY_MARGIN_MS = 500  # give up (and let the graph server relaunch) this close to the Lambda timeout
@@ -151,11 +153,15 @@ def _request(sock: zmq.Socket, msg: Message, session: Session, context=None) -> 
 
 
 def _request_all(requests: list[tuple[zmq.Socket, Message]], session: Session, context=None) -> list[Message]:
-    """Several requests on different sockets, sent together; their replies in the same order."""
-    pending = {}
+    """Several requests on different sockets, sent together; their replies in the same order. A capped
+    link sends them one after another, each once the link would have carried it."""
+    pending, link = {}, link_of(context)
     for sock, msg in requests:
         msg.fields["req"] = f"{id(threading.current_thread())}-{next(_req_ids)}"
-        sock.send_multipart(session.encode(msg, _addresses[sock]), copy=False)
+        frames = session.encode(msg, _addresses[sock])
+        if link is not None:
+            wait_until(link.departs(frame_bytes(frames), time.time()))
+        sock.send_multipart(frames, copy=False)
         pending[msg.fields["req"]] = (sock, msg)
     replies = {req: _receive(sock, msg, req, session, context) for req, (sock, msg) in pending.items()}
     return [replies[msg.fields["req"]] for _, msg in requests]
@@ -169,12 +175,15 @@ def _receive(sock: zmq.Socket, msg: Message, req: str, session: Session, context
     while (left := deadline - time.monotonic()) > 0:
         if not sock.poll(int(left * 1000) + 1):
             break
+        frames = sock.recv_multipart(copy=False)
         try:
-            reply = session.decode(sock.recv_multipart(copy=False), session.id)
+            reply = session.decode(frames, session.id)
         except ProtocolError:
             continue  # not a reply we can trust: keep waiting for ours
         if reply.get("req") != req:
             continue
+        if (link := link_of(context)) is not None:  # used once the link would have brought it all in
+            wait_until(link.arrives(frame_bytes(frames), time.time()))
         if reply.op == "error":
             raise TaskAborted(f"{msg.op} refused: {reply.get('reason')}")
         if reply.op == "cancel":

@@ -152,8 +152,10 @@ class Calibration:
 
 
 def setup_of(config: dict, instance: str) -> Setup:
+    lambdas = config.get("lambdas", 1)
+    lambdas = config.get("lambdas_max", 32) if lambdas == "auto" else lambdas  # an autotuned run: its bound
     return Setup(config.get("backend", "local"), int(config.get("graph_servers", 1)), int(config.get("weight_servers", 1)),
-                 instance, int(config.get("lambdas", 1)), int(config.get("lambda_memory_mb", 3008)),
+                 instance, int(lambdas), int(config.get("lambda_memory_mb", 3008)),
                  int(config.get("chunks", 1)), int(config.get("epochs", 1)), int(config.get("tensor_threads", 2)))
 
 

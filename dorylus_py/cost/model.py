@@ -100,6 +100,7 @@ def read_record(run_dir: str | Path) -> tuple[dict, list[dict], list[dict], dict
         raise DataError(f"{run_dir / 'metrics.jsonl'}: {not_a_record}")
     metrics = read_lines(run_dir / "metrics.jsonl")
     tasks = read_lines(run_dir / "tasks.jsonl") if (run_dir / "tasks.jsonl").exists() else []
+    tasks = [t for t in tasks if t.get("kind") != "resize"]  # the autotuner's decisions (--lambdas auto) are no work
     if (run_dir / "summary.json").exists():
         summary = read_json(run_dir / "summary.json", DataError)
     else:

@@ -24,7 +24,7 @@ import threading
 import time
 
 from dorylus_py.errors import ConfigError
-from dorylus_py.platforms.base import Completion, Platform, billed_ms
+from dorylus_py.platforms.base import Completion, Platform, PoolLoad, billed_ms
 
 THROTTLE_CODES = {"TooManyRequestsException", "ThrottlingException"}
 RETRYABLE_CODES = THROTTLE_CODES | {"ServiceException", "EC2ThrottledException", "ResourceNotReadyException"}
@@ -62,8 +62,37 @@ def deployed_memory_mb(function: str, region: str = "", profile: str = "", endpo
         raise ConfigError(f"cannot read the configuration of Lambda function {function} ({e})") from None
 
 
+class Slots:
+    """At most ``limit`` invocations in flight, a limit that may change while they run (``--lambdas
+    auto``). Used on the platform's one asyncio loop only."""
+
+    def __init__(self, limit: int):
+        self.limit, self.busy, self.waiting = limit, 0, 0
+        self._changed = asyncio.Condition()
+
+    async def __aenter__(self) -> None:
+        async with self._changed:
+            self.waiting += 1
+            try:
+                await self._changed.wait_for(lambda: self.busy < self.limit)
+            finally:
+                self.waiting -= 1
+            self.busy += 1
+
+    async def __aexit__(self, *exc) -> None:
+        async with self._changed:
+            self.busy -= 1
+            self._changed.notify_all()
+
+    async def resize(self, limit: int) -> None:
+        async with self._changed:
+            self.limit = limit
+            self._changed.notify_all()
+
+
 class AwsLambdaPlatform(Platform):
     name = "aws-lambda"
+    resizable = True  # the concurrency limit: invocations in flight at once
     startup_hint_s = 1.0  # a warm invocation starts in tens of ms; a cold one is hedged after a few seconds
 
     def __init__(self, function: str, concurrency: int, memory_mb: int, region: str | None = None,
@@ -94,14 +123,25 @@ class AwsLambdaPlatform(Platform):
                         read_timeout=timeout_s + 30, connect_timeout=10, max_pool_connections=max(10, concurrency))
         self._client_cm = session.create_client("lambda", region_name=region, endpoint_url=endpoint_url, config=config)
         self.client = self._run(self._client_cm.__aenter__())
-        self.slots = self._run(self._semaphore(concurrency))
+        self.slots = self._run(self._slots(concurrency))
 
     def _run(self, coro, timeout: float = 60.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     @staticmethod
-    async def _semaphore(n: int) -> asyncio.Semaphore:
-        return asyncio.Semaphore(n)
+    async def _slots(n: int) -> Slots:
+        return Slots(n)
+
+    def resize(self, size: int) -> None:
+        asyncio.run_coroutine_threadsafe(self.slots.resize(max(1, size)), self.loop)
+        if self.runner is not None:
+            self.runner.resize(size)
+
+    def load(self) -> PoolLoad:
+        if self.runner is not None:  # the endpoint only records calls: the work waits and runs here
+            here = self.runner.load()
+            return PoolLoad(min(self.slots.limit, here.ready), here.waiting + self.slots.waiting, here.busy)
+        return PoolLoad(self.slots.limit, self.slots.waiting, self.slots.busy)
 
     def invoke(self, event: dict) -> None:
         asyncio.run_coroutine_threadsafe(self._invoke(event), self.loop)

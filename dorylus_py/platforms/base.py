@@ -24,15 +24,32 @@ class Completion:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class PoolLoad:
+    """How a pool of tensor workers stands (what the autotuner measures)."""
+
+    ready: int  # workers able to take a task
+    waiting: int  # tasks invoked that no worker has taken yet
+    busy: int  # workers running a task
+
+
 class Platform:
     name = "abstract"
     startup_hint_s = 0.0  # what a task may take to start before the scheduler has measured it
+    resizable = False  # whether resize() and load() work (--lambdas auto)
 
     def __init__(self):
         self._done: queue.Queue[Completion] = queue.Queue()
 
     def invoke(self, event: dict) -> None:
         raise NotImplementedError
+
+    def resize(self, size: int) -> None:
+        """Run at most ``size`` tasks at once from now on."""
+        raise NotImplementedError(f"{self.name} has a fixed pool")
+
+    def load(self) -> PoolLoad:
+        raise NotImplementedError(f"{self.name} does not measure its pool")
 
     def completions(self) -> list[Completion]:
         out = []
@@ -47,12 +64,14 @@ class Platform:
 
 
 class LambdaContext:
-    """The part of AWS's context object the handler uses, with an optional injected early timeout."""
+    """The part of AWS's context object the handler uses, with an optional injected early timeout and,
+    for the emulator alone, a cap on the worker's transfer rate (``bandwidth_mbps``, each way; 0: none)."""
 
-    def __init__(self, timeout_ms: int, expire_at_check: int | None = None):
+    def __init__(self, timeout_ms: int, expire_at_check: int | None = None, bandwidth_mbps: float = 0.0):
         self.deadline = time.monotonic() + timeout_ms / 1000
         self.expire_at_check = expire_at_check  # after this many time checks, report no time left
         self.checks = 0
+        self.bandwidth_mbps = bandwidth_mbps
 
     def get_remaining_time_in_millis(self) -> int:
         self.checks += 1

@@ -2,6 +2,7 @@
 
 ``concurrency`` processes stay warm (like Lambda containers, they keep their sockets between
 invocations); the first invocation on each waits ``cold_start_ms`` first, as a new container would.
+``bandwidth_mbps`` caps each worker's transfers, each way (``lambda_functions/link.py``).
 Each invocation can be delayed by ``latency_ms`` (invoke latency) and, with probability ``fail_rate``,
 made to fail: either before it starts, or part-way through by running its clock out, which exercises
 the relaunch path with partial effects. Billed duration is the handler's run time rounded up to 1 ms,
@@ -13,6 +14,10 @@ not on a command line), where the handler reads it at its cold start, as a real 
 A worker that dies (``kill -9``, out of memory) fails the invocation it was running and is replaced
 by a new, cold one: like Lambda, the pool itself never breaks. One dispatcher thread hands queued
 invocations to idle workers and collects their answers; the graph server only sees completions.
+
+The pool can be resized while it runs (``--lambdas auto``). Growing first takes back *parked* workers
+(still warm), then starts new, cold ones; shrinking parks idle workers (a busy one finishes its task
+first), and a worker parked for ``park_s`` is stopped, as AWS reclaims an idle container.
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ import threading
 import time
 from multiprocessing.connection import wait
 
-from dorylus_py.platforms.base import Completion, LambdaContext, Platform, billed_ms
+from dorylus_py.platforms.base import Completion, LambdaContext, Platform, PoolLoad, billed_ms
 
 
-def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, seed: int) -> tuple:
+def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, seed: int, bandwidth_mbps: float) -> tuple:
     """Runs in a worker process; returns (start, end, run_seconds, ok, error)."""
     rng = random.Random(seed)
     if latency_ms:
@@ -42,7 +47,7 @@ def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, 
     try:
         from lambda_functions.handler import handler
 
-        handler(event, LambdaContext(timeout_ms, expire))
+        handler(event, LambdaContext(timeout_ms, expire, bandwidth_mbps))
         ok, err = True, ""
     except Exception as e:  # noqa: BLE001  (a failed Lambda; the graph server relaunches)
         ok, err = False, f"{type(e).__name__}: {e}"
@@ -87,26 +92,30 @@ class _Worker:
         child.close()
         self.ready = False
         self.task: dict | None = None  # the invocation it is running
+        self.parked_at: float | None = None  # parked (in no pool, no tasks) since; None: in the pool
 
 
 class LocalLambdaPlatform(Platform):
     name = "local-lambda"
+    resizable = True
 
     def __init__(self, concurrency: int, latency_ms: float = 0.0, fail_rate: float = 0.0, memory_mb: int = 3008,
                  timeout_s: float = 60.0, seed: int = 0, cold_start_ms: float = 0.0, warm_timeout_s: float = 180.0,
-                 key: bytes = b""):
+                 key: bytes = b"", park_s: float = 60.0, bandwidth_mbps: float = 0.0):
         super().__init__()
         self._key_hex = key.hex()  # the job key, for the workers' environment
         self.latency_ms, self.fail_rate, self.memory_mb = latency_ms, fail_rate, memory_mb
-        self.cold_start_ms = cold_start_ms
+        self.cold_start_ms, self.park_s, self.bandwidth_mbps = cold_start_ms, park_s, bandwidth_mbps
         self.timeout_ms = int(timeout_s * 1000)
         self.rng = random.Random(seed)
         self.replaced = 0  # workers that died and were replaced
+        self.size = max(1, concurrency)  # workers asked for
         self._ctx = multiprocessing.get_context("spawn")  # no forked zmq contexts or torch thread pools
         self._pending: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_recv, self._wake_send = self._ctx.Pipe(duplex=False)
         self._closed = threading.Event()
-        self._workers = [_Worker(self._ctx, cold_start_ms, self._key_hex) for _ in range(max(1, concurrency))]
+        self._workers = [self._spawn() for _ in range(self.size)]
+        self._parked: list[_Worker] = []
         deadline = time.monotonic() + warm_timeout_s
         for w in self._workers:  # every container warm before the first task, as the pool promised
             if not w.conn.poll(max(0.0, deadline - time.monotonic())):
@@ -116,6 +125,9 @@ class LocalLambdaPlatform(Platform):
         self._thread = threading.Thread(target=self._dispatch, name="local-lambda", daemon=True)
         self._thread.start()
 
+    def _spawn(self) -> _Worker:
+        return _Worker(self._ctx, self.cold_start_ms, self._key_hex)
+
     @property
     def startup_hint_s(self) -> float:
         """What the first invocations may take before they start: the cold start and the latency."""
@@ -123,11 +135,37 @@ class LocalLambdaPlatform(Platform):
 
     def invoke(self, event: dict) -> None:
         self._pending.put((event["task"], (json.dumps(event), self.latency_ms, self.fail_rate, self.timeout_ms,
-                                           self.rng.getrandbits(32))))
+                                           self.rng.getrandbits(32), self.bandwidth_mbps)))
         self._wake_send.send_bytes(b"")
+
+    def resize(self, size: int) -> None:
+        self.size = max(1, size)
+        self._wake_send.send_bytes(b"")
+
+    def load(self) -> PoolLoad:
+        workers = list(self._workers)  # the dispatcher thread changes the list
+        return PoolLoad(sum(w.ready for w in workers), self._pending.qsize(), sum(w.task is not None for w in workers))
+
+    def _fit(self) -> None:
+        """Bring the pool to ``size`` (dispatcher thread): unpark or start workers, park idle ones, and
+        stop those parked too long."""
+        if self._closed.is_set():
+            return
+        while len(self._workers) < self.size:
+            w = self._parked.pop() if self._parked else self._spawn()
+            w.parked_at = None
+            self._workers.append(w)
+        for w in [w for w in self._workers if w.task is None][: max(0, len(self._workers) - self.size)]:
+            self._workers.remove(w)
+            w.parked_at = time.monotonic()
+            self._parked.append(w)
+        for w in [w for w in self._parked if time.monotonic() - w.parked_at > self.park_s]:
+            self._parked.remove(w)
+            self._stop(w)
 
     def _dispatch(self) -> None:
         while not self._closed.is_set():
+            self._fit()
             idle = [w for w in self._workers if w.ready and w.task is None]
             while idle and not self._pending.empty():
                 task, job = self._pending.get()
@@ -137,7 +175,8 @@ class LocalLambdaPlatform(Platform):
                     w.conn.send(job)
                 except (OSError, ValueError):  # it died just now: its sentinel says so below
                     pass
-            watched = {w.conn: w for w in self._workers} | {w.proc.sentinel: w for w in self._workers}
+            everyone = self._workers + self._parked
+            watched = {w.conn: w for w in everyone} | {w.proc.sentinel: w for w in everyone}
             for ready in wait([self._wake_recv, *watched], timeout=1.0):
                 if ready is self._wake_recv:
                     self._drain_wake()
@@ -165,6 +204,10 @@ class LocalLambdaPlatform(Platform):
         self._done.put(Completion(task, self.name, start, end, billed_ms(run_s), self.memory_mb, ok, err))
 
     def _replace(self, w: _Worker) -> None:
+        if w in self._parked:  # nothing to replace: a parked worker is in no pool
+            self._parked.remove(w)
+            w.conn.close()
+            return
         if self._closed.is_set() or w not in self._workers:
             return
         if w.task is not None:
@@ -172,8 +215,15 @@ class LocalLambdaPlatform(Platform):
             self._done.put(Completion(w.task, self.name, now, now, 0, self.memory_mb, False,
                                       f"worker died (exit code {w.proc.exitcode})"))
         w.conn.close()
-        self._workers[self._workers.index(w)] = _Worker(self._ctx, self.cold_start_ms, self._key_hex)
+        self._workers[self._workers.index(w)] = self._spawn()
         self.replaced += 1
+
+    @staticmethod
+    def _stop(w: _Worker) -> None:
+        if w.proc.is_alive():
+            w.proc.kill()
+        w.proc.join(timeout=5)
+        w.conn.close()
 
     def worker_pids(self) -> list[int]:
         return [w.proc.pid for w in self._workers]
@@ -181,13 +231,13 @@ class LocalLambdaPlatform(Platform):
     def close(self) -> None:
         """Stop at once: a graph server that ends must not wait on a task that is stuck."""
         self._closed.set()
-        for w in getattr(self, "_workers", []):
-            if w.proc.is_alive():
-                w.proc.kill()
-        for w in getattr(self, "_workers", []):
-            w.proc.join(timeout=5)
-            w.conn.close()
-        if hasattr(self, "_thread"):
+        if hasattr(self, "_thread"):  # first the dispatcher, which changes the pool
             self._wake_send.send_bytes(b"")
             self._thread.join(timeout=5)
+        everyone = getattr(self, "_workers", []) + getattr(self, "_parked", [])
+        for w in everyone:  # all killed first, then each joined
+            if w.proc.is_alive():
+                w.proc.kill()
+        for w in everyone:
+            self._stop(w)
 

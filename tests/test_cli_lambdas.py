@@ -1,0 +1,54 @@
+"""The Lambda pool flags (``--lambdas N|auto``, ``--lambdas-min``, ``--lambdas-max``,
+``--lambda-bandwidth-mbps``): parsed into the typed
+config, kept typed across processes (the job spec), shared out among graph servers, and every mistake one
+line with exit code 2."""
+
+import pytest
+
+from dorylus_py.cli import build_parser, main
+from dorylus_py.cluster.job import JobSpec
+from dorylus_py.config import TrainConfig
+from dorylus_py.protocol import ProtocolError
+
+
+def config_of(*argv) -> TrainConfig:
+    args = build_parser().parse_args(["train", *argv])
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__})
+
+
+def test_auto_and_its_bounds_parse_into_the_config_and_survive_the_wire():
+    cfg = config_of("--backend", "local", "--lambdas", "auto", "--lambdas-min", "4", "--lambdas-max", "12")
+    cfg.check()
+    assert (cfg.lambdas, cfg.lambdas_min, cfg.lambdas_max) == ("auto", 4, 12)
+    spec = JobSpec(cfg, "parts", "none", [16, 4], [0, 10], [1, 1], graph_servers=["a", "b"])
+    again = JobSpec.from_wire(spec.to_wire())
+    assert again.config == cfg and again.config.lambdas_per_server(2) == (2, 2, 6)  # starts at its fewest
+    assert config_of("--lambdas", "6").lambdas_per_server(4) == (1, 1, 1)  # at least one each
+    assert config_of("--lambdas", "6").lambdas_per_server(2) == (3, 3, 3)
+    with pytest.raises(ProtocolError, match="lambdas"):
+        JobSpec.from_wire(spec.to_wire() | {"config": cfg.to_dict() | {"lambdas": [4]}})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lambdas", "many"], "argument --lambdas: expected a number or auto, got 'many'"),
+    (["--backend", "local", "--lambdas", "0"], "--lambdas must be >= 1, got 0"),
+    (["--backend", "local", "--lambdas", "auto", "--lambdas-min", "0"], "--lambdas-min must be >= 1, got 0"),
+    (["--backend", "local", "--lambdas", "auto", "--lambdas-min", "8", "--lambdas-max", "4"],
+     "--lambdas-max (4) is below --lambdas-min (8)"),
+    (["--backend", "cpu", "--lambdas", "auto"], "--lambdas auto sizes Lambda pools (--backend local or lambda)"),
+    (["--backend", "local", "--lambda-bandwidth-mbps", "-5"], "--lambda-bandwidth-mbps must be >= 0, got -5.0"),
+    (["--backend", "cpu", "--lambda-bandwidth-mbps", "200"], "--lambda-bandwidth-mbps caps the links of emulated Lambdas"),
+])
+def test_pool_flag_mistakes_are_one_line_exit_2(tmp_path, capsys, argv, message):
+    code = main(["train", "--out", str(tmp_path / "run"), "--epochs", "1", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_help_lists_the_pool_flags(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "Lambda pool" in out and "--lambdas N|auto" in out and "--lambdas-max N" in out
+    assert "--lambda-bandwidth-mbps MBPS" in out
