@@ -27,8 +27,8 @@ def build_context(out: Path, overwrite: bool = False) -> list[Path]:
     """Lay out ``docker build`` input in ``out``: the Dockerfile, the handler, the modules it imports."""
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out}: exists and is not empty (pass --overwrite)")
-    sources = [REPO / "lambda_functions" / "Dockerfile", REPO / "lambda_functions" / "__init__.py",
-               REPO / "lambda_functions" / "handler.py"] + [REPO / "dorylus_py" / m for m in HANDLER_MODULES]
+    handler = [REPO / "lambda_functions" / name for name in ("Dockerfile", "__init__.py", "handler.py", "link.py")]
+    sources = handler + [REPO / "dorylus_py" / m for m in HANDLER_MODULES]
     missing = [str(p) for p in sources if not p.exists()]
     if missing:
         raise ConfigError(f"build-context needs a source checkout; missing {missing[0]}")
