@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,12 @@ from dorylus_py.data import Graph, SynthConfig, generate, load_graph
 
 # ../shared/datasets beside the checkout; DORYLUS_DATASETS names another folder (a worktree elsewhere)
 DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or Path(__file__).resolve().parents[2] / "shared" / "datasets")
+
+
+# A non-interactive shell starts `cmd &` with SIGINT ignored, and the ignoring passes to every child:
+# the Ctrl-C tests' jobs would then train on forever. Take Ctrl-C back, so their children get it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser):

@@ -8,8 +8,21 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from dorylus_py.data import write_npz
+
+
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test():
+    """A failed test must not leave its 100,000-epoch job loading the machine for the tests after it."""
+    yield
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "dorylus_py" in " ".join(p.cmdline()) or "graph_servers" in " ".join(p.cmdline()):
+                p.kill()
+        except psutil.Error:  # gone already
+            pass
 
 
 def start_job(small_graph, tmp_path, *extra):
