@@ -4,13 +4,13 @@
 import json
 
 import numpy as np
-import psutil
 import pytest
 
 from dorylus_py.config import TrainConfig
 from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord, train_reference
+from tests.cluster import running_children
 
 
 def run(graph, tmp_path, name, **kw):
@@ -34,7 +34,7 @@ def test_sync_equals_full_batch_reference(small_graph, tmp_path, backend, k):
     assert_same_losses(got, ref)
     assert [r["val_acc"] for r in got.history] == pytest.approx([r["val_acc"] for r in ref.history], abs=1e-6)
     assert got.summary["weight_updates"] == 3 * 2  # one per layer per epoch, no more
-    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]  # no orphans
+    assert not running_children()  # no orphans
 
 
 def test_three_layers_two_weight_servers(small_graph, tmp_path):
