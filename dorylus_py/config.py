@@ -109,6 +109,7 @@ class TrainConfig:
             raise ConfigError(f"--feature-norm must be one of {', '.join(FEATURE_NORMS)}, got {self.feature_norm!r}")
         if not 0.0 <= self.target_acc <= 1.0:
             raise ConfigError(f"--target-acc must be in [0, 1], got {self.target_acc}")
+        self.check_lambdas()  # every backend: `auto` is refused where there is no Lambda pool to size
         if self.mode in DECENTRAL_MODES:
             self.check_decentral()
         elif self.backend != "reference":
@@ -133,7 +134,6 @@ class TrainConfig:
         if self.async_update not in ("epoch", "chunk"):
             raise ConfigError(f"--async-update must be epoch or chunk, got {self.async_update!r}")
         at_least("--staleness", self.staleness, 0)
-        self.check_lambdas()
         at_least("--tensor-threads", self.tensor_threads, 1)
         if not 0.0 <= self.lambda_fail_rate < 1.0:
             raise ConfigError(f"--lambda-fail-rate must be in [0, 1), got {self.lambda_fail_rate}")
@@ -164,7 +164,7 @@ class TrainConfig:
             return
         if self.backend not in ("local", "lambda"):
             raise ConfigError(f"--lambdas auto sizes Lambda pools (--backend local or lambda); --backend {self.backend} "
-                              "runs its tensor tasks on --tensor-threads")
+                              "has none")
         at_least("--lambdas-min", self.lambdas_min, 1)
         if self.lambdas_max < self.lambdas_min:
             raise ConfigError(f"--lambdas-max ({self.lambdas_max}) is below --lambdas-min ({self.lambdas_min})")

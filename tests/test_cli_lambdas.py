@@ -36,6 +36,8 @@ def test_auto_and_its_bounds_parse_into_the_config_and_survive_the_wire():
     (["--backend", "local", "--lambdas", "auto", "--lambdas-min", "8", "--lambdas-max", "4"],
      "--lambdas-max (4) is below --lambdas-min (8)"),
     (["--backend", "cpu", "--lambdas", "auto"], "--lambdas auto sizes Lambda pools (--backend local or lambda)"),
+    (["--lambdas", "auto"], "--lambdas auto sizes Lambda pools (--backend local or lambda); --backend reference has none"),
+    (["--mode", "gossip", "--lambdas", "auto"], "--lambdas auto sizes Lambda pools"),
     (["--backend", "local", "--lambda-bandwidth-mbps", "-5"], "--lambda-bandwidth-mbps must be >= 0, got -5.0"),
     (["--backend", "cpu", "--lambda-bandwidth-mbps", "200"], "--lambda-bandwidth-mbps caps the links of emulated Lambdas"),
 ])
