@@ -15,7 +15,7 @@ job's processes used (start-up included, so it understates the per-epoch share; 
 than wall time by other work on a shared machine). Also the codec alone: MB/s through encode and
 decode of a 25.6 MB frame, and microseconds per small message.
 
-    python benchmarks/bench_signing.py [--nodes 200000 --edges 4000000 --epochs 6 --repeats 2]
+    python benchmarks/bench_signing.py [--nodes 200000 --edges 4000000 --epochs 6 --repeats 2 --configs async]
 """
 
 from __future__ import annotations
@@ -104,12 +104,18 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--variants", default="unsigned,signed,sha256")
+    ap.add_argument("--configs", default="", help="only the configurations whose names contain one of these "
+                    "comma-separated words (cpu, sync, async); default: all")
     ap.add_argument("--codec", metavar="VARIANT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.codec:
         print(json.dumps(codec_alone(args.codec)))
         return
     variants = args.variants.split(",")
+    words = [w for w in args.configs.split(",") if w]
+    configs = [(n, f) for n, f in CONFIGS if not words or any(w in n for w in words)]
+    if not configs:
+        ap.error(f"--configs {args.configs}: no configuration is named so ({', '.join(n for n, _ in CONFIGS)})")
     tmp = Path(tempfile.mkdtemp(prefix="dorylus-bench-signing-"))
     py = sys.executable
     graph, parts = tmp / "graph.npz", tmp / "parts"
@@ -121,7 +127,7 @@ def main() -> None:
                                           env=variant_env(tmp, "signed")).stdout) for v in variants}
     times: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for r in range(args.repeats):
-        for name, flags in CONFIGS:
+        for name, flags in configs:
             for v in (variants if r % 2 == 0 else variants[::-1]):
                 run = tmp / f"{name.replace(' ', '_').replace('=', '')}-{v}-{r}"
                 times.setdefault((name, v), []).append(epoch_seconds(parts, run, flags, args.epochs, variant_env(tmp, v)))
@@ -131,7 +137,7 @@ def main() -> None:
     others = [v for v in variants if v != "unsigned"]
     print(f"{'configuration':<22}" + "".join(f"{v + ' s':>12}" for v in variants) + "".join(
         f"{v + '/unsigned':>18}" for v in others) + "".join(f"{'CPU ' + v + '/unsigned':>22}" for v in others))
-    for name, _ in CONFIGS:
+    for name, _ in configs:
         med = {v: statistics.median(t for t, _ in times[(name, v)]) for v in variants}
         cpu = {v: statistics.median(c for _, c in times[(name, v)]) for v in variants}
         print(f"{name:<22}" + "".join(f"{med[v]:>12.3f}" for v in variants)

@@ -73,6 +73,7 @@ class DriverLink:
         self.senders: dict[bytes, bytes] = {}  # identity -> the session id it speaks with (replies are signed for it)
         self.heard: dict[str, float] = {}  # server name -> when its last heartbeat came
         self.expected: set[str] = set()  # names of the servers of this start
+        self.retired: set[str] = set()  # servers whose work is done: their deaths no longer matter
         self._held: list = []  # messages that came while the driver waited on a request
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
@@ -91,7 +92,7 @@ class DriverLink:
 
     def check_children(self) -> None:
         for name, (proc, log_path) in self.procs.items():
-            code = proc.poll()
+            code = None if name in self.retired else proc.poll()
             if code is not None:
                 tail = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()][-1:]
                 why = f": {tail[0].strip()}" if tail else ""
@@ -99,11 +100,17 @@ class DriverLink:
                 raise ServerLost(f"{name} {how}{why} (log: {log_path})", deliberate=code == 2)
 
     def check_heartbeats(self) -> None:
+        self.serve_heartbeats()  # beats queued while this process was starved of CPU are not silence
         now = time.monotonic()
         for name, when in self.heard.items():
-            if name in self.expected and now - when > SILENCE_S:
+            if name in self.expected and name not in self.retired and now - when > SILENCE_S:
                 where = f" at {self.cluster.address(*_role_rank(name))}" if self.cluster else ""
                 raise ServerLost(f"{name}{where} has not been heard from for {SILENCE_S:.0f} s (presumed dead)")
+
+    def retire(self, names: list[str]) -> None:
+        """Stop watching ``names`` (graph servers once training is over: the weights come from the weight
+        servers alone); they are still stopped with the rest."""
+        self.retired.update(names)
 
     def kill_servers(self) -> None:
         """Stop every server of this start at once (a restart follows): whole process groups, so their
@@ -146,6 +153,7 @@ class DriverLink:
         self.senders.clear()
         self.heard.clear()
         self.expected.clear()
+        self.retired.clear()
         self._held.clear()
 
     # --- messages --------------------------------------------------------------------------------

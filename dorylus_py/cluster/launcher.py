@@ -295,8 +295,10 @@ class _Run:
         self.checkpoint = arrays | {"epoch": np.array(epoch, np.int64)}
 
     def finish(self, link: DriverLink) -> dict:
-        """Final weights (and checkpoint) at the last recorded epoch; the run's counts."""
+        """Final weights (and checkpoint) at the last recorded epoch; the run's counts. The graph servers'
+        work is done: one dying now does not fail the job."""
         self.bar.close()
+        link.retire([f"graph-server-{k}" for k in range(self.plan.graph_servers)])
         if not self.history:
             return {}
         last = self.history[-1]["epoch"]

@@ -130,3 +130,21 @@ def test_an_async_run_recovers_too(parts, tmp_path):
     assert got.summary["restarts"] == 1 and [r["epoch"] for r in got.history] == list(range(1, 7))
     assert got.history[-1]["loss"] < got.history[0]["loss"]
 
+
+
+def test_a_graph_server_dying_after_training_does_not_fail_the_job(parts, tmp_path, monkeypatch):
+    from dorylus_py.cluster.launcher import _Run
+
+    finish = _Run.finish
+
+    def kill_then_finish(self, link):  # every epoch is recorded; the weights come from the weight servers
+        proc, _ = link.procs["graph-server-0"]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)  # dead and reaped: a check of it would see the signal at once
+        return finish(self, link)
+
+    monkeypatch.setattr(_Run, "finish", kill_then_finish)
+    cfg = config(epochs=2)
+    got = train_distributed(cfg, parts, RunRecord(tmp_path / "run", cfg.to_dict()), "none", show_progress=False)
+    assert got.summary["restarts"] == 0 and [r["epoch"] for r in got.history] == [1, 2]
+    assert (tmp_path / "run" / "weights.npz").exists()
