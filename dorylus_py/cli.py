@@ -176,6 +176,15 @@ def _config_from_args(cls, args):
     return cls(**{k: v for k, v in vars(args).items() if k in names})
 
 
+def _last_layer_note(cfg) -> str:
+    from dorylus_py.models.spec import fuses_last_layer
+
+    if fuses_last_layer(cfg.model, cfg.layers, cfg.fuse):
+        return "last layer fused: one task per chunk does its forward, the loss and its first backward step"
+    why = "--no-fuse" if not cfg.fuse else f"fusion is gcn's with --layers >= 2, not --model {cfg.model} --layers {cfg.layers}"
+    return f"last layer unfused ({why}): forward, loss and backward tasks"
+
+
 def _run_synth(args) -> int:
     from dorylus_py.config import SynthConfig
     from dorylus_py.data.synth import write_synth
@@ -351,6 +360,11 @@ def _add_train(sub, data) -> None:
     c.add_argument("--async-update", choices=("epoch", "chunk"), default=d.async_update,
                    help="async: one weight update per epoch's worth of chunk gradients, taken without a barrier "
                         "(default; Cora 81 %%), or one per chunk gradient (78 %%)")
+    c.add_argument("--no-fuse", dest="fuse", action="store_false",
+                   help="run the last layer unfused, for comparison: by default (gcn with --layers >= 2) one task "
+                        "per chunk computes the last layer's forward, the loss and its gradient, and the first "
+                        "backward step, where unfused it takes three (forward, loss, backward); gat, sage and a "
+                        "one-layer gcn always run unfused")
     c.add_argument("--partitioner", default=d.partitioner, help="auto, metis, fennel or hash: how --data is partitioned "
                    "when it is not a prepared store of --graph-servers parts (default auto; see `dorylus prepare --help`)")
     c.add_argument("--lambda-latency-ms", type=float, default=d.lambda_latency_ms, help="local: injected latency per invocation (default 0)")
@@ -476,6 +490,7 @@ def _run_train(args) -> int:
             from dorylus_py.cluster.launcher import train_distributed
 
             record = RunRecord(run_dir, config, overwrite=args.overwrite, continue_after=done)
+            status(_last_layer_note(cfg))
             if copy:
                 cli_train.partition_into(cfg, graph, Path(store))
             result = train_distributed(cfg, store, record, norm, show_progress=not args.quiet, cluster=cluster,

@@ -52,6 +52,7 @@ class TrainConfig:
     staleness: int = 1  # async: a chunk may run at most this many epochs ahead of the slowest
     switch_threshold: float = 0.0  # async: switch to sync once validation accuracy is within this of --target-acc
     async_update: str = "epoch"  # async: one Adam step per epoch's worth of chunk gradients, or per `chunk`
+    fuse: bool = True  # gcn, 2+ layers: one task does the last layer's forward, the loss and its backward step
     partitioner: str = "auto"  # how --data is split into K parts when it is not a store of K parts already
     lambdas: int | str = 4  # local/lambda: tensor workers at once in all, shared among graph servers; or "auto"
     lambdas_min: int = 2  # --lambdas auto: fewest and most tensor workers at once, in all

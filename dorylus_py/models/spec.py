@@ -72,8 +72,13 @@ class ModelSpec:
         """The layer's ApplyVertex task also produces ``S``, added after Gather."""
         return self.name != "gcn"
 
-    def stages(self) -> list[Stage]:
-        return (attention_stages if self.name == "gat" else vertex_stages)(self.num_layers)
+    def fuses_last_layer(self, fuse: bool) -> bool:
+        return fuses_last_layer(self.name, self.num_layers, fuse)
+
+    def stages(self, fuse: bool = False) -> list[Stage]:
+        if self.name == "gat":
+            return attention_stages(self.num_layers)
+        return vertex_stages(self.num_layers, self.fuses_last_layer(fuse))
 
     def tensors(self) -> list[TensorSpec]:
         out = []
@@ -92,6 +97,13 @@ class ModelSpec:
     def layer_tensors(self, layer: int) -> list[TensorSpec]:
         return [t for t in self.tensors() if t.layer == layer]
 
+
+
+def fuses_last_layer(model: str, layers: int, fuse: bool) -> bool:
+    """Whether fusion (on unless ``--no-fuse``) applies: GCN with 2 layers or more. GAT and GraphSAGE
+    (whose last layer has ApplyEdge tasks or a self term) and a one-layer GCN (whose input is the
+    features, not a Gather's output) keep the separate loss task."""
+    return fuse and model == "gcn" and layers >= 2
 
 
 def model_spec(name: str, dims: list[int], heads: int = 8, out_heads: int = 1, negative_slope: float = 0.2) -> ModelSpec:
