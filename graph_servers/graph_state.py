@@ -300,7 +300,8 @@ class GraphState:
         limit = len(self.send_ids[src]) if backward else sl.stop - sl.start
         if positions is None or positions.dtype != np.int64 or positions.ndim != 1:
             raise ProtocolError("ghost positions must be int64, one per row")
-        named = {"rows": s.heads if phase == "ebwd" else self.widths(phase != "efwd", layer)[0]} | ({"scores": s.heads} if self.attention and not backward else {})
+        width = s.heads if phase == "ebwd" else self.widths(phase != "efwd", layer)[0]
+        named = {"rows": width} | ({"scores": s.heads} if self.attention and not backward else {})
         for name, width in named.items():
             t = tensors.get(name)
             if t is None or t.dtype != np.float32 or t.shape != (len(positions), width):

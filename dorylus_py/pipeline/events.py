@@ -143,8 +143,8 @@ class Accept:
 @dataclass(frozen=True)
 class SendRows:
     """Send peers what a finished task or graph job of ``chunk`` produced: ``fwd``/``efwd``: the chunk's
-    new ``Z_l`` rows (GCN's fused last layer: its ``P̃`` rows) that they hold as ghosts; ``bwd``: its contribution to their vertices' ``dZ_l``; ``ebwd``:
-    to their vertices' source-score gradients (GAT)."""
+    new ``Z_l`` rows (GCN's fused last layer: its ``P̃`` rows) that they hold as ghosts; ``bwd``: its
+    contribution to their vertices' ``dZ_l``; ``ebwd``: to their vertices' source-score gradients (GAT)."""
 
     phase: str
     epoch: int

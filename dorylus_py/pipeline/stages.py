@@ -1,7 +1,7 @@
 """The stages a chunk walks each epoch, as data: what a model's pipeline is made of.
 
 A :class:`Stage` is either a **tensor task** (``task`` names the kind a worker runs: ApplyVertex
-``fwd``/``bwd``, ApplyEdge ``edge_fwd``/``edge_bwd``, ``loss``, ``eval``) or **graph work** done by
+``fwd``/``bwd``, ApplyEdge ``edge_fwd``/``edge_bwd``, ``loss``, ``fused``, ``eval``) or **graph work** done by
 the server itself (``task`` None: ``gather``, ``egather``, ``gather_bwd``, ``attn_grad``,
 ``activate``, ``activate_bwd``). The scheduler knows nothing else about a model: what a stage reads
 from the peers (``needs``: sync mode waits until every peer chunk's message of those phases has come),
@@ -24,7 +24,7 @@ class Stage:
     task: str | None = None  # the tensor task kind (TaskKey.kind); None: graph work on the server
     train: bool = True  # False: the evaluation forward
     needs: tuple[str, ...] = ()  # phases of peer messages it reads (sync waits for all of this layer's)
-    sends: tuple[tuple[str, int], ...] = ()  # after its result (or graph job): (phase, layer) messages to the peers
+    sends: tuple[tuple[str, int], ...] = ()  # after its result or graph job: (phase, layer) messages to peers
     weights: str | None = None  # hold: newest, held for the backward (async) | stashed: the forward's | newest
     gradient: bool = False  # its result carries a weight gradient, forwarded to the weight servers
 
