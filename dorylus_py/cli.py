@@ -176,15 +176,6 @@ def _config_from_args(cls, args):
     return cls(**{k: v for k, v in vars(args).items() if k in names})
 
 
-def _last_layer_note(cfg) -> str:
-    from dorylus_py.models.spec import fuses_last_layer
-
-    if fuses_last_layer(cfg.model, cfg.layers, cfg.fuse):
-        return "last layer fused: one task per chunk does its forward, the loss and its first backward step"
-    why = "--no-fuse" if not cfg.fuse else f"fusion is gcn's with --layers >= 2, not --model {cfg.model} --layers {cfg.layers}"
-    return f"last layer unfused ({why}): forward, loss and backward tasks"
-
-
 def _run_synth(args) -> int:
     from dorylus_py.config import SynthConfig
     from dorylus_py.data.synth import write_synth
@@ -490,7 +481,7 @@ def _run_train(args) -> int:
             from dorylus_py.cluster.launcher import train_distributed
 
             record = RunRecord(run_dir, config, overwrite=args.overwrite, continue_after=done)
-            status(_last_layer_note(cfg))
+            status(cli_train.last_layer_note(cfg))
             if copy:
                 cli_train.partition_into(cfg, graph, Path(store))
             result = train_distributed(cfg, store, record, norm, show_progress=not args.quiet, cluster=cluster,

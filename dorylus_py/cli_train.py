@@ -98,6 +98,16 @@ def with_deployed_memory(cfg, given: set[str]):
     return dataclasses.replace(cfg, lambda_memory_mb=mb)
 
 
+def last_layer_note(cfg) -> str:
+    """Whether the run fuses its last layer, and why not (--no-fuse, or a model fusion is not for)."""
+    from dorylus_py.models.spec import fuses_last_layer
+
+    if fuses_last_layer(cfg.model, cfg.layers, cfg.fuse):
+        return "last layer fused: one task per chunk does its forward, the loss and its first backward step"
+    why = "--no-fuse" if not cfg.fuse else f"fusion is gcn's with --layers >= 2, not --model {cfg.model} --layers {cfg.layers}"
+    return f"last layer unfused ({why}): forward, loss and backward tasks"
+
+
 def store_for(cfg, run_dir: Path, reuse: bool = False) -> tuple[str, bool]:
     """The partition store a distributed run reads, and whether the run makes it: --data itself when it
     is a store of K parts, else RUN_DIR/partitions (the record's copy of the data; ``reuse``: a resumed

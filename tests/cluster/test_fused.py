@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from dorylus_py.cli import build_parser
+from dorylus_py.cli_train import last_layer_note
 from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
@@ -75,6 +76,9 @@ def test_async_fused_run_trains_and_applies_every_gradient_once(small_graph, tmp
 def test_no_fuse_flag_and_models_without_fusion():
     args = build_parser().parse_args(["train", "--backend", "local", "--no-fuse"])
     assert args.fuse is False and build_parser().parse_args(["train"]).fuse is True
+    assert last_layer_note(TrainConfig()).startswith("last layer fused")
+    assert "(--no-fuse)" in last_layer_note(TrainConfig(fuse=False))
+    assert "not --model sage" in last_layer_note(TrainConfig(model="sage"))
     from dorylus_py.models import model_spec
 
     assert {s.task for s in model_spec("gcn", [8, 4, 2]).stages(fuse=True)} >= {"fused"}
