@@ -26,6 +26,7 @@ from dorylus_py.cluster.job import JobSpec
 from dorylus_py.cluster.node import Node, peak_rss_mb
 from dorylus_py.errors import DorylusError
 from dorylus_py.models import spec_of
+from dorylus_py.models.spec import fuses_last_layer
 from dorylus_py.partition.store import PartitionStore
 from dorylus_py.pipeline import events as ev
 from dorylus_py.pipeline.scheduler import Scheduler
@@ -71,10 +72,11 @@ class GraphServer:
         self.k = node.rank
         part = PartitionStore.open(spec.data_dir).load(self.k)
         self.model = spec_of(cfg, spec.dims)
-        stages = self.model.stages(cfg.fuse)
+        fused_last = fuses_last_layer(self.model.name, self.model.num_layers, cfg.fuse, cfg.backend)
+        stages = self.model.stages(fused_last)
         self.kinds, self.by_task = task_kinds(stages), task_stages(stages)
         self.graph_train = {s.name: s.train for s in stages if s.task is None}  # graph stage -> training pass
-        fused = FusedInput(cfg.dropout, cfg.seed, spec.id_offsets[self.k]) if self.model.fuses_last_layer(cfg.fuse) else None
+        fused = FusedInput(cfg.dropout, cfg.seed, spec.id_offsets[self.k]) if fused_last else None
         self.state = GraphState(part, self.model, spec.chunk_counts, spec.feature_norm,
                                 spec.edge_offsets[self.k] if spec.edge_offsets else 0, fused)
         self.peers = {p: self._dealer(a) for p, a in enumerate(spec.graph_servers) if p != self.k}

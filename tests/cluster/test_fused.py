@@ -1,4 +1,4 @@
-"""Whole jobs with GCN's fused last layer (the default) against ``--no-fuse``: the same per-epoch loss,
+"""Whole jobs with GCN's fused last layer (``--fuse auto`` on local/lambda, ``on`` elsewhere) against ``--fuse off``: the same per-epoch loss,
 fewer tensor-task invocations per epoch (no loss task, no forward or backward task of the last layer)."""
 
 import json
@@ -11,6 +11,8 @@ from dorylus_py.cli import build_parser
 from dorylus_py.cli_train import last_layer_note
 from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
+from dorylus_py.errors import ConfigError
+from dorylus_py.models.spec import fuses_last_layer
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord, train_reference
 
@@ -41,7 +43,7 @@ def losses(result):
 def test_fused_sync_run_equals_unfused_with_fewer_invocations_per_epoch(small_graph, tmp_path):
     """Dropout on: the graph server draws the last layer's mask that a task would, by global vertex id."""
     fused = run(small_graph, tmp_path, "fused", backend="local", dropout=0.5)
-    plain = run(small_graph, tmp_path, "plain", backend="local", dropout=0.5, fuse=False)
+    plain = run(small_graph, tmp_path, "plain", backend="local", dropout=0.5, fuse="off")
     np.testing.assert_allclose(losses(fused), losses(plain), rtol=1e-6)
     assert [r["val_acc"] for r in fused.history] == [r["val_acc"] for r in plain.history]
     assert fused.summary["weight_updates"] == plain.summary["weight_updates"] == 3 * 2
@@ -57,7 +59,7 @@ def test_fused_sync_run_equals_unfused_with_fewer_invocations_per_epoch(small_gr
 
 def test_fused_sync_run_equals_the_reference(small_graph, tmp_path):
     ref = train_reference(small_graph, TrainConfig(epochs=3, dropout=0.0, feature_norm="none"), show_progress=False)
-    got = run(small_graph, tmp_path, "run", backend="cpu", graph_servers=3)
+    got = run(small_graph, tmp_path, "run", backend="cpu", graph_servers=3, fuse="on")  # auto: unfused on cpu
     np.testing.assert_allclose(losses(got), losses(ref), rtol=1e-6)
     assert [r["val_acc"] for r in got.history] == pytest.approx([r["val_acc"] for r in ref.history], abs=1e-6)
     logs = "".join(p.read_text() for p in (tmp_path / "run" / "logs").glob("graph-server-*"))
@@ -65,7 +67,7 @@ def test_fused_sync_run_equals_the_reference(small_graph, tmp_path):
 
 
 def test_async_fused_run_trains_and_applies_every_gradient_once(small_graph, tmp_path):
-    got = run(small_graph, tmp_path, "run", backend="cpu", epochs=6, mode="async", staleness=1, dropout=0.5)
+    got = run(small_graph, tmp_path, "run", backend="cpu", epochs=6, mode="async", staleness=1, dropout=0.5, fuse="on")
     assert [r["epoch"] for r in got.history] == list(range(1, 7))
     assert got.summary["weight_updates"] == 6 * 2
     assert got.history[-1]["loss"] < got.history[0]["loss"]
@@ -73,15 +75,21 @@ def test_async_fused_run_trains_and_applies_every_gradient_once(small_graph, tmp
                                                       ("fwd", False, 0), ("fwd", False, 1), ("eval", False, 1)}
 
 
-def test_no_fuse_flag_and_models_without_fusion():
-    args = build_parser().parse_args(["train", "--backend", "local", "--no-fuse"])
-    assert args.fuse is False and build_parser().parse_args(["train"]).fuse is True
-    assert last_layer_note(TrainConfig()).startswith("last layer fused")
-    assert "(--no-fuse)" in last_layer_note(TrainConfig(fuse=False))
-    assert "not --model sage" in last_layer_note(TrainConfig(model="sage"))
+def test_fuse_flags_backends_and_models_without_fusion():
+    parse = build_parser().parse_args
+    assert parse(["train", "--no-fuse"]).fuse == "off" and parse(["train", "--fuse", "on"]).fuse == "on"
+    assert parse(["train"]).fuse == "auto"
+    assert last_layer_note(TrainConfig(backend="local")).startswith("last layer fused")
+    assert last_layer_note(TrainConfig(backend="lambda")).startswith("last layer fused")
+    assert "--fuse auto fuses on local and lambda, not cpu" in last_layer_note(TrainConfig(backend="cpu"))
+    assert last_layer_note(TrainConfig(backend="cpu", fuse="on")).startswith("last layer fused")
+    assert "(--fuse off)" in last_layer_note(TrainConfig(backend="local", fuse="off"))
+    assert "not --model sage" in last_layer_note(TrainConfig(backend="local", model="sage"))
+    with pytest.raises(ConfigError, match="--fuse must be one of auto, on, off"):
+        TrainConfig(backend="local", fuse="yes").check()
     from dorylus_py.models import model_spec
 
-    assert {s.task for s in model_spec("gcn", [8, 4, 2]).stages(fuse=True)} >= {"fused"}
+    assert {s.task for s in model_spec("gcn", [8, 4, 2]).stages(fused=True)} >= {"fused"}
     for name, dims in (("gcn", [8, 2]), ("sage", [8, 4, 2]), ("gat", [8, 4, 2])):
-        spec = model_spec(name, dims)
-        assert not spec.fuses_last_layer(True) and spec.stages(fuse=True) == spec.stages(fuse=False)
+        assert not fuses_last_layer(name, len(dims) - 1, "on", "local")
+        assert model_spec(name, dims).stages(fused=True) == model_spec(name, dims).stages(fused=False)
