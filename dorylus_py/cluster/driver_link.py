@@ -232,9 +232,8 @@ class DriverLink:
             sock.send_multipart(self.session.encode(msg, address), copy=False)
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
-                self.serve_heartbeats()
                 self.check_children()
-                self.check_heartbeats()
+                self.check_heartbeats()  # answers what has queued up first
                 if not sock.poll(100):
                     continue
                 try:

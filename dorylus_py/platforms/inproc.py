@@ -1,9 +1,15 @@
-"""``cpu`` and ``gpu`` backends: the handler runs in the graph server's own threads, on its device."""
+"""``cpu`` and ``gpu`` backends: the handler runs in the graph server's own threads, on its device.
+
+The threads are daemons: a server told to stop exits at once, even while a task waits for a reply from
+a peer that is gone (a weight server that stopped first; the task's own request timeout is 30 s), as a
+process whose Lambdas are abandoned would. A ``ThreadPoolExecutor`` would be joined at exit instead.
+"""
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from dorylus_py.platforms.base import Completion, Platform
 
@@ -13,10 +19,17 @@ class InprocPlatform(Platform):
         super().__init__()
         self.device, self.session = device, session  # the handler signs with this (not from the event)
         self.name = f"inproc-{device.split(':')[0]}"
-        self.pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tensor")
+        self._tasks: queue.SimpleQueue[dict | None] = queue.SimpleQueue()
+        self._closed, self._threads = False, max(1, threads)
+        for i in range(self._threads):
+            threading.Thread(target=self._work, name=f"tensor_{i}", daemon=True).start()
 
     def invoke(self, event: dict) -> None:
-        self.pool.submit(self._run, dict(event, device=self.device))
+        self._tasks.put(dict(event, device=self.device))
+
+    def _work(self) -> None:
+        while (event := self._tasks.get()) is not None and not self._closed:
+            self._run(event)
 
     def _run(self, event: dict) -> None:
         from lambda_functions.handler import handler
@@ -30,4 +43,7 @@ class InprocPlatform(Platform):
         self._done.put(Completion(event["task"], self.name, start, time.time(), 0, 0, ok, err))
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        """Drop the tasks not started; running ones are abandoned (the threads end with the process)."""
+        self._closed = True
+        for _ in range(self._threads):  # wakes every idle worker
+            self._tasks.put(None)

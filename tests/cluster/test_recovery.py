@@ -131,7 +131,6 @@ def test_an_async_run_recovers_too(parts, tmp_path):
     assert got.history[-1]["loss"] < got.history[0]["loss"]
 
 
-
 def test_a_graph_server_dying_after_training_does_not_fail_the_job(parts, tmp_path, monkeypatch):
     from dorylus_py.cluster.launcher import _Run
 

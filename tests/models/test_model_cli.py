@@ -35,8 +35,11 @@ def test_train_each_model_and_report_it(graph_file, tmp_path, capsys):
 def test_decentralised_modes_train_every_model(graph_file, tmp_path, mode, model):
     out = tmp_path / "run"
     flags = ["--heads", "2", "--hidden", "4"] if model == "gat" else []
+    # no dropout: GAT's default 0.6 on 4 hidden units makes 6 epochs of this small graph's loss a random walk
+    # (it ended above its start in 3 of 7 gossip runs and in all-reduce too); without it 1.46 -> 1.24 each time
     assert main([str(a) for a in ["train", "--data", graph_file, "--out", out, "--quiet", "--mode", mode, "--model", model,
-                                  "--workers", 2, "--clusters", 8, "--clusters-per-batch", 2, "--epochs", 6, *flags]]) == 0
+                                  "--workers", 2, "--clusters", 8, "--clusters-per-batch", 2, "--epochs", 6,
+                                  "--dropout", 0, *flags]]) == 0
     assert json.loads((out / "config.json").read_text())["model"] == model
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["loss"] < metrics[0]["loss"]  # it learns
