@@ -4,7 +4,8 @@ each optimisation on and off, read back from their run records.
 Graph: synthetic, 200 k vertices, 4 M edges, 128 features, 10 classes, K = 2 graph servers, 2-layer GCN.
 Groups of runs (``--only``):
 
-- ``fuse``: the fused last layer (``--fuse on``) against ``--fuse off``, sync and async S = 1;
+- ``fuse``: the fused last layer (``--fuse on``) against ``--fuse off``, sync and async S = 1, with 0 and
+  20 ms Lambda latency;
 - ``pool``: fixed pools of 2, 4, 8 and 16 Lambdas against ``--lambdas auto``, with 0 and 20 ms latency;
 - ``bandwidth``: async S = 1 with each emulated Lambda's link capped at 200 Mbps against unlimited.
 
@@ -33,9 +34,11 @@ from dorylus_py.cost.model import Prices, read_record, run_cost
 from dorylus_py.cost.server_logs import server_rows
 
 SYNC, ASYNC = ["--mode", "sync"], ["--mode", "async", "--staleness", "1"]
+LATENCY = ["--lambda-latency-ms", "20"]
+FUSE_MODES = {"sync": SYNC, "async": ASYNC, "sync 20 ms": [*SYNC, *LATENCY], "async 20 ms": [*ASYNC, *LATENCY]}
 GROUPS = {  # name -> rows of (label, flags)
-    "fuse": [("sync, fused", [*SYNC, "--fuse", "on"]), ("sync, --fuse off", [*SYNC, "--fuse", "off"]),
-             ("async, fused", [*ASYNC, "--fuse", "on"]), ("async, --fuse off", [*ASYNC, "--fuse", "off"])],
+    "fuse": [(f"{mode}, {label}", [*flags, "--fuse", fuse]) for mode, flags in FUSE_MODES.items()
+             for label, fuse in (("fused", "on"), ("--fuse off", "off"))],
     "pool": [(f"{ms} ms, {n} Lambdas", [*SYNC, "--lambdas", str(n), "--lambda-latency-ms", str(ms)])
              for ms in (0, 20) for n in (2, 4, 8, 16, "auto")],
     "bandwidth": [("async, unlimited", ASYNC), ("async, 200 Mbps", [*ASYNC, "--lambda-bandwidth-mbps", "200"])],
@@ -65,7 +68,7 @@ def measure(parts: Path, out: Path, flags: list[str], epochs: int, prices: Price
 def targets(res: dict[str, dict]) -> list[str]:
     """The issue's targets, from the rows that ran."""
     out = []
-    for mode in ("sync", "async"):
+    for mode in FUSE_MODES:
         on, off = res.get(f"{mode}, fused"), res.get(f"{mode}, --fuse off")
         if on and off:
             out.append(f"fuse, {mode}: invocations per epoch {off['invocations']:.0f} -> {on['invocations']:.0f} "

@@ -8,8 +8,9 @@ the self loop) or come per head from ApplyEdge tasks (GAT: ``α̃``, ``(H, E)``)
 ghosts share one buffer of ``n_local + n_ghost`` rows, so Gather reads it in place. The loss task
 turns the logits ``G_{L-1}`` into ``dG_{L-1}``; backward runs the path in reverse: each chunk's
 ``dG_l`` rows give the peers their contribution ``A[chunk, ghosts]ᵀ dG_l[chunk]`` to their vertices'
-gradients (the newest contribution of every peer chunk is kept, in ``remote_parts``), and Gather
-backward is ``dZ_l = Aᵀ[local] dG_l`` plus those contributions. GAT adds, per layer, the source and
+gradients (``received``: summed as they come in sync mode, the newest of every peer chunk kept in
+async mode; ``graph_servers/received.py``), and Gather backward is ``dZ_l = Aᵀ[local] dG_l`` plus
+those contributions. GAT adds, per layer, the source and
 destination scores (``(n, H)``), the per-edge ``α̃``, ``dα̃`` and ``ds`` (each ``(H, E)``), the
 SDDMM ``dα̃ = <dG_v, Z_u>`` (``attn_grad``), and the sources' score gradients ``Σ_v ds_uv`` with
 the peers' parts (``ebwd``).
@@ -44,6 +45,7 @@ from dorylus_py.kernels.sparse import BlockAdjacency, csr_nbytes
 from dorylus_py.models.spec import ModelSpec
 from dorylus_py.partition.layout import Partition
 from dorylus_py.protocol import ProtocolError
+from graph_servers.received import NewestParts, OrderedSum
 
 
 def _zeros(*shape) -> np.ndarray:
@@ -62,11 +64,12 @@ class FusedInput:
 
 class GraphState:
     def __init__(self, part: Partition, model: ModelSpec, chunk_counts: list[int], feature_norm: str, edge_offset: int = 0,
-                 fused: FusedInput | None = None):
+                 fused: FusedInput | None = None, sync: bool = False):
         """``chunk_counts``: how many chunks every graph server has (ours included); ``edge_offset``:
         the id of this partition's first edge (edges are numbered across partitions, for dropout keys);
         ``fused``: the last layer runs fused (``pipeline/stages.py``: ``fused_last_layer``), so its
-        training buffers are as wide as its input (``Â P̃``), not its output."""
+        training buffers are as wide as its input (``Â P̃``), not its output; ``sync``: every epoch is
+        synchronous (the peers' contributions are summed as they come)."""
         return_freed_memory()  # before the buffers: chunk-sized temporaries must not pile up in the heap
         self.part, self.model, self.chunk_counts, self.edge_offset = part, model, chunk_counts, edge_offset
         self.fused = fused
@@ -91,8 +94,10 @@ class GraphState:
         self.dG = [_zeros(n, self.widths(True, l)[1]) for l in range(self.layers)]
         self.dZ = [_zeros(n, self.widths(True, l)[0]) for l in range(self.layers)]
         self.phases = ("bwd", "ebwd") if self.attention else ("bwd",)  # what the peers contribute
-        # (phase, layer, peer, peer chunk) -> (our rows, int32; its newest contribution to them)
-        self.remote_parts: dict[tuple, tuple] = {}
+        peer_chunks = [(p, c) for p in self.peers for c in range(chunk_counts[p])]
+        width = lambda phase, l: shapes[l].heads if phase == "ebwd" else self.widths(True, l)[0]  # noqa: E731
+        self.received = {(phase, l): OrderedSum(n, width(phase, l), peer_chunks) if sync else NewestParts()
+                         for phase in self.phases for l in range(self.layers)}
         if self.attention:
             self.SG = {t: [_zeros(n + g, s.heads) for s in shapes] for t in (True, False)}  # source scores, with ghosts
             self.SD = {t: [_zeros(n, s.heads) for s in shapes] for t in (True, False)}  # destination scores
@@ -226,9 +231,9 @@ class GraphState:
             self.dsrc[layer][a:b] = row_sums(m.local_t, torch.from_numpy(self.ds[layer])).numpy()
         else:
             m.gather_t(dg, out=torch.from_numpy(dz))
-        self._add_remote("bwd", layer, a, b, dz)
+        self.received[("bwd", layer)].add_to(a, b, dz)
         if self.attention:
-            self._add_remote("ebwd", layer, a, b, self.dsrc[layer][a:b])
+            self.received[("ebwd", layer)].add_to(a, b, self.dsrc[layer][a:b])
 
     def activate(self, epoch: int, chunk: int) -> None:
         """The fused last layer's input ``P̃ = dropout(relu(G_{L-2}))`` of the chunk's rows (into ``ZG``,
@@ -244,14 +249,6 @@ class GraphState:
         l, (a, b) = self.layers - 1, self.chunk(chunk)
         dp, p = torch.from_numpy(self.dZ[l][a:b]), torch.from_numpy(self.ZG[True][l][a:b])
         self.dG[l - 1][a:b] = gcn_ops.activation_backward(dp, p, self.fused.rate).numpy()
-
-    def _add_remote(self, phase: str, layer: int, a: int, b: int, target: np.ndarray) -> None:
-        """Add the peers' parts for rows ``a..b-1`` in a fixed order (the same bits every run), from a
-        snapshot of the keys (the loop thread may add parts meanwhile)."""
-        for key in sorted(k for k in list(self.remote_parts) if k[:2] == (phase, layer)):
-            local, contribution = self.remote_parts[key]
-            inside = (local >= a) & (local < b)
-            target[local[inside] - a] += contribution[inside]  # a part never repeats a row
 
     def attention_grad(self, layer: int, chunk: int | None) -> None:
         """GAT: ``dα̃`` of the chunk's in-edges, ``<dG_l[v], Z_l[u]>`` per head (an SDDMM per block)."""
@@ -316,9 +313,8 @@ class GraphState:
             return
         if len(np.unique(positions)) != len(positions):
             raise ProtocolError("contribution positions repeat")
-        # this peer chunk's newest contribution replaces its previous one
         local = self.send_ids[src].numpy()[positions].astype(np.int32)
-        self.remote_parts[(phase, layer, src, src_chunk)] = (local, np.array(tensors["rows"]))
+        self.received[(phase, layer)].add((src, src_chunk), local, np.array(tensors["rows"]))
 
     # --- tensor tasks' inputs (graph_servers/task_io.py) -------------------------------------------
 

@@ -78,7 +78,7 @@ class GraphServer:
         self.graph_train = {s.name: s.train for s in stages if s.task is None}  # graph stage -> training pass
         fused = FusedInput(cfg.dropout, cfg.seed, spec.id_offsets[self.k]) if fused_last else None
         self.state = GraphState(part, self.model, spec.chunk_counts, spec.feature_norm,
-                                spec.edge_offsets[self.k] if spec.edge_offsets else 0, fused)
+                                spec.edge_offsets[self.k] if spec.edge_offsets else 0, fused, sync=spec.mode == "sync")
         self.peers = {p: self._dealer(a) for p, a in enumerate(spec.graph_servers) if p != self.k}
         self.weight_servers = [self._dealer(a) for a in spec.weight_servers]
         self.blocks = weight_blocks(self.model.tensors(), len(spec.weight_servers))
