@@ -354,9 +354,9 @@ def _add_train(sub, data) -> None:
     c.add_argument("--fuse", choices=FUSE_CHOICES, default=d.fuse,
                    help="gcn with --layers >= 2: one task per chunk computes the last layer's forward, the loss and "
                         "its gradient, and the first backward step, where unfused it takes three (forward, loss, "
-                        "backward). auto (default): fused on the local and lambda backends, where each task is an "
-                        "invocation and a round trip; unfused on cpu and gpu, where fusing only widens the last "
-                        "layer's Gather. gat, sage and a one-layer gcn always run unfused")
+                        "backward). auto (default): fused where a task saved is a round trip saved, on lambda and "
+                        "on local with --lambda-latency-ms above 0; elsewhere fusing only widens the last layer's "
+                        "Gather. gat, sage and a one-layer gcn always run unfused")
     c.add_argument("--no-fuse", dest="fuse", action="store_const", const="off", help="the same as --fuse off")
     c.add_argument("--partitioner", default=d.partitioner, help="auto, metis, fennel or hash: how --data is partitioned "
                    "when it is not a prepared store of --graph-servers parts (default auto; see `dorylus prepare --help`)")

@@ -72,7 +72,8 @@ class GraphServer:
         self.k = node.rank
         part = PartitionStore.open(spec.data_dir).load(self.k)
         self.model = spec_of(cfg, spec.dims)
-        fused_last = fuses_last_layer(self.model.name, self.model.num_layers, cfg.fuse, cfg.backend)
+        fused_last = fuses_last_layer(self.model.name, self.model.num_layers, cfg.fuse, cfg.backend,
+                                      cfg.lambda_latency_ms)
         stages = self.model.stages(fused_last)
         self.kinds, self.by_task = task_kinds(stages), task_stages(stages)
         self.graph_train = {s.name: s.train for s in stages if s.task is None}  # graph stage -> training pass
