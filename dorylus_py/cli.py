@@ -292,7 +292,7 @@ def _run_prepare(args) -> int:
 
 def _add_train(sub, data) -> None:
     from dorylus_py.cli_lambdas import add_lambda_pool
-    from dorylus_py.config import BACKENDS, FEATURE_NORMS, MODELS, MODES, TrainConfig
+    from dorylus_py.config import BACKENDS, FEATURE_NORMS, FUSE_CHOICES, MODELS, MODES, TrainConfig
 
     d = TrainConfig()
     p = command(
@@ -351,6 +351,13 @@ def _add_train(sub, data) -> None:
     c.add_argument("--async-update", choices=("epoch", "chunk"), default=d.async_update,
                    help="async: one weight update per epoch's worth of chunk gradients, taken without a barrier "
                         "(default; Cora 81 %%), or one per chunk gradient (78 %%)")
+    c.add_argument("--fuse", choices=FUSE_CHOICES, default=d.fuse,
+                   help="gcn with --layers >= 2: one task per chunk computes the last layer's forward, the loss and "
+                        "its gradient, and the first backward step, where unfused it takes three (forward, loss, "
+                        "backward). auto (default): fused where a task saved is a round trip saved, on lambda and "
+                        "on local with --lambda-latency-ms above 0; elsewhere fusing only widens the last layer's "
+                        "Gather. gat, sage and a one-layer gcn always run unfused")
+    c.add_argument("--no-fuse", dest="fuse", action="store_const", const="off", help="the same as --fuse off")
     c.add_argument("--partitioner", default=d.partitioner, help="auto, metis, fennel or hash: how --data is partitioned "
                    "when it is not a prepared store of --graph-servers parts (default auto; see `dorylus prepare --help`)")
     c.add_argument("--lambda-latency-ms", type=float, default=d.lambda_latency_ms, help="local: injected latency per invocation (default 0)")
@@ -476,6 +483,7 @@ def _run_train(args) -> int:
             from dorylus_py.cluster.launcher import train_distributed
 
             record = RunRecord(run_dir, config, overwrite=args.overwrite, continue_after=done)
+            status(cli_train.last_layer_note(cfg))
             if copy:
                 cli_train.partition_into(cfg, graph, Path(store))
             result = train_distributed(cfg, store, record, norm, show_progress=not args.quiet, cluster=cluster,

@@ -98,6 +98,22 @@ def with_deployed_memory(cfg, given: set[str]):
     return dataclasses.replace(cfg, lambda_memory_mb=mb)
 
 
+def last_layer_note(cfg) -> str:
+    """Whether the run fuses its last layer, and why not (--fuse off, the backend, or the model)."""
+    from dorylus_py.models.spec import fuses_last_layer
+
+    if fuses_last_layer(cfg.model, cfg.layers, cfg.fuse, cfg.backend, cfg.lambda_latency_ms):
+        return "last layer fused: one task per chunk does its forward, the loss and its first backward step"
+    if cfg.fuse == "off":
+        why = "--fuse off"
+    elif cfg.model != "gcn" or cfg.layers < 2:
+        why = f"fusion is gcn's with --layers >= 2, not --model {cfg.model} --layers {cfg.layers}"
+    else:
+        why = ("--fuse auto fuses on lambda, and on local with --lambda-latency-ms above 0, where a task saved "
+               "is a round trip saved; --fuse on to fuse here")
+    return f"last layer unfused ({why}): forward, loss and backward tasks"
+
+
 def store_for(cfg, run_dir: Path, reuse: bool = False) -> tuple[str, bool]:
     """The partition store a distributed run reads, and whether the run makes it: --data itself when it
     is a store of K parts, else RUN_DIR/partitions (the record's copy of the data; ``reuse``: a resumed

@@ -13,6 +13,7 @@ MODES = ("sync", "async", "gossip", "allreduce")
 DECENTRAL_MODES = ("gossip", "allreduce")  # data-parallel Cluster-GCN workers (dorylus_py/decentral)
 FEATURE_NORMS = ("auto", "row", "none")
 MODELS = ("gcn", "gat", "sage")  # dorylus_py/models/spec.py describes each
+FUSE_CHOICES = ("auto", "on", "off")  # GCN's fused last layer; auto: where tensor tasks are Lambda invocations
 
 
 def at_least(flag: str, value: float, low: float) -> None:
@@ -52,6 +53,7 @@ class TrainConfig:
     staleness: int = 1  # async: a chunk may run at most this many epochs ahead of the slowest
     switch_threshold: float = 0.0  # async: switch to sync once validation accuracy is within this of --target-acc
     async_update: str = "epoch"  # async: one Adam step per epoch's worth of chunk gradients, or per `chunk`
+    fuse: str = "auto"  # gcn, 2+ layers: one task does the last layer's forward, loss and backward; auto: on Lambdas
     partitioner: str = "auto"  # how --data is split into K parts when it is not a store of K parts already
     lambdas: int | str = 4  # local/lambda: tensor workers at once in all, shared among graph servers; or "auto"
     lambdas_min: int = 2  # --lambdas auto: fewest and most tensor workers at once, in all
@@ -109,6 +111,8 @@ class TrainConfig:
             raise ConfigError(f"--feature-norm must be one of {', '.join(FEATURE_NORMS)}, got {self.feature_norm!r}")
         if not 0.0 <= self.target_acc <= 1.0:
             raise ConfigError(f"--target-acc must be in [0, 1], got {self.target_acc}")
+        if self.fuse not in FUSE_CHOICES:
+            raise ConfigError(f"--fuse must be one of {', '.join(FUSE_CHOICES)}, got {self.fuse!r}")
         self.check_lambdas()  # every backend: `auto` is refused where there is no Lambda pool to size
         if self.mode in DECENTRAL_MODES:
             self.check_decentral()

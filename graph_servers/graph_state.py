@@ -31,11 +31,15 @@ peers' contributions are added up when Gather backward needs them, so no sum of 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from dorylus_py.data.graph import row_normalized
 from dorylus_py.heap import return_freed_memory
+from dorylus_py.kernels import gcn_ops
+from dorylus_py.kernels.dropout import dropout_keep_mask
 from dorylus_py.kernels.heads import HeadBlocks, gather_heads_backward, row_sums
 from dorylus_py.kernels.sparse import BlockAdjacency, csr_nbytes
 from dorylus_py.models.spec import ModelSpec
@@ -48,14 +52,27 @@ def _zeros(*shape) -> np.ndarray:
     return np.zeros(shape, np.float32)
 
 
+@dataclass(frozen=True)
+class FusedInput:
+    """GCN's fused last layer: the graph server computes its input ``P̃ = dropout(relu(G_{L-2}))``, with
+    the mask a task would draw (keyed by global vertex id: ``id_start`` is our first vertex's)."""
+
+    rate: float
+    seed: int
+    id_start: int
+
+
 class GraphState:
     def __init__(self, part: Partition, model: ModelSpec, chunk_counts: list[int], feature_norm: str, edge_offset: int = 0,
-                 sync: bool = False):
+                 fused: FusedInput | None = None, sync: bool = False):
         """``chunk_counts``: how many chunks every graph server has (ours included); ``edge_offset``:
         the id of this partition's first edge (edges are numbered across partitions, for dropout keys);
-        ``sync``: every epoch is synchronous (the peers' contributions are summed as they come)."""
+        ``fused``: the last layer runs fused (``pipeline/stages.py``: ``fused_last_layer``), so its
+        training buffers are as wide as its input (``Â P̃``), not its output; ``sync``: every epoch is
+        synchronous (the peers' contributions are summed as they come)."""
         return_freed_memory()  # before the buffers: chunk-sized temporaries must not pile up in the heap
         self.part, self.model, self.chunk_counts, self.edge_offset = part, model, chunk_counts, edge_offset
+        self.fused = fused
         self.n, self.g = n, g = part.num_local, part.num_ghosts
         self.shapes = model.layers
         self.layers = model.num_layers
@@ -71,15 +88,16 @@ class GraphState:
         self._chunk_layouts()
         shapes, edges, hmax = self.shapes, self.nnz_local + len(part.ghost_indices), max(s.heads for s in self.shapes)
         # ZG[train][l]: rows 0..n-1 are Z_l, rows n.. its ghosts; G[train][l]: the layer's output
-        self.ZG = {t: [_zeros(n + g, s.z_width) for s in shapes] for t in (True, False)}
-        self.G = {t: [_zeros(n, s.out_width) for s in shapes] for t in (True, False)}
+        self.ZG = {t: [_zeros(n + g, self.widths(t, l)[0]) for l in range(self.layers)] for t in (True, False)}
+        self.G = {t: [_zeros(n, self.widths(t, l)[1]) for l in range(self.layers)] for t in (True, False)}
         self.S = {t: [_zeros(n, s.out_width) for s in shapes] for t in (True, False)} if model.self_term else None
-        self.dG = [_zeros(n, s.out_width) for s in shapes]
-        self.dZ = [_zeros(n, s.z_width) for s in shapes]
+        self.dG = [_zeros(n, self.widths(True, l)[1]) for l in range(self.layers)]
+        self.dZ = [_zeros(n, self.widths(True, l)[0]) for l in range(self.layers)]
         self.phases = ("bwd", "ebwd") if self.attention else ("bwd",)  # what the peers contribute
         peer_chunks = [(p, c) for p in self.peers for c in range(chunk_counts[p])]
-        self.received = {(phase, l): OrderedSum(n, s.heads if phase == "ebwd" else s.z_width, peer_chunks) if sync
-                         else NewestParts() for phase in self.phases for l, s in enumerate(shapes)}
+        width = lambda phase, l: shapes[l].heads if phase == "ebwd" else self.widths(True, l)[0]  # noqa: E731
+        self.received = {(phase, l): OrderedSum(n, width(phase, l), peer_chunks) if sync else NewestParts()
+                         for phase in self.phases for l in range(self.layers)}
         if self.attention:
             self.SG = {t: [_zeros(n + g, s.heads) for s in shapes] for t in (True, False)}  # source scores, with ghosts
             self.SD = {t: [_zeros(n, s.heads) for s in shapes] for t in (True, False)}  # destination scores
@@ -89,6 +107,14 @@ class GraphState:
             self.ds = [_zeros(s.heads, edges) for s in shapes]
             self.dsrc = [_zeros(n, s.heads) for s in shapes]
             self.ddst = [_zeros(n, s.heads) for s in shapes]
+
+    def widths(self, train: bool, layer: int) -> tuple[int, int]:
+        """``(width of Z_l and its ghosts, width of G_l)``; the fused last layer's training pass gathers
+        ``P̃`` (the layer's input) instead of ``Z``, so both are its input's width there."""
+        s = self.shapes[layer]
+        if train and self.fused is not None and layer == self.layers - 1:
+            return s.d_in, s.d_in
+        return s.z_width, s.out_width
 
     def _adjacency(self) -> BlockAdjacency | HeadBlocks:
         p, n, g = self.part, self.n, self.g
@@ -166,7 +192,7 @@ class GraphState:
 
     # --- graph work (on the graph thread; it touches rows no running task reads) -------------------
 
-    def run_graph(self, stage: str, layer: int, chunk: int | None) -> None:
+    def run_graph(self, stage: str, epoch: int, layer: int, chunk: int | None) -> None:
         """The graph stage ``stage`` of layer ``layer`` for one chunk's rows, or all rows (``chunk`` None)."""
         if stage in ("gather", "egather"):
             self.gather(stage == "gather", layer, chunk)
@@ -174,8 +200,11 @@ class GraphState:
             self.gather_backward(layer, chunk)
         elif stage == "attn_grad":
             self.attention_grad(layer, chunk)
+        elif stage in ("activate", "activate_bwd") and self.fused is not None and layer == self.layers - 1:
+            for c in range(self.chunks) if chunk is None else (chunk,):  # a chunk at a time: bounded temporaries
+                self.activate(epoch, c) if stage == "activate" else self.activate_backward(c)
         else:
-            raise ValueError(f"unknown graph stage {stage!r}")
+            raise ValueError(f"unknown graph stage {stage!r} for layer {layer}")
 
     def _rows(self, chunk: int | None):
         """``((a, b), blocks)``: the chunk's row range and its rows of ``A`` (all rows for None)."""
@@ -205,6 +234,21 @@ class GraphState:
         self.received[("bwd", layer)].add_to(a, b, dz)
         if self.attention:
             self.received[("ebwd", layer)].add_to(a, b, self.dsrc[layer][a:b])
+
+    def activate(self, epoch: int, chunk: int) -> None:
+        """The fused last layer's input ``P̃ = dropout(relu(G_{L-2}))`` of the chunk's rows (into ``ZG``,
+        from where the chunk's rows go to the peers that hold them as ghosts)."""
+        f, l, (a, b) = self.fused, self.layers - 1, self.chunk(chunk)
+        g = torch.from_numpy(self.G[True][l - 1][a:b])
+        keep = (dropout_keep_mask(f.id_start + a, f.id_start + b, g.shape[1], f.rate, f.seed, epoch, l)
+                if f.rate > 0 else None)
+        self.ZG[True][l][a:b] = gcn_ops.apply_vertex_input(g, l, keep, f.rate).numpy()
+
+    def activate_backward(self, chunk: int) -> None:
+        """``dG_{L-2}`` of the chunk's rows from ``dP̃`` (Gather backward's ``dZ_{L-1}``) and ``P̃``."""
+        l, (a, b) = self.layers - 1, self.chunk(chunk)
+        dp, p = torch.from_numpy(self.dZ[l][a:b]), torch.from_numpy(self.ZG[True][l][a:b])
+        self.dG[l - 1][a:b] = gcn_ops.activation_backward(dp, p, self.fused.rate).numpy()
 
     def attention_grad(self, layer: int, chunk: int | None) -> None:
         """GAT: ``dα̃`` of the chunk's in-edges, ``<dG_l[v], Z_l[u]>`` per head (an SDDMM per block)."""
@@ -253,7 +297,8 @@ class GraphState:
         limit = len(self.send_ids[src]) if backward else sl.stop - sl.start
         if positions is None or positions.dtype != np.int64 or positions.ndim != 1:
             raise ProtocolError("ghost positions must be int64, one per row")
-        named = {"rows": s.heads if phase == "ebwd" else s.z_width} | ({"scores": s.heads} if self.attention and not backward else {})
+        width = s.heads if phase == "ebwd" else self.widths(phase != "efwd", layer)[0]
+        named = {"rows": width} | ({"scores": s.heads} if self.attention and not backward else {})
         for name, width in named.items():
             t = tensors.get(name)
             if t is None or t.dtype != np.float32 or t.shape != (len(positions), width):

@@ -26,6 +26,7 @@ from dorylus_py.cluster.job import JobSpec
 from dorylus_py.cluster.node import Node, peak_rss_mb
 from dorylus_py.errors import DorylusError
 from dorylus_py.models import spec_of
+from dorylus_py.models.spec import fuses_last_layer
 from dorylus_py.partition.store import PartitionStore
 from dorylus_py.pipeline import events as ev
 from dorylus_py.pipeline.scheduler import Scheduler
@@ -34,7 +35,7 @@ from dorylus_py.pipeline.tasks import RelaunchPolicy
 from dorylus_py.platforms import InprocPlatform, LocalLambdaPlatform
 from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.weights.blocks import servers_of_layer, split, weight_blocks
-from graph_servers.graph_state import GraphState
+from graph_servers.graph_state import FusedInput, GraphState
 from graph_servers.pool import AutoPool
 from graph_servers.task_io import apply_result, check_result, task_rows
 from graph_servers.wire import integer, peer_rows, task_event, task_of
@@ -71,11 +72,14 @@ class GraphServer:
         self.k = node.rank
         part = PartitionStore.open(spec.data_dir).load(self.k)
         self.model = spec_of(cfg, spec.dims)
-        stages = self.model.stages()
+        fused_last = fuses_last_layer(self.model.name, self.model.num_layers, cfg.fuse, cfg.backend,
+                                      cfg.lambda_latency_ms)
+        stages = self.model.stages(fused_last)
         self.kinds, self.by_task = task_kinds(stages), task_stages(stages)
         self.graph_train = {s.name: s.train for s in stages if s.task is None}  # graph stage -> training pass
+        fused = FusedInput(cfg.dropout, cfg.seed, spec.id_offsets[self.k]) if fused_last else None
         self.state = GraphState(part, self.model, spec.chunk_counts, spec.feature_norm,
-                                spec.edge_offsets[self.k] if spec.edge_offsets else 0, sync=spec.mode == "sync")
+                                spec.edge_offsets[self.k] if spec.edge_offsets else 0, fused, sync=spec.mode == "sync")
         self.peers = {p: self._dealer(a) for p, a in enumerate(spec.graph_servers) if p != self.k}
         self.weight_servers = [self._dealer(a) for a in spec.weight_servers]
         self.blocks = weight_blocks(self.model.tensors(), len(spec.weight_servers))
@@ -110,6 +114,7 @@ class GraphServer:
             "structure_bytes": self.state.structure_bytes,
             "structure_bytes_per_edge": round(self.state.structure_bytes / max(self.state.edges, 1), 2),
             "peers": len(self.peers), "chunks": self.state.chunks, "platform": self.platform.name,
+            "fused_last_layer": fused is not None,
             "first_epoch": spec.first_epoch, "restart": spec.restart}))
 
     def _dealer(self, address: str) -> zmq.Socket:
@@ -230,7 +235,7 @@ class GraphServer:
 
     def _accept(self, key: ev.TaskKey, msg: Message) -> None:
         apply_result(self.state, key, msg.tensors)
-        if key.kind == "loss":
+        if key.kind in ("loss", "fused"):
             self.loss_sum[key.epoch] = self.loss_sum.get(key.epoch, 0.0) + float(msg["loss_sum"])
         elif key.kind == "eval":
             self.correct[key.epoch] = self.correct.get(key.epoch, np.zeros(3, np.int64)) + np.array(msg["correct"], np.int64)
@@ -287,7 +292,7 @@ class GraphServer:
         """Runs on the graph thread; the loop learns of it through ``graph_done`` and a wake-up message."""
         t0 = time.time()
         try:
-            self.state.run_graph(inst.stage, inst.layer, inst.chunk)
+            self.state.run_graph(inst.stage, inst.epoch, inst.layer, inst.chunk)
             self.graph_done.put((inst, t0, time.time(), None))
         except BaseException as e:  # noqa: BLE001  (re-raised on the loop's thread)
             self.graph_done.put((inst, t0, time.time(), e))

@@ -41,6 +41,8 @@ def task_rows(s: GraphState, key: TaskKey) -> dict[str, np.ndarray]:
             out["dalpha"] = np.concatenate([s.dalpha[:h, llo:lhi], s.dalpha[:h, glo:ghi]], axis=1)
         return out
     logits = s.G[train][s.layers - 1][a:b]
+    if kind == "fused":  # the fused last layer's G is its input's Gather, Â P̃
+        return {"AP": logits, "labels": s.labels[a:b], "train": s.masks[0, a:b]}
     if kind == "loss":
         return {"logits": logits, "labels": s.labels[a:b], "train": s.masks[0, a:b]}
     return {"logits": logits, "labels": s.labels[a:b], "masks": s.masks[:, a:b]}
@@ -59,8 +61,10 @@ def expected_tensors(s: GraphState, key: TaskKey) -> dict[str, tuple]:
         if s.attention:
             out |= {"src": (rows, shape.heads), "dst": (rows, shape.heads)}
         return out
-    if kind == "bwd":
+    if kind in ("bwd", "fused"):
         out = {f"grad:{t.name}": t.shape for t in s.model.layer_tensors(layer)}
+        if kind == "fused":
+            return out | {"dG": (rows, shape.d_in)}
         return out | ({"dG": (rows, s.shapes[layer - 1].out_width)} if layer > 0 else {})
     if kind in ("edge_fwd", "edge_bwd"):
         edges = sum(hi - lo for lo, hi in s.edge_runs(chunk))
@@ -81,15 +85,15 @@ def check_result(s: GraphState, key: TaskKey, msg) -> None:
         raise ProtocolError(f"{kind} result: unexpected tensors {sorted(extra)[:4]}")
     if any(msg.tensors[name].dtype != np.float32 for name in expected):
         raise ProtocolError(f"{kind} result: tensors must be float32")
-    if kind in ("fwd", "bwd"):
+    if kind in ("fwd", "bwd", "fused"):
         require(msg, "version")
         v = msg["version"]
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**53:
             raise ProtocolError(f"{kind} result: 'version' must be a non-negative integer")
-    elif kind == "loss":
+    if kind in ("loss", "fused"):
         require(msg, "loss_sum")
         if not isinstance(msg["loss_sum"], (int, float)) or not np.isfinite(msg["loss_sum"]):
-            raise ProtocolError("loss result: 'loss_sum' must be a finite number")
+            raise ProtocolError(f"{kind} result: 'loss_sum' must be a finite number")
     elif kind == "eval":
         require(msg, "correct")
         c = msg["correct"]
@@ -115,7 +119,7 @@ def apply_result(s: GraphState, key: TaskKey, tensors: dict[str, np.ndarray]) ->
         s.ddst[layer][a:b] = tensors["ddst"]
     elif kind == "bwd" and layer > 0:
         s.dG[layer - 1][a:b] = tensors["dG"]
-    elif kind == "loss":
+    elif kind in ("loss", "fused"):  # fused: dL/d(Â P̃), which Gather backward turns into dP̃
         s.dG[s.layers - 1][a:b] = tensors["dG"]
 
 

@@ -36,7 +36,8 @@ from dorylus_py.cost.model import Prices, read_record
 from dorylus_py.errors import ConfigError, DataError
 
 FULL_CPU_MB = 1769  # AWS: one full vCPU at this memory size
-GRAPH_KINDS = ("gather", "gather_bwd", "attn_grad")  # graph work in tasks.jsonl (attn_grad: GAT's SDDMM)
+GRAPH_KINDS = ("gather", "gather_bwd", "attn_grad", "activate", "activate_bwd")  # graph work in tasks.jsonl
+# (attn_grad: GAT's SDDMM; activate, activate_bwd: the fused last layer's input and its backward)
 
 
 def vcpus(instance: str) -> int:
@@ -186,6 +187,8 @@ def _task_units(task: dict, work: Workload, rows: float) -> float:
         return rows * d[layer] * d[layer + 1]
     if task["kind"] == "bwd":
         return rows * d[layer] * d[layer + 1] * (1 if layer == 0 else 2)
+    if task["kind"] == "fused":  # the last layer's forward, dW and its input's gradient
+        return rows * d[layer] * d[layer + 1] * 3
     return rows * d[-1]  # loss, eval
 
 

@@ -14,7 +14,8 @@ SIZE = (8, 4.5)  # inches; 100 dpi -> 800 x 450 pixels
 DPI = 100
 KIND_COLOURS = {"fwd": "tab:blue", "bwd": "tab:orange", "loss": "tab:red", "eval": "tab:purple",
                 "gather": "tab:green", "gather_bwd": "tab:olive", "egather": "tab:cyan",
-                "edge_fwd": "tab:pink", "edge_bwd": "tab:brown", "attn_grad": "tab:gray"}  # the last three: GAT
+                "edge_fwd": "tab:pink", "edge_bwd": "tab:brown", "attn_grad": "tab:gray",  # these three: GAT
+                "fused": "darkred", "activate": "lime", "activate_bwd": "darkkhaki"}  # GCN's fused last layer
 
 
 def accuracy_plots(runs: list[tuple[str, list[dict], float]], out_dir: Path) -> list[Path]:

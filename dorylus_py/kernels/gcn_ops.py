@@ -31,14 +31,19 @@ def apply_dropout(p: torch.Tensor, keep: torch.Tensor | None, rate: float) -> to
     return p if keep is None else (p * keep).mul_(1.0 / (1.0 - rate))
 
 
+def apply_vertex_input(p_raw, layer: int, keep=None, rate: float = 0.0) -> torch.Tensor:
+    """``dropout(P_l)``: what ApplyVertex multiplies by ``W`` (the fused last layer's ``P̃``)."""
+    return apply_dropout(layer_input(p_raw, layer), keep, rate)
+
+
 def apply_vertex_forward(p_raw, w, layer: int, keep=None, rate: float = 0.0) -> torch.Tensor:
     """``Z = dropout(P) @ W``: (R, F_in) x (F_in, F_out) -> (R, F_out)."""
-    return apply_dropout(layer_input(p_raw, layer), keep, rate) @ w
+    return apply_vertex_input(p_raw, layer, keep, rate) @ w
 
 
 def apply_vertex_backward(p_raw, w, dz, layer: int, keep=None, rate: float = 0.0):
     """Given ``dL/dZ`` (R, F_out): return ``dL/dW`` (F_in, F_out) and ``dL/dG_{l-1}`` (R, F_in) or None."""
-    pd = apply_dropout(layer_input(p_raw, layer), keep, rate)
+    pd = apply_vertex_input(p_raw, layer, keep, rate)
     dw = pd.t() @ dz
     if layer == 0:
         return dw, None
@@ -60,6 +65,20 @@ def softmax_cross_entropy(logits, labels, train, num_train: int):
     grad[t] = logp[t].exp()
     grad[t, y] -= 1.0
     return loss_sum, grad / num_train
+
+
+def fused_last_layer(ap, w, labels, train, num_train: int):
+    """The fused last layer on a chunk, given ``AP = (Â P̃)`` rows (R, F_in): ``logits = AP W``, the
+    summed loss over the chunk's train rows, ``dL/dW = APᵀ dlogits`` and ``dL/dAP = dlogits Wᵀ``
+    (the graph server turns the latter into ``dP̃ = Âᵀ dL/dAP``)."""
+    loss_sum, dlogits = softmax_cross_entropy(ap @ w, labels, train, num_train)
+    return loss_sum, ap.t() @ dlogits, dlogits @ w.t()
+
+
+def activation_backward(dp, p_dropped, rate: float) -> torch.Tensor:
+    """``dL/dG`` from ``dL/dP̃`` where ``P̃ = dropout(relu(G))``: ``P̃ > 0`` exactly where ``G > 0`` and
+    the entry was kept, so the forward's output is all the backward needs (no mask is drawn again)."""
+    return dp * ((p_dropped > 0) * (1.0 / (1.0 - rate)))
 
 
 def correct_counts(logits, labels, masks: list[torch.Tensor]) -> list[int]:

@@ -9,11 +9,13 @@ Inputs a graph server ships (rows of the chunk; per-edge arrays ``(H, E)`` over 
     edge_fwd   src, dst, local_ptr, ghost_ptr       (GAT ApplyEdge forward; edges by block, kernels/attention.py)
     edge_bwd   src, dst, local_ptr, ghost_ptr, dalpha   (GAT ApplyEdge backward)
     loss       logits, labels, train
+    fused      AP, labels, train                    (GCN's fused last layer: AP = Â P̃, see gcn_ops)
     eval       logits, labels, masks
 
 Outputs: ``fwd`` -> ``Z`` [``S``] [``src``, ``dst``]; ``bwd`` -> ``grad:TENSOR`` per weight tensor of
 the layer [``dG`` below layer 0]; ``edge_fwd`` -> ``alpha``; ``edge_bwd`` -> ``ds``, ``ddst``;
-``loss`` -> ``dG`` and the field ``loss_sum``; ``eval`` -> the field ``correct``.
+``loss`` -> ``dG`` and the field ``loss_sum``; ``fused`` -> ``grad:W{l}``, ``dG`` (``dL/dAP``) and the
+field ``loss_sum``; ``eval`` -> the field ``correct``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def run_task(ctx: TaskContext, rows: dict[str, torch.Tensor], weights: dict[str,
         if ctx.kind == "loss":
             loss_sum, grad = gcn_ops.softmax_cross_entropy(rows["logits"], rows["labels"], rows["train"], ctx.num_train)
             return {"dG": grad}, {"loss_sum": float(loss_sum)}
+        if ctx.kind == "fused":
+            return _fused(ctx, rows, weights)
         if ctx.kind == "eval":
             return {}, {"correct": gcn_ops.correct_counts(rows["logits"], rows["labels"], list(rows["masks"]))}
     except KeyError as e:
@@ -96,6 +100,13 @@ def _backward(ctx, t, w) -> dict:
                                                   t["dOut"], l, keep, ctx.rate)
     out = {f"grad:{base}{l}": g for base, g in grads.items()}
     return out | ({"dG": dg} if dg is not None else {})
+
+
+def _fused(ctx, t, w):
+    if ctx.model != "gcn":
+        raise TaskError(f"the fused last layer is GCN's, not {ctx.model}'s")
+    loss_sum, dw, dap = gcn_ops.fused_last_layer(t["AP"], w["W"], t["labels"], t["train"], ctx.num_train)
+    return {f"grad:W{ctx.layer}": dw, "dG": dap}, {"loss_sum": float(loss_sum)}
 
 
 def _edge(ctx, t) -> dict:

@@ -72,8 +72,11 @@ class ModelSpec:
         """The layer's ApplyVertex task also produces ``S``, added after Gather."""
         return self.name != "gcn"
 
-    def stages(self) -> list[Stage]:
-        return (attention_stages if self.name == "gat" else vertex_stages)(self.num_layers)
+    def stages(self, fused: bool = False) -> list[Stage]:
+        """The stage list; ``fused``: GCN's last layer fused (decided by :func:`fuses_last_layer`)."""
+        if self.name == "gat":
+            return attention_stages(self.num_layers)
+        return vertex_stages(self.num_layers, fused and self.name == "gcn" and self.num_layers >= 2)
 
     def tensors(self) -> list[TensorSpec]:
         out = []
@@ -92,6 +95,19 @@ class ModelSpec:
     def layer_tensors(self, layer: int) -> list[TensorSpec]:
         return [t for t in self.tensors() if t.layer == layer]
 
+
+def fuses_last_layer(model: str, layers: int, fuse: str, backend: str, latency_ms: float = 0.0) -> bool:
+    """Whether the last layer runs fused: GCN with 2 layers or more, and ``fuse`` ``on``, or ``auto``
+    where a task saved is a round trip saved: the ``lambda`` backend, and ``local`` with an emulated
+    latency (``latency_ms`` > 0). Fusing widens the last layer's Gather from the classes to the hidden
+    width and adds two graph jobs per chunk, so without a round trip to save it does not pay: on the
+    200 k graph (``benchmarks/bench_lambda.py``, medians of 3) fused epochs took 1.01x (sync) and 1.08x
+    (async) the unfused ones on ``local`` without latency, and 0.98x and 0.93x at 20 ms. GAT and
+    GraphSAGE (whose last layer has ApplyEdge tasks or a self term) and a one-layer GCN (whose input is
+    the features, not a Gather's output) keep the separate loss task."""
+    if model != "gcn" or layers < 2 or fuse == "off":
+        return False
+    return fuse == "on" or backend == "lambda" or (backend == "local" and latency_ms > 0)
 
 
 def model_spec(name: str, dims: list[int], heads: int = 8, out_heads: int = 1, negative_slope: float = 0.2) -> ModelSpec:

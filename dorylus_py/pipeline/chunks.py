@@ -7,6 +7,8 @@ Each chunk (an interval of the server's vertices) walks the model's stage list e
     gather_bwd L-1, bwd L-1, ..., gather_bwd 0, bwd 0,           (backward)
     efwd 0, egather 0, ..., efwd L-1, egather L-1, eval          (evaluation forward, no dropout)
 
+(with GCN's fused last layer, ``fwd L-1 .. bwd L-1`` is :func:`.stages.fused_last_layer`'s five stages).
+
 *Tensor* stages (fwd, loss, bwd, efwd, eval, and GAT's ApplyEdge stages) are tasks for a tensor
 worker; *graph* stages are done by the server itself. Asynchronously no chunk waits for another within an epoch (graph stages read the
 freshest values present); the only gate is **bounded staleness**: a chunk may start epoch ``e`` only

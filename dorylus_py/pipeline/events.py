@@ -15,7 +15,7 @@ from typing import NamedTuple
 class TaskKey(NamedTuple):
     """One tensor task: at least once launched, exactly once applied."""
 
-    kind: str  # a task kind of the model's stage list: fwd | bwd | loss | eval | edge_fwd | edge_bwd
+    kind: str  # a task kind of the model's stage list: fwd | bwd | loss | fused | eval | edge_fwd | edge_bwd
     train: bool  # False: the evaluation forward (no dropout, newest weights)
     epoch: int
     layer: int
@@ -142,9 +142,9 @@ class Accept:
 
 @dataclass(frozen=True)
 class SendRows:
-    """Send peers what a finished task of ``chunk`` produced: ``fwd``/``efwd``: the chunk's new ``Z_l``
-    rows that they hold as ghosts; ``bwd``: its contribution to their vertices' ``dZ_l``; ``ebwd``:
-    to their vertices' source-score gradients (GAT)."""
+    """Send peers what a finished task or graph job of ``chunk`` produced: ``fwd``/``efwd``: the chunk's
+    new ``Z_l`` rows (GCN's fused last layer: its ``P̃`` rows) that they hold as ghosts; ``bwd``: its
+    contribution to their vertices' ``dZ_l``; ``ebwd``: to their vertices' source-score gradients (GAT)."""
 
     phase: str
     epoch: int
@@ -164,7 +164,8 @@ class ForwardGradient:
 class RunGraph:
     """Do graph work, for one chunk's rows, or all rows when ``chunk`` is None (sync mode): the graph
     stage named ``stage`` of the model's stage list (``gather``/``egather``: ``G_l = A Z_l [+ S_l]``;
-    ``gather_bwd``: ``dZ_l = Aᵀ dG_l``; ``attn_grad``: GAT's per-edge ``dα``)."""
+    ``gather_bwd``: ``dZ_l = Aᵀ dG_l``; ``attn_grad``: GAT's per-edge ``dα``; ``activate``/``activate_bwd``:
+    the fused last layer's input ``P̃ = dropout(σ(G_{L-2}))`` and its backward)."""
 
     stage: str
     epoch: int

@@ -3,7 +3,8 @@
 It decides everything a graph server does with its chunks, in ``sync`` and ``async`` mode alike:
 which tensor task to launch (and with which weights version), when a copy is overdue or lost and gets
 relaunched, which result takes effect (the first; exactly once) and what follows from it (rows and
-gradient contributions to the peers, the weight gradient to the weight server), when graph work runs,
+gradient contributions to the peers, the weight gradient to the weight server), when graph work runs
+(and what a finished graph job sends the peers),
 when an epoch is reported, and when the switch back to sync happens. It holds no sockets, threads,
 tensors or clocks: :mod:`graph_servers.server` feeds it events (see :mod:`.events`) and carries out
 what it returns.
@@ -130,13 +131,14 @@ class Scheduler:
 
     def _on_GraphDone(self, e: GraphDone) -> list:
         self.last_progress = self.now
+        chunks = range(self.chunks) if e.chunk is None else (e.chunk,)
+        stage = self.pipe.current(chunks[0])  # sync: every chunk is at it
+        out = [SendRows(phase, e.epoch, layer, c) for c in chunks for phase, layer in stage.sends]
         if e.chunk is None:
             self.graph_busy = False
-            for c in range(self.chunks):
-                self.pipe.done(c)
-        else:
-            self.pipe.done(e.chunk)
-        return []
+        for c in chunks:
+            self.pipe.done(c)
+        return out
 
     def _on_Freeze(self, e: Freeze) -> list:
         p = self.pipe

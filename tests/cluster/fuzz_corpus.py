@@ -52,7 +52,7 @@ def hypothesis_values(count: int) -> list:
 
 def _task(rng: random.Random, values: list):
     """A task no job runs: a far epoch, a wrong type somewhere, or a hypothesis value."""
-    task = {"kind": rng.choice(["fwd", "bwd", "loss", "eval", "rm", 7]), "train": rng.choice([True, False, 1, None]),
+    task = {"kind": rng.choice(["fwd", "bwd", "loss", "fused", "eval", "rm", 7]), "train": rng.choice([True, False, 1, None]),
             "epoch": rng.choice([FAR + rng.randrange(1000), 0, -1, 1.5, "1", None, 2**53]),
             "layer": rng.choice([0, 1, 2, 99, -1, None]), "chunk": rng.choice([0, 1, 5, -3, "x"]),
             "attempt": rng.choice([1, 0, 2**53, None])}

@@ -1,3 +1,5 @@
+import pytest
+
 from dorylus_py.pipeline.chunks import ChunkPipeline
 from dorylus_py.pipeline.stages import attention_stages, task_stages, vertex_stages
 
@@ -8,6 +10,37 @@ def test_stage_list_two_layers():
         ("gather_bwd", 1), ("bwd", 1), ("gather_bwd", 0), ("bwd", 0),
         ("efwd", 0), ("egather", 0), ("efwd", 1), ("egather", 1), ("eval", 1),
     ]  # fmt: skip
+
+
+def test_fused_stage_list_replaces_the_last_layers_forward_loss_and_backward_tasks_by_one():
+    fused, plain = vertex_stages(3, fused=True), vertex_stages(3)
+    assert [(s.name, s.layer) for s in fused if s.train] == [
+        ("fwd", 0), ("gather", 0), ("fwd", 1), ("gather", 1), ("activate", 2), ("gather", 2), ("fused", 2),
+        ("gather_bwd", 2), ("activate_bwd", 2), ("gather_bwd", 1), ("bwd", 1), ("gather_bwd", 0), ("bwd", 0),
+    ]  # fmt: skip
+    assert [s for s in fused if not s.train] == [s for s in plain if not s.train]  # the evaluation forward as before
+    tasks = lambda stages: [(s.task, s.layer) for s in stages if s.task and s.train]  # noqa: E731
+    assert set(tasks(plain)) - set(tasks(fused)) == {("fwd", 2), ("loss", 2), ("bwd", 2)}
+    assert set(tasks(fused)) - set(tasks(plain)) == {("fused", 2)}
+    by_task = task_stages(fused)
+    last = by_task[("fused", True, 2)]
+    assert last.gradient and last.weights == "newest" and last.sends == (("bwd", 2),)  # pulls once: nothing held
+    graph = {s.name: s for s in fused if s.layer == 2 and s.task is None and s.train}
+    assert graph["activate"].sends == (("fwd", 2),) and graph["gather"].needs == ("fwd",)
+    assert graph["activate_bwd"].sends == (("bwd", 1),)  # the next layer's Gather backward waits for them
+    with pytest.raises(ValueError, match="2 layers"):
+        vertex_stages(1, fused=True)
+
+
+def test_every_held_weights_version_is_released_by_a_gradient_of_its_layer():
+    """Async stashing: a training forward that holds a version needs a stashed backward of its layer (whose
+    gradient push releases the hold); a gradient stage that stashes needs a holding forward."""
+    for stages in (vertex_stages(1), vertex_stages(3), vertex_stages(2, fused=True), vertex_stages(3, fused=True),
+                   attention_stages(2)):
+        holds = {s.layer for s in stages if s.weights == "hold"}
+        stashed = {s.layer for s in stages if s.weights == "stashed"}
+        assert holds == stashed and all(s.gradient for s in stages if s.weights == "stashed")
+        assert all(s.weights in ("stashed", "newest") for s in stages if s.gradient)
 
 
 def test_attention_stage_list_has_apply_edge_tasks_and_unique_task_keys():

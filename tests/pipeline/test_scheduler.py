@@ -2,6 +2,7 @@
 
 from dorylus_py.pipeline import events as ev
 from dorylus_py.pipeline.scheduler import Scheduler
+from dorylus_py.pipeline.stages import vertex_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy
 
 
@@ -107,3 +108,43 @@ def test_freeze_then_switch_runs_later_epochs_synchronously():
     assert s.sync
     (key,) = s.tracker.running
     assert key.epoch == 2 and s.invocations[key] == (1, None)  # sync's version rule, no hold
+
+
+def test_fused_last_layer_graph_stages_send_their_rows_and_the_fused_task_trains_on_the_epochs_weights():
+    """Sync: ``activate`` and ``activate_bwd`` run for all rows and then send every chunk's rows to the peers
+    (the peers' Gather and Gather backward wait for them); the one fused task per chunk pulls version
+    epoch - 1, carries the gradient and sends its contributions."""
+    s = Scheduler(rank=0, chunks=2, layers=2, epochs=1, mode="sync", peers=(1,), peer_chunks=1,
+                  stages=tuple(vertex_stages(2, fused=True)))
+    s.handle(ev.Tick(0.0))
+    s.handle(ev.RowsArrived("fwd", 1, 0, src=1))
+    for c in (0, 1):
+        out = s.handle(ev.TaskResult(ev.TaskKey("fwd", True, 1, 0, c), 1, 0.1, version=0))
+    assert out[-1] == ev.RunGraph("gather", 1, 0, None)
+    out = s.handle(ev.GraphDone("gather", 1, 0, None, 0.2))
+    assert out == [ev.RunGraph("activate", 1, 1, None)]
+    out = s.handle(ev.GraphDone("activate", 1, 1, None, 0.3))
+    assert out == [ev.SendRows("fwd", 1, 1, 0), ev.SendRows("fwd", 1, 1, 1)]  # the Gather waits for the peer's
+    out = s.handle(ev.RowsArrived("fwd", 1, 1, src=1))
+    assert out == [ev.RunGraph("gather", 1, 1, None)]
+    out = s.handle(ev.GraphDone("gather", 1, 1, None, 0.4))
+    assert out == [ev.Invoke(ev.TaskKey("fused", True, 1, 1, c), 1, 0, None) for c in (0, 1)]  # version 0, no hold
+    out = s.handle(ev.TaskResult(ev.TaskKey("fused", True, 1, 1, 0), 1, 0.5, version=0))
+    assert out == [ev.Accept(ev.TaskKey("fused", True, 1, 1, 0)), ev.SendRows("bwd", 1, 1, 0),
+                   ev.ForwardGradient(ev.TaskKey("fused", True, 1, 1, 0), 0)]
+    s.handle(ev.TaskResult(ev.TaskKey("fused", True, 1, 1, 1), 1, 0.5, version=0))
+    out = s.handle(ev.RowsArrived("bwd", 1, 1, src=1))
+    assert out == [ev.RunGraph("gather_bwd", 1, 1, None)]
+    assert s.handle(ev.GraphDone("gather_bwd", 1, 1, None, 0.6)) == [ev.RunGraph("activate_bwd", 1, 1, None)]
+    out = s.handle(ev.GraphDone("activate_bwd", 1, 1, None, 0.7))
+    assert out == [ev.SendRows("bwd", 1, 0, 0), ev.SendRows("bwd", 1, 0, 1)]
+    s.validate()
+
+
+def test_async_fused_task_pulls_the_newest_weights_and_graph_jobs_send_their_chunks_rows():
+    s = Scheduler(rank=0, chunks=2, layers=2, epochs=2, mode="async", stages=tuple(vertex_stages(2, fused=True)))
+    s.handle(ev.Tick(0.0))
+    s.handle(ev.TaskResult(ev.TaskKey("fwd", True, 1, 0, 1), 1, 0.1, version=0))
+    assert s.handle(ev.GraphDone("gather", 1, 0, 1, 0.2)) == [ev.RunGraph("activate", 1, 1, 1)]
+    assert s.handle(ev.GraphDone("activate", 1, 1, 1, 0.3)) == [ev.SendRows("fwd", 1, 1, 1), ev.RunGraph("gather", 1, 1, 1)]
+    assert s.handle(ev.GraphDone("gather", 1, 1, 1, 0.4)) == [ev.Invoke(ev.TaskKey("fused", True, 1, 1, 1), 1, None, None)]

@@ -45,6 +45,7 @@ class Cluster:
         if t is ev.Invoke:
             self.check_staleness(k, inst.key.epoch)
             self.check_inputs(k, self.s[k].by_task[(inst.key.kind, inst.key.train, inst.key.layer)], inst.key.epoch)
+            self.check_weights(k, inst)
             fate = self.rng.random()
             if fate < self.p["fail"]:
                 self.pending.append((k, ev.TaskEnded(inst.key, inst.attempt, False, 0.0, "injected")))
@@ -88,6 +89,17 @@ class Cluster:
         slowest = min(s.pipe.min_epoch() for s in self.s)
         bound = 1 if self.s[k].sync else self.staleness
         assert epoch - slowest <= bound, (epoch, slowest)
+
+    def check_weights(self, k, inst):
+        """Only a training forward holds a version (async), under its chunk's key; a task that pulls once
+        (the fused last layer, the evaluation forward) takes the newest, and in sync mode every training
+        task the epoch's (version epoch - 1)."""
+        stage, key, sync = self.s[k].by_task[(inst.key.kind, inst.key.train, inst.key.layer)], inst.key, self.s[k].sync
+        assert inst.hold == ((key.epoch, k, key.chunk) if stage.weights == "hold" and not sync else None)
+        if stage.weights == "newest" and not sync:
+            assert inst.version is None
+        if sync and stage.weights is not None:
+            assert inst.version == (key.epoch - 1 if key.train else key.epoch)
 
     def check_inputs(self, k, stage, epoch):
         """Sync: a stage that reads the peers' rows (a Gather, GAT's ApplyEdge) starts only once every peer
@@ -138,20 +150,26 @@ class Cluster:
                     self.feed(k, ev.Tick(self.now))
 
 
+def fused_vertex_stages(layers):
+    """GCN with the fused last layer (which needs two layers or more)."""
+    return vertex_stages(max(layers, 2), fused=True)
+
+
 def _at(event, now):
     return type(event)(**{**event.__dict__, "now": now}) if hasattr(event, "now") else event
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), servers=st.integers(1, 3), chunk_choice=st.lists(st.integers(1, 3), min_size=3, max_size=3),
-       layers=st.integers(1, 3), model=st.sampled_from([vertex_stages, attention_stages]), epochs=st.integers(1, 4),
+       layers=st.integers(1, 3), model=st.sampled_from([vertex_stages, attention_stages, fused_vertex_stages]), epochs=st.integers(1, 4),
        mode=st.sampled_from(["sync", "async"]),
        staleness=st.integers(0, 2), p_fail=st.sampled_from([0.0, 0.2]), p_lost=st.sampled_from([0.0, 0.1]),
        p_dup=st.sampled_from([0.0, 0.3]), chaotic_steps=st.integers(0, 3000), switch_at_step=st.integers(0, 400))
 def test_exactly_once_within_staleness_and_every_epoch_finishes(seed, servers, chunk_choice, layers, model, epochs, mode,
                                                                  staleness, p_fail, p_lost, p_dup, chaotic_steps,
                                                                  switch_at_step):
-    """Over GCN's stage list (ApplyVertex only) and GAT's (ApplyVertex and ApplyEdge tasks) alike."""
+    """Over GCN's stage list (ApplyVertex only; with the fused last layer, whose graph stages send rows too)
+    and GAT's (ApplyVertex and ApplyEdge tasks) alike."""
     chunks = chunk_choice[:servers]
     stages = model(layers)
     c = Cluster(random.Random(seed), servers, chunks, stages, epochs, mode, staleness, p_fail, p_lost, p_dup, switch_at_step)

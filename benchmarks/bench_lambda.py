@@ -1,0 +1,131 @@
+"""What each Lambda optimisation buys, in time and dollars: `local` runs (emulated Lambdas) of one graph,
+each optimisation on and off, read back from their run records.
+
+Graph: synthetic, 200 k vertices, 4 M edges, 128 features, 10 classes, K = 2 graph servers, 2-layer GCN.
+Groups of runs (``--only``):
+
+- ``fuse``: the fused last layer (``--fuse on``) against ``--fuse off``, sync and async S = 1, with 0 and
+  20 ms Lambda latency;
+- ``pool``: fixed pools of 2, 4, 8 and 16 Lambdas against ``--lambdas auto``, with 0 and 20 ms latency;
+- ``bandwidth``: async S = 1 with each emulated Lambda's link capped at 200 Mbps against unlimited.
+
+Each row: median epoch (epochs 2..), tensor-task invocations per epoch, bytes the graph servers moved per
+epoch (sent + received, from their logs' ``end`` lines), Lambda GB-seconds and dollars per epoch (the
+project's cost model, `dorylus_py/cost/model.py`: servers priced as ``--as-instance``, Lambdas as
+billed), and the graph servers' largest peak RSS. Then the issue's targets as ratios. Runs of a group
+alternate with ``--repeats``; the table gives medians. A 2-core machine shared with other work is
+noisy: quote the load average printed at the start and end.
+
+    python benchmarks/bench_lambda.py [--only fuse pool bandwidth] [--epochs 6 --repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dorylus_py.cost.model import Prices, read_record, run_cost
+from dorylus_py.cost.server_logs import server_rows
+
+SYNC, ASYNC = ["--mode", "sync"], ["--mode", "async", "--staleness", "1"]
+LATENCY = ["--lambda-latency-ms", "20"]
+FUSE_MODES = {"sync": SYNC, "async": ASYNC, "sync 20 ms": [*SYNC, *LATENCY], "async 20 ms": [*ASYNC, *LATENCY]}
+GROUPS = {  # name -> rows of (label, flags)
+    "fuse": [(f"{mode}, {label}", [*flags, "--fuse", fuse]) for mode, flags in FUSE_MODES.items()
+             for label, fuse in (("fused", "on"), ("--fuse off", "off"))],
+    "pool": [(f"{ms} ms, {n} Lambdas", [*SYNC, "--lambdas", str(n), "--lambda-latency-ms", str(ms)])
+             for ms in (0, 20) for n in (2, 4, 8, 16, "auto")],
+    "bandwidth": [("async, unlimited", ASYNC), ("async, 200 Mbps", [*ASYNC, "--lambda-bandwidth-mbps", "200"])],
+}
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def measure(parts: Path, out: Path, flags: list[str], epochs: int, prices: Prices, instance: str) -> dict:
+    cmd = [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(out), "--backend", "local",
+           "--epochs", str(epochs), "--chunks", "4", "--feature-norm", "none", "--quiet", *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr.strip()[-2000:]}")
+    config, metrics, tasks, summary = read_record(out)
+    cost = run_cost(config, summary["wall_s"], tasks, prices, instance)
+    graph = [r for r in server_rows(out) if r["server"].startswith("graph-server")]
+    return {"epoch_s": statistics.median(m["epoch_s"] for m in metrics[1:]),
+            "invocations": cost.lambda_requests / epochs,
+            "mb": sum((r["sent MB"] or 0) + (r["received MB"] or 0) for r in graph) / epochs,
+            "gb_s": cost.lambda_gb_seconds / epochs, "usd": cost.total_usd / epochs,
+            "peak_mib": max(r["peak MiB"] or 0 for r in graph)}
+
+
+def targets(res: dict[str, dict]) -> list[str]:
+    """The issue's targets, from the rows that ran."""
+    out = []
+    for mode in FUSE_MODES:
+        on, off = res.get(f"{mode}, fused"), res.get(f"{mode}, --fuse off")
+        if on and off:
+            out.append(f"fuse, {mode}: invocations per epoch {off['invocations']:.0f} -> {on['invocations']:.0f} "
+                       f"({on['invocations'] / off['invocations'] - 1:+.0%}), epoch {on['epoch_s'] / off['epoch_s']:.2f}x "
+                       "(target: fewer by at least the loss tasks' share, no slower)")
+    for ms in (0, 20):
+        fixed = {k: v for k, v in res.items() if k.startswith(f"{ms} ms, ") and not k.endswith("auto Lambdas")}
+        auto = res.get(f"{ms} ms, auto Lambdas")
+        if auto and fixed:
+            best = min(v["epoch_s"] for v in fixed.values())
+            fast = [v for v in fixed.values() if v["epoch_s"] <= 1.1 * best] or list(fixed.values())
+            cheapest = min(v["gb_s"] for v in fast)
+            out.append(f"auto, {ms} ms: epoch {auto['epoch_s'] / best:.2f}x the best fixed pool's (target <= 1.1x), "
+                       f"GB-s {auto['gb_s'] / cheapest:.2f}x the cheapest fixed pool within 10 % of it (target <= 1.1x)")
+    free, capped = res.get("async, unlimited"), res.get("async, 200 Mbps")
+    if free and capped:
+        out.append(f"200 Mbps: async epoch {capped['epoch_s'] / free['epoch_s']:.2f}x unlimited (target <= 1.3x); "
+                   f"{free['mb']:,.0f} MB moved per epoch")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=200_000)
+    ap.add_argument("--edges", type=int, default=4_000_000)
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=1, help="runs per row, alternating within a group (default 1)")
+    ap.add_argument("--only", nargs="+", choices=list(GROUPS), default=list(GROUPS), help="groups to run")
+    ap.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type the servers are priced as")
+    args = ap.parse_args()
+    started, prices = time.perf_counter(), Prices.load()
+    prices.hourly(args.as_instance)  # an unknown instance type fails before any work
+    print(f"start: {load()}")
+    tmp = Path(tempfile.mkdtemp(prefix="dorylus-bench-lambda-"))
+    py = sys.executable
+    graph, parts = tmp / "graph.npz", tmp / "parts"
+    subprocess.run([py, "-m", "dorylus_py", "synth", "--out", graph, "--nodes", str(args.nodes), "--edges",
+                    str(args.edges), "--features", "128", "--classes", "10"], check=True, capture_output=True)
+    subprocess.run([py, "-m", "dorylus_py", "prepare", graph, "-k", "2", "--out", parts], check=True, capture_output=True)
+    print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; K=2, 4 chunks per server, "
+          f"{args.epochs} epochs; medians of {args.repeats} run(s); servers priced as {args.as_instance}")
+    print(f"{'run':<24}{'epoch s':>9}{'tasks/ep':>10}{'MB/ep':>9}{'GB-s/ep':>9}{'$/epoch':>11}{'GS peak MiB':>13}")
+    res: dict[str, dict] = {}
+    for group in args.only:
+        runs: dict[str, list[dict]] = {}
+        for r in range(args.repeats):
+            for label, flags in (GROUPS[group] if r % 2 == 0 else GROUPS[group][::-1]):
+                out = tmp / f"{group}-{len(runs.get(label, []))}-{label.replace(' ', '_').replace(',', '')}"
+                runs.setdefault(label, []).append(measure(parts, out, flags, args.epochs, prices, args.as_instance))
+        for label, _ in GROUPS[group]:
+            med = {k: statistics.median(m[k] for m in runs[label]) for k in runs[label][0]}
+            res[label] = med
+            print(f"{label:<24}{med['epoch_s']:>9.3f}{med['invocations']:>10.1f}{med['mb']:>9,.0f}{med['gb_s']:>9.2f}"
+                  f"{med['usd']:>11.6f}{med['peak_mib']:>13,.0f}", flush=True)
+    print("\n".join(targets(res)))
+    print(f"end: {load()}; the benchmark took {(time.perf_counter() - started) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
