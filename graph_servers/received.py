@@ -1,15 +1,16 @@
 """The peers' gradient contributions to our vertices' rows, as Gather backward reads them.
 
-Each peer chunk sends, per layer, its ``A[chunk, our vertices]ᵀ dG`` rows (``GraphState.contributions``).
-Both holders add them to a target in the order of their keys, ``(peer, peer chunk)``, so a run's bits
-do not depend on the order the messages came in.
+Each chunk's ``A[chunk, a peer's vertices]ᵀ dG`` rows are its contribution to that peer
+(``GraphState.contributions``). Both holders add parts to a target in the order of their keys, so a
+run's bits do not depend on the order the messages came in.
 
-- :class:`NewestParts` (async): each peer chunk's newest contribution replaces its previous one, and
-  all are kept (a chunk of ours may read them at any time).
-- :class:`OrderedSum` (sync): every peer chunk contributes exactly once per epoch before the layer's
-  Gather backward runs, so the parts are folded into one ``(n, width)`` sum as soon as every key before
-  them has come, and dropped. At 10 M vertices / 200 M edges on 2 graph servers the kept parts took
-  about 2 GB a server; the sum is one layer's ``n x width`` (0.3 GB there) while it fills.
+- :class:`NewestParts` (async): each peer chunk sends its own part; its newest replaces its previous
+  one, and all are kept (a chunk of ours may read them at any time).
+- :class:`OrderedSum` (sync): every key contributes exactly once per epoch, so parts are folded into one
+  ``(n, width)`` sum as soon as every key before them has come, and dropped. A sender sums its own
+  chunks' parts this way (keys: its chunks) and sends each peer one slice of the sum; a receiver sums
+  the peers' slices (keys: ``(peer, ALL_CHUNKS)``). Kept per peer chunk instead, the parts took about
+  2 GB a server at 10 M vertices / 200 M edges.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import threading
 import numpy as np
 
 from dorylus_py.protocol import ProtocolError
+
+ALL_CHUNKS = -1  # the chunk a sync-mode sum of all of a peer's chunks' contributions names
 
 
 class NewestParts:
@@ -68,13 +71,18 @@ class OrderedSum:
     def add_to(self, a: int, b: int, target: np.ndarray) -> None:
         """Add the epoch's whole sum to ``target`` (all rows: sync mode gathers all at once), then
         start the next epoch's."""
+        if (a, b) != (0, self.n):
+            raise ValueError(f"the peers' sum is read for rows {a}..{b} of {self.n}")
+        target += self.take()
+
+    def take(self) -> np.ndarray:
+        """The epoch's whole sum (every key in), and a fresh start for the next epoch's."""
         with self.lock:
-            if (a, b) != (0, self.n) or self.done < len(self.keys):
-                raise ValueError(f"the peers' sum is read for rows {a}..{b} with {self.done} of "
-                                 f"{len(self.keys)} parts in")
-            if self.sum is not None:
-                target += self.sum
+            if self.done < len(self.keys):
+                raise ValueError(f"the sum is read with {self.done} of {len(self.keys)} parts in")
+            total = np.zeros((self.n, self.width), np.float32) if self.sum is None else self.sum
             self._reset()
+            return total
 
     @property
     def nbytes(self) -> int:

@@ -37,6 +37,7 @@ from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.weights.blocks import servers_of_layer, split, weight_blocks
 from graph_servers.graph_state import FusedInput, GraphState
 from graph_servers.pool import AutoPool
+from graph_servers.received import ALL_CHUNKS
 from graph_servers.task_io import apply_result, check_result, task_rows
 from graph_servers.wire import integer, peer_rows, task_event, task_of
 
@@ -206,7 +207,8 @@ class GraphServer:
             phase, src, epoch, layer, src_chunk, min_epoch = peer_rows(msg, s.layers)
             s.store_peer_rows(phase, src, layer, src_chunk, msg.tensors)
             self.node.reply(identity, Message("ok", {}))
-            self.feed(ev.RowsArrived(phase, epoch, layer, src))
+            covers = s.chunk_counts[src] if src_chunk == ALL_CHUNKS else 1  # a sync sum stands for all its chunks
+            self.feed(ev.RowsArrived(phase, epoch, layer, src, covers))
             self.feed(ev.PeerProgress(src, min_epoch))
         elif msg.op == "progress":
             require(msg, "src", "min_epoch")
@@ -242,11 +244,17 @@ class GraphServer:
 
     def _send_rows(self, inst: ev.SendRows) -> None:
         s = self.state
+        chunk = inst.chunk
         if inst.phase in ("fwd", "efwd"):
             parts = s.rows_for_peers(inst.phase == "fwd", inst.layer, inst.chunk)
+        elif s.sync:  # one message per peer once every chunk's contribution is in the sum
+            summed = s.summed_contributions(inst.phase, inst.layer, inst.chunk)
+            if summed is None:
+                return
+            parts, chunk = {p: (pos, {"rows": rows}) for p, (pos, rows) in summed.items()}, ALL_CHUNKS
         else:
             parts = {p: (pos, {"rows": rows}) for p, (pos, rows) in s.contributions(inst.phase, inst.layer, inst.chunk).items()}
-        fields = {"phase": inst.phase, "epoch": inst.epoch, "layer": inst.layer, "src": self.k, "chunk": inst.chunk,
+        fields = {"phase": inst.phase, "epoch": inst.epoch, "layer": inst.layer, "src": self.k, "chunk": chunk,
                   "min_epoch": self.scheduler.pipe.min_epoch()}
         for p, (positions, tensors) in parts.items():
             self._send(self.peers[p], Message("ghosts", fields, {"positions": positions} | tensors))

@@ -64,4 +64,4 @@ def peer_rows(msg: Message, layers: int) -> tuple[str, int, int, int, int, int]:
     if phase not in PHASES:
         raise ProtocolError(f"unknown ghost phase {phase!r}")
     return (phase, integer(msg["src"], "src"), integer(msg["epoch"], "epoch", 1), integer(msg["layer"], "layer", 0, layers),
-            integer(msg["chunk"], "chunk"), integer(msg.get("min_epoch", 1), "min_epoch", 1))
+            integer(msg["chunk"], "chunk", -1), integer(msg.get("min_epoch", 1), "min_epoch", 1))  # -1: all chunks

@@ -72,6 +72,7 @@ class RowsArrived:
     epoch: int
     layer: int
     src: int
+    chunks: int = 1  # how many of the peer's chunks it stands for (sync contributions: all, summed)
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ class Scheduler:
         return []
 
     def _on_RowsArrived(self, e: RowsArrived) -> list:
-        self.arrived[(e.phase, e.epoch, e.layer)] += 1
+        self.arrived[(e.phase, e.epoch, e.layer)] += e.chunks
         return []
 
     def _on_PeerProgress(self, e: PeerProgress) -> list:
