@@ -285,8 +285,8 @@ class GraphState:
     def summed_contributions(self, phase: str, layer: int, chunk: int) -> dict[int, tuple[np.ndarray, np.ndarray]] | None:
         """Sync mode: add the chunk's contribution to the epoch's sum (in chunk order, as the receiver
         sums); once every chunk of ours is in, peer -> (positions, rows) of the sum, one message per peer
-        instead of one per chunk (at 10 M / 200 M, 34 chunks each touched about 1 M of a peer's 5 M
-        vertices: 7 times the rows of the sum), else None."""
+        instead of one per chunk (at 10 M / 200 M, 34 chunks each touched about 0.77 M of the peer's
+        4.85 M ghosts here: 5.4 times the rows of the sum), else None."""
         if not self.peers:
             return {}
         contrib, total = self._contribution(phase, layer, chunk), self.outgoing[(phase, layer)]

@@ -39,14 +39,11 @@ class NewestParts:
             inside = (local >= a) & (local < b)
             target[local[inside] - a] += rows[inside]  # a part never repeats a row
 
-    @property
-    def nbytes(self) -> int:
-        return sum(local.nbytes + rows.nbytes for local, rows in self.parts.values())
-
 
 class OrderedSum:
     def __init__(self, n: int, width: int, keys: list[tuple[int, int]]):
-        """``keys``: every ``(peer, peer chunk)`` that contributes once per epoch."""
+        """``keys``: every source that contributes once per epoch (a sender: ``(its rank, chunk)``;
+        a receiver: ``(peer, ALL_CHUNKS)``); ``n`` rows of ``width`` (ghosts, or our vertices)."""
         self.n, self.width, self.keys = n, width, sorted(keys)
         self.lock = threading.Lock()  # the loop thread adds; the graph thread reads once all have come
         self._reset()
@@ -86,5 +83,6 @@ class OrderedSum:
 
     @property
     def nbytes(self) -> int:
+        """Bytes held: the waiting parts and the sum (0 once the epoch's sum is taken)."""
         held = sum(local.nbytes + rows.nbytes for local, rows in self.waiting.values())
         return held + (0 if self.sum is None else self.sum.nbytes)

@@ -243,17 +243,15 @@ class GraphServer:
             self.correct[key.epoch] = self.correct.get(key.epoch, np.zeros(3, np.int64)) + np.array(msg["correct"], np.int64)
 
     def _send_rows(self, inst: ev.SendRows) -> None:
-        s = self.state
-        chunk = inst.chunk
+        s, chunk = self.state, inst.chunk
         if inst.phase in ("fwd", "efwd"):
             parts = s.rows_for_peers(inst.phase == "fwd", inst.layer, inst.chunk)
-        elif s.sync:  # one message per peer once every chunk's contribution is in the sum
-            summed = s.summed_contributions(inst.phase, inst.layer, inst.chunk)
-            if summed is None:
+        else:  # sync: one message per peer, once every chunk's contribution is in the sum
+            contrib = (s.summed_contributions if s.sync else s.contributions)(inst.phase, inst.layer, inst.chunk)
+            if contrib is None:
                 return
-            parts, chunk = {p: (pos, {"rows": rows}) for p, (pos, rows) in summed.items()}, ALL_CHUNKS
-        else:
-            parts = {p: (pos, {"rows": rows}) for p, (pos, rows) in s.contributions(inst.phase, inst.layer, inst.chunk).items()}
+            parts = {p: (pos, {"rows": rows}) for p, (pos, rows) in contrib.items()}
+            chunk = ALL_CHUNKS if s.sync else chunk
         fields = {"phase": inst.phase, "epoch": inst.epoch, "layer": inst.layer, "src": self.k, "chunk": chunk,
                   "min_epoch": self.scheduler.pipe.min_epoch()}
         for p, (positions, tensors) in parts.items():

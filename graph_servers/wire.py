@@ -11,6 +11,7 @@ from dorylus_py.cluster.job import JobSpec
 from dorylus_py.pipeline.events import Invoke, TaskKey
 from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.protocol.transport import Curve
+from graph_servers.received import ALL_CHUNKS
 
 MAX_INT = 2**53  # JSON integers beyond this are not exact in every reader
 PHASES = ("fwd", "efwd", "bwd", "ebwd")  # what peers send: Z rows (training, evaluation), dZ and score-gradient parts
@@ -64,4 +65,4 @@ def peer_rows(msg: Message, layers: int) -> tuple[str, int, int, int, int, int]:
     if phase not in PHASES:
         raise ProtocolError(f"unknown ghost phase {phase!r}")
     return (phase, integer(msg["src"], "src"), integer(msg["epoch"], "epoch", 1), integer(msg["layer"], "layer", 0, layers),
-            integer(msg["chunk"], "chunk", -1), integer(msg.get("min_epoch", 1), "min_epoch", 1))  # -1: all chunks
+            integer(msg["chunk"], "chunk", ALL_CHUNKS), integer(msg.get("min_epoch", 1), "min_epoch", 1))
