@@ -90,7 +90,8 @@ class GraphServer:
         self.scheduler = Scheduler(
             rank=self.k, chunks=self.state.chunks, layers=spec.layers, epochs=cfg.epochs, mode=spec.mode,
             staleness=cfg.staleness, peers=tuple(self.peers), peer_chunks=spec.total_chunks - spec.chunk_counts[self.k],
-            first_epoch=spec.first_epoch, policy=policy, stall_s=cfg.wait_timeout_s, stages=tuple(stages))
+            first_epoch=spec.first_epoch, policy=policy, stall_s=cfg.wait_timeout_s, stages=tuple(stages),
+            workers=self.platform.concurrency)
         # Graph jobs run on one thread of their own; a finished one wakes the loop through an inproc socket.
         self.graph_pool = ThreadPoolExecutor(1, thread_name_prefix="graph")
         self.graph_out = 0  # graph jobs submitted and not done
@@ -323,6 +324,7 @@ class GraphServer:
         row = self.auto_pool.tick(self.graph_out > 0, self.scheduler.pipe.min_epoch())
         if row is not None:
             self.task_rows.append(row)
+            self.scheduler.tracker.workers = self.platform.concurrency
 
     # --- the driver --------------------------------------------------------------------------------
 

@@ -48,13 +48,14 @@ class Scheduler:
     first_epoch: int = 1
     policy: RelaunchPolicy = field(default_factory=RelaunchPolicy)
     stall_s: float = 300.0  # no progress for this long: stuck
+    workers: int = 0  # tasks the platform runs at once (the relaunch allowance counts the queue); 0: unbounded
     stages: tuple[Stage, ...] = ()  # the model's stage list; empty: GCN's
 
     def __post_init__(self):
         self.pipe = ChunkPipeline(self.chunks, self.layers, self.epochs, self.staleness, first=self.first_epoch,
                                   stages=self.stages)
         self.by_task = task_stages(self.pipe.stages)
-        self.tracker = TaskTracker(self.policy)
+        self.tracker = TaskTracker(self.policy, workers=self.workers)
         self.sync = self.mode == "sync"
         self.peer_min = {p: self.first_epoch for p in self.peers}
         self.arrived: Counter = Counter()  # (phase, epoch, layer) -> peer messages stored

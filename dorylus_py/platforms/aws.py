@@ -143,6 +143,10 @@ class AwsLambdaPlatform(Platform):
             return PoolLoad(min(self.slots.limit, here.ready), here.waiting + self.slots.waiting, here.busy)
         return PoolLoad(self.slots.limit, self.slots.waiting, self.slots.busy)
 
+    @property
+    def concurrency(self) -> int:
+        return self.slots.limit
+
     def invoke(self, event: dict) -> None:
         asyncio.run_coroutine_threadsafe(self._invoke(event), self.loop)
 

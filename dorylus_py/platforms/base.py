@@ -41,6 +41,11 @@ class Platform:
     def __init__(self):
         self._done: queue.Queue[Completion] = queue.Queue()
 
+    @property
+    def concurrency(self) -> int:
+        """Tasks run at once; the rest wait for a worker (0: no limit known)."""
+        return 0
+
     def invoke(self, event: dict) -> None:
         raise NotImplementedError
 

@@ -24,6 +24,10 @@ class InprocPlatform(Platform):
         for i in range(self._threads):
             threading.Thread(target=self._work, name=f"tensor_{i}", daemon=True).start()
 
+    @property
+    def concurrency(self) -> int:
+        return self._threads
+
     def invoke(self, event: dict) -> None:
         self._tasks.put(dict(event, device=self.device))
 

@@ -133,6 +133,10 @@ class LocalLambdaPlatform(Platform):
         """What the first invocations may take before they start: the cold start and the latency."""
         return (self.cold_start_ms + self.latency_ms) / 1000
 
+    @property
+    def concurrency(self) -> int:
+        return self.size
+
     def invoke(self, event: dict) -> None:
         self._pending.put((event["task"], (json.dumps(event), self.latency_ms, self.fail_rate, self.timeout_ms,
                                            self.rng.getrandbits(32), self.bandwidth_mbps)))

@@ -63,3 +63,28 @@ def test_forget_before_drops_old_keys():
         t.complete(k, 0.1)
     t.forget_before(3)
     assert t.done == {KEY._replace(epoch=3)}
+
+
+def test_a_copy_waiting_for_a_worker_is_allowed_the_queue_ahead_of_it():
+    # 2 workers, tasks of a kind that usually runs 1 s, 10 launched at once: the tenth has 9 ahead,
+    # about 4.5 s of queue, so it is not overdue at min_s (5 s) but only after 5 + 4.5 s.
+    keys = [KEY._replace(chunk=c) for c in range(10)]
+    for workers, due_at_6 in ((2, {0, 1}), (0, set(range(10)))):
+        t = TaskTracker(RelaunchPolicy(min_s=5.0, factor=3.0), workers=workers)
+        t.run_s["fwd"] = 1.0
+        for k in keys:
+            t.launch(k, now=0.0)
+        assert {k.chunk for k, _ in t.due(now=6.0)} == due_at_6
+    t = TaskTracker(RelaunchPolicy(min_s=5.0, factor=3.0), workers=2)
+    t.run_s["fwd"] = 1.0
+    for k in keys:
+        t.launch(k, now=0.0)
+    assert [k.chunk for k, _ in t.due(now=9.4)] == list(range(9))  # the tenth: 5 + 9 / 2 s
+    assert t.due(now=9.6)[-1] == (keys[9], 2)
+    t2 = TaskTracker(RelaunchPolicy(min_s=5.0), workers=2)
+    t2.run_s["fwd"] = 1.0
+    for k in keys:
+        t2.launch(k, now=0.0)
+    t2.pulled(keys[9], 1, now=1.0)  # it started: from then on only its run counts, not the queue
+    assert keys[9] not in {k for k, _ in t2.due(now=5.9)}
+    assert keys[9] in {k for k, _ in t2.due(now=6.1)}
