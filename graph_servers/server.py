@@ -38,6 +38,7 @@ from dorylus_py.weights.blocks import servers_of_layer, split, weight_blocks
 from graph_servers.graph_state import FusedInput, GraphState
 from graph_servers.pool import AutoPool
 from graph_servers.received import ALL_CHUNKS
+from graph_servers.usage import Usage
 from graph_servers.task_io import apply_result, check_result, task_rows
 from graph_servers.wire import integer, peer_rows, task_event, task_of
 
@@ -109,7 +110,8 @@ class GraphServer:
         self.correct: dict[int, np.ndarray] = {}
         self.epoch_start: dict[int, float] = {}
         self.task_rows: list[dict] = []  # the loop thread's alone
-        self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "bytes_sent": 0, "bytes_received": 0}
+        self.stats = {"invoked": 0, "completed": 0, "duplicates": 0}
+        self.usage = Usage()
         self.finished = False
         log.info("graph server %d start %s", self.k, json.dumps({
             "rank": self.k, "vertices": self.state.n, "edges": self.state.edges, "ghosts": self.state.g,
@@ -125,6 +127,7 @@ class GraphServer:
     # --- the loop --------------------------------------------------------------------------------
 
     def run(self) -> None:
+        self.usage.start()
         self.feed(ev.Tick(time.time()))
         while not self.finished:
             self.node.serve_once(self.handle, 5)
@@ -192,7 +195,7 @@ class GraphServer:
 
     def handle(self, identity: bytes, msg: Message) -> None:
         s = self.state
-        self.stats["bytes_received"] += sum(t.nbytes for t in msg.tensors.values())
+        self.usage.received(msg.tensors)
         req = msg.get("req")
         request = (identity, req if isinstance(req, str) else None, msg.op)
         if msg.op == "pull_rows":
@@ -233,7 +236,7 @@ class GraphServer:
     def _answer(self, request, reply: Message) -> None:
         identity, req, _ = request
         reply.fields["req"] = req
-        self.stats["bytes_sent"] += sum(np.asarray(t).nbytes for t in reply.tensors.values())
+        self.usage.sent(reply.tensors)
         self.node.reply(identity, reply)
 
     def _accept(self, key: ev.TaskKey, msg: Message) -> None:
@@ -269,7 +272,7 @@ class GraphServer:
             self._send(self.weight_servers[w], Message("push_grad", fields, mine))
 
     def _send(self, sock: zmq.Socket, msg: Message) -> None:
-        self.stats["bytes_sent"] += sum(np.asarray(t).nbytes for t in msg.tensors.values())
+        self.usage.sent(msg.tensors)
         self.node.send(sock, msg)
 
     def _read_acks(self) -> None:
@@ -297,6 +300,7 @@ class GraphServer:
 
     def _graph_job(self, inst: ev.RunGraph) -> None:
         """Runs on the graph thread; the loop learns of it through ``graph_done`` and a wake-up message."""
+        self.usage.on_graph_thread()
         t0 = time.time()
         try:
             self.state.run_graph(inst.stage, inst.epoch, inst.layer, inst.chunk)
@@ -335,7 +339,7 @@ class GraphServer:
             "correct": self.correct.pop(epoch, np.zeros(3, np.int64)).tolist(),
             "counts": self.state.masks.sum(axis=1).tolist(),
             "epoch_s": time.perf_counter() - self.epoch_start.pop(epoch, time.perf_counter()),
-            "relaunches": t.relaunches, "duplicates": t.refused}))
+            "relaunches": t.relaunches, "duplicates": t.refused, "usage": self.usage.epoch()}))
         self._send_task_rows()
 
     def _send_task_rows(self) -> None:
@@ -356,8 +360,8 @@ class GraphServer:
         log.info("graph server %d end %s", self.k, json.dumps({
             "rank": self.k, "epochs": self.scheduler.reported - self.spec.first_epoch + 1, "tasks": self.stats["invoked"],
             "completed": self.stats["completed"],
-            "relaunches": t.relaunches, "duplicates": t.refused, "bytes_sent": self.stats["bytes_sent"],
-            "bytes_received": self.stats["bytes_received"], "workers_replaced": getattr(self.platform, "replaced", 0),
+            "relaunches": t.relaunches, "duplicates": t.refused, "bytes_sent": self.usage.totals["bytes_sent"],
+            "bytes_received": self.usage.totals["bytes_received"], "workers_replaced": getattr(self.platform, "replaced", 0),
             "peak_rss_mb": peak_rss_mb()}))
 
     def close(self) -> None:

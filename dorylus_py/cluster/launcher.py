@@ -239,7 +239,8 @@ class _Run:
         acc = [float(c / n) if n else float("nan") for c, n in zip(correct, counts)]
         now = time.perf_counter()
         row = {"epoch": epoch, "loss": sum(p["loss_sum"] for p in parts) / self.plan.splits[0],
-               "train_acc": acc[0], "val_acc": acc[1], "test_acc": acc[2], "epoch_s": now - self.last, "wall_s": now - self.t0}
+               "train_acc": acc[0], "val_acc": acc[1], "test_acc": acc[2], "epoch_s": now - self.last, "wall_s": now - self.t0,
+               "servers": [p.get("usage", {}) for p in sorted(parts, key=lambda p: p["rank"])]}
         self.last = now
         self.current = {"relaunches": sum(p["relaunches"] for p in parts), "duplicates": sum(p["duplicates"] for p in parts)}
         self.history.append(row)

@@ -1,0 +1,51 @@
+"""What a graph server spends per epoch: bytes and messages through its sockets, and CPU seconds of the
+whole process, of its loop thread (which signs, checks and copies every message) and of its graph thread.
+
+The cost estimator calibrates on these (``cost/estimate.py``): on large graphs the loop thread's work
+grows with the bytes moved, not with the Gather work or the tensor tasks' FLOPs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+
+class Usage:
+    def __init__(self):
+        self.totals = {"bytes_sent": 0, "bytes_received": 0, "messages": 0}
+        self._graph_clock: int | None = None
+        self.start()
+
+    def start(self) -> None:
+        """Count from now, with the calling thread as the loop thread (set-up is not an epoch's)."""
+        self._loop = threading.get_ident()
+        self._last = self._now()
+
+    def sent(self, tensors: dict) -> None:
+        self.totals["bytes_sent"] += sum(np.asarray(t).nbytes for t in tensors.values())
+        self.totals["messages"] += 1
+
+    def received(self, tensors: dict) -> None:
+        self.totals["bytes_received"] += sum(t.nbytes for t in tensors.values())
+        self.totals["messages"] += 1
+
+    def on_graph_thread(self) -> None:
+        """Called from the graph thread: from then on its CPU time is counted."""
+        if self._graph_clock is None:
+            self._graph_clock = time.pthread_getcpuclockid(threading.get_ident())
+
+    def epoch(self) -> dict:
+        """What was spent since the last call (on the loop thread)."""
+        now = self._now()
+        out = {k: round(v - self._last.get(k, 0), 4) for k, v in now.items()}
+        self._last = now
+        return out
+
+    def _now(self) -> dict:
+        cpu = {"cpu_s": time.process_time(), "loop_cpu_s": time.clock_gettime(time.pthread_getcpuclockid(self._loop))}
+        if self._graph_clock is not None:
+            cpu["graph_cpu_s"] = time.clock_gettime(self._graph_clock)
+        return {"bytes": self.totals["bytes_sent"] + self.totals["bytes_received"], "messages": self.totals["messages"]} | cpu
