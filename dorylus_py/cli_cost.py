@@ -88,7 +88,9 @@ def add_cost(sub) -> None:
                  "calibration (a previous run's record, or built-in numbers); --search lists the cheapest, the "
                  "fastest and the best-value configurations of a grid",
                  epilog="The estimate scales what the calibration run measured: Gather time with edges per server "
-                        "and the widths gathered, tensor time with vertices x layer sizes, spread over the Lambdas "
+                        "and the widths gathered, the graph servers' message handling with the bytes they move "
+                        "(rows of every task, ghost rows: see --edge-cut), tensor time with vertices x layer sizes, "
+                        "spread over the Lambdas "
                         "(or the servers' tensor threads), server speed with vCPUs relative to the calibration's "
                         "instance. From its own calibration a run is reproduced; far from it, treat the numbers as "
                         "a guide (dorylus_py/cost/estimate.py).")
@@ -100,6 +102,9 @@ def add_cost(sub) -> None:
     g.add_argument("--classes", type=int, help="classes")
     g.add_argument("--layers", type=int, default=d.layers, help=f"GCN layers (default {d.layers})")
     g.add_argument("--hidden", type=int, default=d.hidden, help=f"hidden width (default {d.hidden})")
+    g.add_argument("--edge-cut", type=float, metavar="FRACTION",
+                   help="fraction of edges between partitions, for the ghost rows exchanged (default: a prepared "
+                        "--data folder's own; else hash's, (K-1)/K)")
     c = e.add_argument_group("the configuration")
     c.add_argument("--backend", choices=("lambda", "local", "cpu", "gpu"), default="lambda", help="default lambda")
     c.add_argument("--graph-servers", "-k", type=int, default=d.graph_servers, help=f"default {d.graph_servers}")
@@ -125,7 +130,8 @@ def add_cost(sub) -> None:
 
 ESTIMATE_COLUMNS = [
     ("backend", "{}"), ("graph servers", "{}"), ("instance", "{}"), ("lambdas", "{}"), ("epoch s", "{:.3f}"),
-    ("wall s", "{:.1f}"), ("GB-s", "{:.1f}"), ("requests", "{:,}"), ("servers $", "{:.5f}"), ("lambda $", "{:.5f}"),
+    ("wall s", "{:.1f}"), ("server GB/epoch", "{:.2f}"), ("GB-s", "{:.1f}"), ("requests", "{:,}"),
+    ("servers $", "{:.5f}"), ("lambda $", "{:.5f}"),
     ("total $", "{:.5f}"), ("value", "{:.4g}"),
 ]  # fmt: skip
 
@@ -143,7 +149,10 @@ def _run_cost_estimate(args) -> int:
         if is_prepared_store(args.data):  # its manifest has the counts: no need to put the graph together
             from dorylus_py.partition import PartitionStore
 
-            s = PartitionStore.open(args.data).manifest["summary"]
+            manifest = PartitionStore.open(args.data).manifest
+            s = manifest["summary"]
+            if args.edge_cut is None and manifest.get("partitions") == args.graph_servers:
+                args.edge_cut = manifest.get("edge_cut_fraction")
         else:
             from dorylus_py.data import load_graph
 
@@ -157,8 +166,10 @@ def _run_cost_estimate(args) -> int:
     for name, value in [*counts.items(), *((k, getattr(args, k)) for k in (
             "layers", "hidden", "graph_servers", "weight_servers", "lambdas", "chunks", "epochs", "tensor_threads"))]:
         at_least(f"--{name.replace('_', '-')}", value, 1)
+    if args.edge_cut is not None and not 0.0 <= args.edge_cut <= 1.0:
+        raise DorylusError(f"--edge-cut must be a fraction between 0 and 1, not {args.edge_cut}")
     work = Workload(counts["nodes"], counts["edges"],
-                    [counts["features"]] + [args.hidden] * (args.layers - 1) + [counts["classes"]])
+                    [counts["features"]] + [args.hidden] * (args.layers - 1) + [counts["classes"]], args.edge_cut)
     cal = (Calibration.from_record(args.calibration, args.calibration_instance) if args.calibration
            else Calibration.default())
     setup = Setup(args.backend, args.graph_servers, args.weight_servers, args.as_instance, args.lambdas,

@@ -60,9 +60,11 @@ class OrderedSum:
             self.waiting[key] = (local, rows)
             while self.done < len(self.keys) and self.keys[self.done] in self.waiting:
                 local, rows = self.waiting.pop(self.keys[self.done])
-                if self.sum is None:
+                if self.sum is None:  # the first part in order is written, not added (a fifth of the time)
                     self.sum = np.zeros((self.n, self.width), np.float32)
-                self.sum[local] += rows  # a part never repeats a row
+                    self.sum[local] = rows  # a part never repeats a row
+                else:
+                    self.sum[local] += rows
                 self.done += 1
 
     def add_to(self, a: int, b: int, target: np.ndarray) -> None:

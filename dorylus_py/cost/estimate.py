@@ -10,12 +10,18 @@ or the built-in one (``default_calibration.json``, measured here on a generated 
   graphs, whose tasks are mostly this fixed cost, do not inflate the per-unit rate;
 - idle seconds per epoch and chunk: the part of the epoch in which the busiest graph server ran
   nothing (waiting on messages and barriers), which grows with the number of chunks, not with the graph;
+- graph-server seconds per byte moved: the loop thread's CPU time over the bytes through its sockets
+  (``metrics.jsonl``'s ``servers``: the loop thread signs, checks and copies every message). Bytes per
+  epoch are counted from the model (``Workload.bytes_per_server``: the rows every task pulls and pushes,
+  and the ghost rows exchanged with the peers); at 10 M vertices about 10 GB a server and epoch, which
+  neither the Gather work nor the tasks' FLOPs account for;
 - billed / measured Lambda time, tasks per epoch per (graph server x chunk), start-up seconds, and a
   factor ``overlap`` that maps the sum of the busy parts onto the epoch time the run measured.
 
 For a configuration: graph time per epoch = rate x work / server speed; tensor time per epoch = (rate x
-work + fixed cost x tasks) spread over the Lambdas (or each server's tensor threads); epoch = idle x
-chunks + overlap x (graph + tensor); wall = start-up + epochs x epoch. Measured here (2 cores, shared):
+work + fixed cost x tasks) spread over the Lambdas (or each server's tensor threads); bytes time = rate x
+bytes / server speed; epoch = idle x chunks + overlap x (graph + tensor + bytes); wall = start-up + epochs
+x epoch. Measured here (2 cores, shared):
 calibrated on 200 k vertices / 4 M edges, the model predicts 2 M / 40 M within the errors printed by
 ``benchmarks/bench_scale.py`` (README), where a purely proportional model was off by +200 % (``cpu``). Cost is priced as ``cost/model.py`` prices a record: server-hours,
 GB-seconds (a Lambda under 1769 MB gets a proportional CPU share, so runs that much longer) and
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 import statistics
 from dataclasses import asdict, dataclass
@@ -49,17 +56,46 @@ def vcpus(instance: str) -> int:
     return 2 if size == "large" else 4 * int(m.group(1) or 1)
 
 
+BYTES = 4  # float32 rows; labels and masks are counted apart
+LABEL_BYTES = 8 + 1 + 8 + 3  # a vertex's label and training mask (loss), its label and three masks (eval)
+
+
 @dataclass(frozen=True)
 class Workload:
     nodes: int
     edges: int
     dims: list[int]  # [features, hidden..., classes]
+    cut: float | None = None  # fraction of the edges between partitions; None: hash's, (K - 1) / K
 
     def tensor_units(self) -> float:
         return self.nodes * sum(a * b for a, b in zip(self.dims[:-1], self.dims[1:]))
 
     def graph_units(self, servers: int) -> float:
         return self.edges / servers * 2 * sum(self.dims[1:])  # widths gathered, forward and backward
+
+    def ghosts(self, servers: int) -> float:
+        """Expected ghosts of one graph server: its in-edges from other partitions land on distinct
+        vertices of theirs as balls in bins (random graphs; a real graph's locality gives fewer)."""
+        if servers < 2:
+            return 0.0
+        others = self.nodes * (servers - 1) / servers
+        cut = (servers - 1) / servers if self.cut is None else self.cut
+        return others * -math.expm1(-(self.edges / servers * cut) / others)
+
+    def bytes_per_server(self, servers: int, chunks: int) -> float:
+        """Bytes through one graph server's sockets in an epoch (sent and received), GCN's Â(HW) order:
+        per vertex, the training and evaluation forwards pull each layer's input and push its ``Z``, the
+        loss pulls the logits and pushes their gradient, evaluation pulls the logits, backward pulls
+        each layer's input and ``dZ`` and pushes ``dG`` of the layer below; per ghost (and per vertex a
+        peer holds as one, about as many), ``Z`` of every layer twice forward and one gradient back;
+        per chunk, the gradients forwarded to the weight servers."""
+        d = self.dims
+        per_vertex = 2 * sum(a + b for a, b in zip(d[:-1], d[1:])) + 3 * d[-1]  # forwards, loss, eval
+        per_vertex += sum(d[l] + d[l + 1] + (d[l] if l else 0) for l in range(len(d) - 1))  # backward
+        per_ghost = 3 * sum(d[1:])
+        weights = sum(a * b for a, b in zip(d[:-1], d[1:]))
+        return (self.nodes / servers * (BYTES * per_vertex + LABEL_BYTES)
+                + 2 * self.ghosts(servers) * BYTES * per_ghost + chunks * BYTES * weights)
 
 
 @dataclass(frozen=True)
@@ -88,6 +124,7 @@ class Calibration:
     source: str
     task_s: float = 0.0  # fixed seconds per tensor task
     idle_s_per_chunk: float = 0.0  # seconds per epoch and chunk in which the busiest server ran nothing
+    io_s_per_byte: float = 0.0  # graph-server loop seconds per byte moved (0: the record did not measure it)
 
     @classmethod
     def default(cls) -> "Calibration":
@@ -117,13 +154,14 @@ class Calibration:
                   billed / max(sum(t["end"] - t["start"] for t in tensor), 1e-9),
                   len(tensor) / (epochs * setup.graph_servers * setup.chunks),
                   max(0.0, metrics[-1]["wall_s"] - len(metrics) * steady), 1.0, instance, setup.memory_mb, str(run_dir),
-                  task_s, idle / setup.chunks)
+                  task_s, idle / setup.chunks, _io_seconds_per_byte(rows))
         return cls(**(asdict(cal) | {"overlap": (steady - idle) / max(cal._parts(work, setup)[0], 1e-9)}))
 
     def _parts(self, work: Workload, setup: Setup) -> tuple[float, float]:
         """(graph + tensor seconds per epoch before the overlap factor, summed tensor seconds)."""
         speed = vcpus(setup.instance) / vcpus(self.instance)
         graph = self.graph_s_per_unit * work.graph_units(setup.graph_servers) / speed
+        graph += self.io_s_per_byte * work.bytes_per_server(setup.graph_servers, setup.chunks) / speed
         tasks = self.tasks_per_server_chunk * setup.graph_servers * setup.chunks
         tensor_total = self.tensor_s_per_unit * work.tensor_units() + self.task_s * tasks
         if setup.backend in ("cpu", "gpu"):
@@ -147,7 +185,8 @@ class Calibration:
             lambda_usd = gb_s * prices.lambda_gb_second + requests * prices.lambda_per_request
         total = server_usd + lambda_usd
         return {"backend": setup.backend, "graph servers": setup.graph_servers, "instance": setup.instance,
-                "lambdas": setup.lambdas if setup.backend in ("local", "lambda") else 0, "epoch s": epoch_s,
+                "lambdas": setup.lambdas if setup.backend in ("local", "lambda") else 0,
+                "server GB/epoch": work.bytes_per_server(setup.graph_servers, setup.chunks) / 1e9, "epoch s": epoch_s,
                 "wall s": wall, "GB-s": gb_s, "requests": int(round(requests)), "servers $": server_usd,
                 "lambda $": lambda_usd, "total $": total, "value": 1.0 / ((wall / 3600.0) * total) if total else float("nan")}
 
@@ -205,6 +244,16 @@ def _fixed_task_seconds(tensor: list[dict], work: Workload) -> float:
         return 0.0
     slope, intercept = np.polyfit(units, seconds, 1)
     return float(min(max(intercept, 0.0), seconds.min() if slope >= 0 else 0.0))
+
+
+def _io_seconds_per_byte(metrics: list[dict]) -> float:
+    """Median over the ``metrics`` epochs of the graph servers' loop-thread CPU seconds per byte moved."""
+    rates = []
+    for m in metrics:
+        servers = [s for s in m.get("servers", []) if s.get("bytes") and "loop_cpu_s" in s]
+        if servers:
+            rates.append(sum(s["loop_cpu_s"] for s in servers) / sum(s["bytes"] for s in servers))
+    return statistics.median(rates) if rates else 0.0
 
 
 def _idle_seconds(tasks: list[dict], metrics: list[dict], servers: int) -> float:

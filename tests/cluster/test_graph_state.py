@@ -169,3 +169,27 @@ def test_sync_mode_sends_one_sum_of_all_chunks_contributions_per_peer(small_grap
     async_receiver = GraphState(store.load(1), GCN, [3, 3], "none")
     with pytest.raises(ProtocolError, match="chunk -1 for layer 0"):
         async_receiver.store_peer_rows("bwd", 0, 0, ALL_CHUNKS, {"positions": positions, "rows": rows})
+
+
+def test_peer_contributions_in_any_order_are_taken_and_repeats_refused(small_graph, tmp_path):
+    """Senders send increasing positions (checked without a sort); any other order is taken as long as
+    no position repeats, and gives the same sum."""
+    from dorylus_py.protocol import ProtocolError
+
+    prepare(small_graph, tmp_path / "p", 2, "hash")
+    part = PartitionStore.open(tmp_path / "p").load(1)
+    n = len(GraphState(part, GCN, [1, 1], "none").send_ids[0])
+    rows = np.random.default_rng(2).standard_normal((n, 8)).astype(np.float32)
+    sums = []
+    for order in (np.arange(n), np.arange(n)[::-1]):
+        s = GraphState(part, GCN, [1, 1], "none")
+        s.store_peer_rows("bwd", 0, 0, 0, {"positions": order.astype(np.int64), "rows": rows[order]})
+        total = np.zeros((s.n, 8), np.float32)
+        s.received[("bwd", 0)].add_to(0, s.n, total)
+        sums.append(total)
+    np.testing.assert_array_equal(sums[0], sums[1])
+    assert np.abs(sums[0]).sum() > 0
+    s = GraphState(part, GCN, [1, 1], "none")
+    repeated = np.array([0, 2, 1, 2], np.int64)
+    with pytest.raises(ProtocolError, match="repeat"):
+        s.store_peer_rows("bwd", 0, 0, 0, {"positions": repeated, "rows": rows[:4]})

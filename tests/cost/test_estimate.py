@@ -54,6 +54,17 @@ def test_report_numbers_agree_with_tasks_jsonl(runs, tmp_path, capsys):
     assert "<table>" in text and "Task time by kind" in text
 
 
+def test_the_bytes_a_graph_server_moves_are_counted_from_the_model(runs):
+    """The estimator's bytes per server and epoch (every task's rows, the ghost rows) against what the
+    graph servers counted; and the loop's seconds per byte are calibrated from the same counts."""
+    for name in ("local", "cpu"):
+        config, metrics, *_ = read_record(runs / name)
+        measured = statistics.median(statistics.mean(s["bytes"] for s in m["servers"]) for m in metrics[1:])
+        counted = workload_of(config).bytes_per_server(config["graph_servers"], config["chunks"])
+        assert counted == pytest.approx(measured, rel=0.1), name
+        assert Calibration.from_record(str(runs / name), "c5.xlarge").io_s_per_byte > 0
+
+
 # The estimator is calibrated on one configuration and predicts two others: a graph four times larger,
 # and another number of graph servers. On this one 2-core machine, K servers share its cores, so each
 # configuration's servers are described as instances with 2/K of its vCPUs (the estimator only uses the
