@@ -23,7 +23,7 @@ import torch
 import zmq
 
 from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import Node, peak_rss_mb
+from dorylus_py.cluster.node import REJECTED, Node, peak_rss_mb
 from dorylus_py.errors import DorylusError
 from dorylus_py.models import spec_of
 from dorylus_py.models.spec import fuses_last_layer
@@ -37,6 +37,7 @@ from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.weights.blocks import servers_of_layer, split, weight_blocks
 from graph_servers.graph_state import FusedInput, GraphState
 from graph_servers.pool import AutoPool
+from graph_servers.direct import DirectLink, DirectSlot
 from graph_servers.received import ALL_CHUNKS
 from graph_servers.usage import Usage
 from graph_servers.task_io import apply_result, check_result, task_rows
@@ -50,7 +51,8 @@ def make_platform(spec: JobSpec, rank: int, node: Node):
     workers get a signing session of their own, emulated Lambdas the job key (their own environment)."""
     cfg = spec.config
     if cfg.backend not in ("local", "lambda"):
-        return InprocPlatform(cfg.tensor_threads, cfg.resolved_device(), node.session.sibling())
+        return InprocPlatform(cfg.tensor_threads, cfg.resolved_device(), node.session.sibling(),
+                              DirectLink(node.ctx, node.poller))
     per_server, _, _ = cfg.lambdas_per_server(len(spec.graph_servers))
     seed = cfg.seed * 1000 + rank + 7919 * spec.restart
     if cfg.backend == "local":
@@ -87,6 +89,7 @@ class GraphServer:
         self.blocks = weight_blocks(self.model.tensors(), len(spec.weight_servers))
         self.layer_servers = [servers_of_layer(self.blocks, l) for l in range(self.model.num_layers)]
         self.platform = make_platform(spec, self.k, node)
+        self.direct: DirectLink | None = getattr(self.platform, "direct", None)
         policy = RelaunchPolicy(cfg.relaunch_min_s, cfg.relaunch_factor, self.platform.startup_hint_s)
         self.scheduler = Scheduler(
             rank=self.k, chunks=self.state.chunks, layers=spec.layers, epochs=cfg.epochs, mode=spec.mode,
@@ -130,7 +133,7 @@ class GraphServer:
         self.usage.start()
         self.feed(ev.Tick(time.time()))
         while not self.finished:
-            self.node.serve_once(self.handle, 5)
+            self._serve_once(5)
             self._read_acks()
             self._collect()
             self._graph_jobs_done()
@@ -140,9 +143,15 @@ class GraphServer:
         self._flush_tasks()
         self.node.to_driver(Message("epoch_stats", {"rank": self.k, "finished": True}))
         while True:  # serve late copies (they are told to stop) until the driver says stop
-            self.node.serve_once(self.handle, 200)
+            self._serve_once(200)
             self._read_acks()
             self._collect()
+
+    def _serve_once(self, timeout_ms: int) -> None:
+        """Requests from the sockets, then from in-process workers (which wake the same poll)."""
+        self.node.serve_once(self.handle, timeout_ms)
+        if self.direct is not None:
+            self.direct.serve(self.handle, REJECTED, lambda e: self.node.rejections.add("invalid", e))
 
     def feed(self, event, request: tuple | None = None, msg: Message | None = None) -> None:
         """Give the scheduler an event and carry out its instructions; ``request`` (identity, req,
@@ -195,7 +204,8 @@ class GraphServer:
 
     def handle(self, identity: bytes, msg: Message) -> None:
         s = self.state
-        self.usage.received(msg.tensors)
+        if not isinstance(identity, DirectSlot):  # in-process requests cross no socket
+            self.usage.received(msg.tensors)
         req = msg.get("req")
         request = (identity, req if isinstance(req, str) else None, msg.op)
         if msg.op == "pull_rows":
@@ -236,6 +246,9 @@ class GraphServer:
     def _answer(self, request, reply: Message) -> None:
         identity, req, _ = request
         reply.fields["req"] = req
+        if isinstance(identity, DirectSlot):
+            identity.answer(reply)
+            return
         self.usage.sent(reply.tensors)
         self.node.reply(identity, reply)
 
@@ -351,7 +364,7 @@ class GraphServer:
         """Wait (bounded) for the completions of every copy still out, so tasks.jsonl has them all."""
         deadline = time.monotonic() + timeout_s
         while self.stats["completed"] < self.stats["invoked"] and time.monotonic() < deadline:
-            self.node.serve_once(self.handle, 10)
+            self._serve_once(10)
             self._collect()
         self._send_task_rows()
 
@@ -370,5 +383,7 @@ class GraphServer:
         self.wake_send.close(0)
         self.wake_recv.close(0)
         self.platform.close()
+        if self.direct is not None:
+            self.direct.close()
         for s in [*self.peers.values(), *self.weight_servers]:
             s.close(0)

@@ -25,7 +25,9 @@ for tasks without weights), "model", "dropout", "attn_dropout", "negative_slope"
 The weights of a layer are spread over several weight servers by row block: the task asks the lead
 for its version (the newest, or the one it names) and every other server for that same version.
 Sockets are cached per process (and per thread), as a warm Lambda container keeps them. In the local
-emulator, ``context.bandwidth_mbps`` paces every message both ways (``link.py``).
+emulator, ``context.bandwidth_mbps`` paces every message both ways (``link.py``). Run inside its graph
+server (``cpu``/``gpu``), the event carries ``direct`` (``graph_servers/direct.py``): the requests to
+that server go on its in-process queue instead of a socket.
 """
 
 from __future__ import annotations
@@ -82,9 +84,14 @@ def _run(event: dict, context, session: Session) -> dict:
     task = event["task"]
     device = torch.device(event.get("device", "cpu"))
     curve = Curve(event["curve_public_key"].encode()) if event.get("curve_public_key") else None
-    gs = _socket(event["graph_server"], curve)
+    direct = event.get("direct")
+    gs = None if direct is not None else _socket(event["graph_server"], curve)
+
+    def to_server(msg: Message) -> Message:
+        return _request_direct(direct, msg, context) if direct is not None else _request(gs, msg, session, context)
+
     _check_time(context)
-    rows = _request(gs, Message("pull_rows", {"task": task}), session, context)
+    rows = to_server(Message("pull_rows", {"task": task}))
     t = {k: torch.from_numpy(np.array(v, copy=False)).to(device) for k, v in rows.tensors.items()}
     train = task.get("train", True)
     ctx = TaskContext(model=event["model"], kind=task["kind"], layer=task["layer"], epoch=task["epoch"],
@@ -102,7 +109,7 @@ def _run(event: dict, context, session: Session) -> dict:
     out, extra = run_task(ctx, t, weights)
     fields |= extra
     _check_time(context)
-    ack = _request(gs, Message("push_result", fields, {k: _np(v) for k, v in out.items()}), session, context)
+    ack = to_server(Message("push_result", fields, {k: _np(v) for k, v in out.items()}))
     return {"status": ack.op}
 
 
@@ -167,10 +174,32 @@ def _request_all(requests: list[tuple[zmq.Socket, Message]], session: Session, c
     return [replies[msg.fields["req"]] for _, msg in requests]
 
 
-def _receive(sock: zmq.Socket, msg: Message, req: str, session: Session, context) -> Message:
+def _request_direct(direct, msg: Message, context) -> Message:
+    """A request to the graph server this worker runs inside (``graph_servers/direct.py``)."""
+    wait_ms = _wait_ms(context)
+    reply = direct.request(msg, max(0, wait_ms) / 1000)
+    if reply is None:
+        raise TaskAborted(f"{msg.op}: no reply within {max(0, wait_ms)} ms")
+    return _checked(reply, msg)
+
+
+def _wait_ms(context) -> int:
     wait_ms = REQUEST_TIMEOUT_MS
     if context is not None:
         wait_ms = min(wait_ms, context.get_remaining_time_in_millis() - SAFETY_MARGIN_MS)
+    return wait_ms
+
+
+def _checked(reply: Message, msg: Message) -> Message:
+    if reply.op == "error":
+        raise TaskAborted(f"{msg.op} refused: {reply.get('reason')}")
+    if reply.op == "cancel":
+        raise TaskCancelled(reply.get("reason") or "not wanted")
+    return reply
+
+
+def _receive(sock: zmq.Socket, msg: Message, req: str, session: Session, context) -> Message:
+    wait_ms = _wait_ms(context)
     deadline = time.monotonic() + max(0, wait_ms) / 1000
     while (left := deadline - time.monotonic()) > 0:
         if not sock.poll(int(left * 1000) + 1):
@@ -184,9 +213,5 @@ def _receive(sock: zmq.Socket, msg: Message, req: str, session: Session, context
             continue
         if (link := link_of(context)) is not None:  # used once the link would have brought it all in
             wait_until(link.arrives(frame_bytes(frames), time.time()))
-        if reply.op == "error":
-            raise TaskAborted(f"{msg.op} refused: {reply.get('reason')}")
-        if reply.op == "cancel":
-            raise TaskCancelled(reply.get("reason") or "not wanted")
-        return reply
+        return _checked(reply, msg)
     raise TaskAborted(f"{msg.op}: no reply within {max(0, wait_ms)} ms")

@@ -82,9 +82,9 @@ class Workload:
         cut = (servers - 1) / servers if self.cut is None else self.cut
         return others * -math.expm1(-(self.edges / servers * cut) / others)
 
-    def bytes_per_server(self, servers: int, chunks: int) -> float:
+    def bytes_per_server(self, servers: int, chunks: int, in_process: bool = False) -> float:
         """Bytes through one graph server's sockets in an epoch (sent and received), GCN's Â(HW) order:
-        per vertex, the training and evaluation forwards pull each layer's input and push its ``Z``, the
+        per vertex (unless the tasks run ``in_process``, the ``cpu``/``gpu`` backends), the training and evaluation forwards pull each layer's input and push its ``Z``, the
         loss pulls the logits and pushes their gradient, evaluation pulls the logits, backward pulls
         each layer's input and ``dZ`` and pushes ``dG`` of the layer below; per ghost (and per vertex a
         peer holds as one, about as many), ``Z`` of every layer twice forward and one gradient back;
@@ -94,8 +94,8 @@ class Workload:
         per_vertex += sum(d[l] + d[l + 1] + (d[l] if l else 0) for l in range(len(d) - 1))  # backward
         per_ghost = 3 * sum(d[1:])
         weights = sum(a * b for a, b in zip(d[:-1], d[1:]))
-        return (self.nodes / servers * (BYTES * per_vertex + LABEL_BYTES)
-                + 2 * self.ghosts(servers) * BYTES * per_ghost + chunks * BYTES * weights)
+        tasks = 0.0 if in_process else self.nodes / servers * (BYTES * per_vertex + LABEL_BYTES)
+        return (tasks + 2 * self.ghosts(servers) * BYTES * per_ghost + chunks * BYTES * weights)
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,9 @@ class Setup:
     chunks: int
     epochs: int
     tensor_threads: int = 2
+
+    def bytes_per_server(self, work: Workload) -> float:
+        return work.bytes_per_server(self.graph_servers, self.chunks, in_process=self.backend in ("cpu", "gpu"))
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,7 @@ class Calibration:
         """(graph + tensor seconds per epoch before the overlap factor, summed tensor seconds)."""
         speed = vcpus(setup.instance) / vcpus(self.instance)
         graph = self.graph_s_per_unit * work.graph_units(setup.graph_servers) / speed
-        graph += self.io_s_per_byte * work.bytes_per_server(setup.graph_servers, setup.chunks) / speed
+        graph += self.io_s_per_byte * setup.bytes_per_server(work) / speed
         tasks = self.tasks_per_server_chunk * setup.graph_servers * setup.chunks
         tensor_total = self.tensor_s_per_unit * work.tensor_units() + self.task_s * tasks
         if setup.backend in ("cpu", "gpu"):
@@ -186,7 +189,7 @@ class Calibration:
         total = server_usd + lambda_usd
         return {"backend": setup.backend, "graph servers": setup.graph_servers, "instance": setup.instance,
                 "lambdas": setup.lambdas if setup.backend in ("local", "lambda") else 0,
-                "server GB/epoch": work.bytes_per_server(setup.graph_servers, setup.chunks) / 1e9, "epoch s": epoch_s,
+                "server GB/epoch": setup.bytes_per_server(work) / 1e9, "epoch s": epoch_s,
                 "wall s": wall, "GB-s": gb_s, "requests": int(round(requests)), "servers $": server_usd,
                 "lambda $": lambda_usd, "total $": total, "value": 1.0 / ((wall / 3600.0) * total) if total else float("nan")}
 

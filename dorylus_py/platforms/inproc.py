@@ -15,9 +15,10 @@ from dorylus_py.platforms.base import Completion, Platform
 
 
 class InprocPlatform(Platform):
-    def __init__(self, threads: int, device: str = "cpu", session=None):
+    def __init__(self, threads: int, device: str = "cpu", session=None, direct=None):
         super().__init__()
         self.device, self.session = device, session  # the handler signs with this (not from the event)
+        self.direct = direct  # graph_servers/direct.py: the graph server without a socket
         self.name = f"inproc-{device.split(':')[0]}"
         self._tasks: queue.SimpleQueue[dict | None] = queue.SimpleQueue()
         self._closed, self._threads = False, max(1, threads)
@@ -29,7 +30,7 @@ class InprocPlatform(Platform):
         return self._threads
 
     def invoke(self, event: dict) -> None:
-        self._tasks.put(dict(event, device=self.device))
+        self._tasks.put(dict(event, device=self.device, direct=self.direct))
 
     def _work(self) -> None:
         while (event := self._tasks.get()) is not None and not self._closed:

@@ -60,7 +60,7 @@ def test_the_bytes_a_graph_server_moves_are_counted_from_the_model(runs):
     for name in ("local", "cpu"):
         config, metrics, *_ = read_record(runs / name)
         measured = statistics.median(statistics.mean(s["bytes"] for s in m["servers"]) for m in metrics[1:])
-        counted = workload_of(config).bytes_per_server(config["graph_servers"], config["chunks"])
+        counted = setup_of(config, "c5.xlarge").bytes_per_server(workload_of(config))
         assert counted == pytest.approx(measured, rel=0.1), name
         assert Calibration.from_record(str(runs / name), "c5.xlarge").io_s_per_byte > 0
 
