@@ -71,6 +71,8 @@ def role_of(cmdline: list[str]) -> str:
         return f"graph server {cmdline[cmdline.index('--rank') + 1]}" if "--rank" in cmdline else "graph server"
     if "dorylus_py.weights" in cmd:
         return "weight server"
+    if "resource_tracker" in cmd:
+        return "resource tracker"  # multiprocessing's, one per graph server that spawns emulated Lambdas
     if "multiprocessing" in cmd or "dorylus_py" not in cmd:
         return "lambda worker"
     return "driver"

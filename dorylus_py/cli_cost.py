@@ -104,7 +104,7 @@ def add_cost(sub) -> None:
     g.add_argument("--hidden", type=int, default=d.hidden, help=f"hidden width (default {d.hidden})")
     g.add_argument("--edge-cut", type=float, metavar="FRACTION",
                    help="fraction of edges between partitions, for the ghost rows exchanged (default: a prepared "
-                        "--data folder's own; else hash's, (K-1)/K)")
+                        "--data folder of K partitions gives its ghost counts; else hash's cut, (K-1)/K)")
     c = e.add_argument_group("the configuration")
     c.add_argument("--backend", choices=("lambda", "local", "cpu", "gpu"), default="lambda", help="default lambda")
     c.add_argument("--graph-servers", "-k", type=int, default=d.graph_servers, help=f"default {d.graph_servers}")
@@ -143,6 +143,7 @@ def _run_cost_estimate(args) -> int:
 
     prices = Prices.load(args.prices, args.region, args.arch)
     prices.hourly(args.as_instance)
+    known_ghosts = None
     if args.data:
         from dorylus_py.cli_train import is_prepared_store
 
@@ -151,8 +152,8 @@ def _run_cost_estimate(args) -> int:
 
             manifest = PartitionStore.open(args.data).manifest
             s = manifest["summary"]
-            if args.edge_cut is None and manifest.get("partitions") == args.graph_servers:
-                args.edge_cut = manifest.get("edge_cut_fraction")
+            if manifest.get("partitions") == args.graph_servers and args.edge_cut is None:  # it counted its ghosts
+                known_ghosts = sum(p["ghosts"] for p in manifest["parts"]) / args.graph_servers
         else:
             from dorylus_py.data import load_graph
 
@@ -169,7 +170,7 @@ def _run_cost_estimate(args) -> int:
     if args.edge_cut is not None and not 0.0 <= args.edge_cut <= 1.0:
         raise DorylusError(f"--edge-cut must be a fraction between 0 and 1, not {args.edge_cut}")
     work = Workload(counts["nodes"], counts["edges"],
-                    [counts["features"]] + [args.hidden] * (args.layers - 1) + [counts["classes"]], args.edge_cut)
+                    [counts["features"]] + [args.hidden] * (args.layers - 1) + [counts["classes"]], args.edge_cut, known_ghosts)
     cal = (Calibration.from_record(args.calibration, args.calibration_instance) if args.calibration
            else Calibration.default())
     setup = Setup(args.backend, args.graph_servers, args.weight_servers, args.as_instance, args.lambdas,

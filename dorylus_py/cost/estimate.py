@@ -58,6 +58,7 @@ def vcpus(instance: str) -> int:
 
 BYTES = 4  # float32 rows; labels and masks are counted apart
 LABEL_BYTES = 8 + 1 + 8 + 3  # a vertex's label and training mask (loss), its label and three masks (eval)
+POSITION_BYTES = 8  # every ghost row travels with its int64 position
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class Workload:
     edges: int
     dims: list[int]  # [features, hidden..., classes]
     cut: float | None = None  # fraction of the edges between partitions; None: hash's, (K - 1) / K
+    known_ghosts: float | None = None  # ghosts per graph server, where a prepared store counted them
 
     def tensor_units(self) -> float:
         return self.nodes * sum(a * b for a, b in zip(self.dims[:-1], self.dims[1:]))
@@ -78,6 +80,8 @@ class Workload:
         vertices of theirs as balls in bins (random graphs; a real graph's locality gives fewer)."""
         if servers < 2:
             return 0.0
+        if self.known_ghosts is not None:
+            return self.known_ghosts
         others = self.nodes * (servers - 1) / servers
         cut = (servers - 1) / servers if self.cut is None else self.cut
         return others * -math.expm1(-(self.edges / servers * cut) / others)
@@ -92,10 +96,10 @@ class Workload:
         d = self.dims
         per_vertex = 2 * sum(a + b for a, b in zip(d[:-1], d[1:])) + 3 * d[-1]  # forwards, loss, eval
         per_vertex += sum(d[l] + d[l + 1] + (d[l] if l else 0) for l in range(len(d) - 1))  # backward
-        per_ghost = 3 * sum(d[1:])
+        per_ghost = BYTES * 3 * sum(d[1:]) + POSITION_BYTES * 3 * (len(d) - 1)  # rows, and their positions
         weights = sum(a * b for a, b in zip(d[:-1], d[1:]))
         tasks = 0.0 if in_process else self.nodes / servers * (BYTES * per_vertex + LABEL_BYTES)
-        return (tasks + 2 * self.ghosts(servers) * BYTES * per_ghost + chunks * BYTES * weights)
+        return tasks + 2 * self.ghosts(servers) * per_ghost + chunks * BYTES * weights
 
 
 @dataclass(frozen=True)
