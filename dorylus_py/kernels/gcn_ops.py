@@ -9,6 +9,7 @@ chunk's rows (``kernels/dropout.py``), or ``None`` without dropout.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -27,8 +28,18 @@ def input_gradient(dp: torch.Tensor, p_raw: torch.Tensor, activation: str = "rel
 
 
 def apply_dropout(p: torch.Tensor, keep: torch.Tensor | None, rate: float) -> torch.Tensor:
-    """``p * keep * scale``, with one temporary the size of ``p`` rather than two (``p`` is not changed)."""
-    return p if keep is None else (p * keep).mul_(1.0 / (1.0 - rate))
+    """``p * keep * scale``, with one temporary the size of ``p`` rather than two (``p`` is not changed).
+    On the CPU numpy multiplies by the boolean mask: 1.1 ms for 25 k x 128 where torch takes 6 ms (it
+    converts the mask first); the same products, so the same bits."""
+    if keep is None:
+        return p
+    scale = 1.0 / (1.0 - rate)
+    if p.device.type == "cpu" and keep.device.type == "cpu" and p.dtype == torch.float32 and not p.requires_grad:
+        with np.errstate(all="ignore"):  # inf x 0 and overflow give what torch gives, silently as torch does
+            out = np.multiply(p.numpy(), keep.numpy(), dtype=np.float32)
+            out *= np.float32(scale)
+        return torch.from_numpy(out)
+    return (p * keep).mul_(scale)
 
 
 def apply_vertex_input(p_raw, layer: int, keep=None, rate: float = 0.0) -> torch.Tensor:

@@ -20,3 +20,17 @@ def test_rate_and_scaling():
     assert torch.allclose(out[keep], torch.full_like(out[keep], 1 / 0.7))
     assert (out[~keep] == 0).all()
     assert dropout(h, 0.0, 0, 0, 0) is h
+
+
+def test_applying_a_mask_on_the_cpu_gives_torchs_bits():
+    """apply_dropout multiplies by the boolean mask in numpy on the CPU (much faster than torch there):
+    the same products in the same order as torch's ``p * keep * scale``, so the same bits."""
+    from dorylus_py.kernels.gcn_ops import apply_dropout
+
+    p = torch.randn(300, 40)
+    p[0, :4] = torch.tensor([-0.0, float("inf"), -1e-38, 3e38])
+    for rate in (0.1, 0.5, 0.6):
+        keep = dropout_keep_mask(0, 300, 40, rate, seed=4, epoch=2, layer=0)
+        fast, reference = apply_dropout(p, keep, rate), (p * keep).mul_(1.0 / (1.0 - rate))
+        assert torch.equal(fast.view(torch.int32), reference.view(torch.int32))
+    assert apply_dropout(p, None, 0.5) is p
