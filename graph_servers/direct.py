@@ -50,6 +50,8 @@ class DirectLink:
         self._wake_send = ctx.socket(zmq.PUSH)  # shared by the tensor threads: sent under the lock
         self._wake_send.connect(address)
         self._lock = threading.Lock()
+        self._closed = False
+        self._poller = poller
         poller.register(self._wake_recv, zmq.POLLIN)  # a request wakes the loop's poll
 
     def request(self, msg: Message, timeout_s: float) -> Message | None:
@@ -57,6 +59,8 @@ class DirectLink:
         slot = DirectSlot()
         self._requests.put((slot, Message(msg.op, _as_on_the_wire(msg.fields), msg.tensors)))
         with self._lock:
+            if self._closed:  # the server is stopping: the task ends as if it got no reply
+                return None
             self._wake_send.send(b"", zmq.NOBLOCK)
         return slot.wait(timeout_s)
 
@@ -77,7 +81,10 @@ class DirectLink:
                 slot.answer(Message("error", {"reason": str(e)[:300]}))
 
     def close(self) -> None:
-        self._wake_send.close(0)
+        with self._lock:  # no tensor thread is sending on the socket being closed
+            self._closed = True
+            self._wake_send.close(0)
+        self._poller.unregister(self._wake_recv)
         self._wake_recv.close(0)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import zmq
@@ -53,3 +54,11 @@ def test_a_request_nobody_answers_times_out():
     link = DirectLink(zmq.Context.instance(), zmq.Poller())
     assert link.request(Message("pull_rows", {}), timeout_s=0.2) is None
     link.close()
+
+
+def test_a_request_after_close_gets_no_reply_at_once():
+    link = DirectLink(zmq.Context.instance(), zmq.Poller())
+    link.close()
+    t0 = time.monotonic()
+    assert link.request(Message("pull_rows", {}), timeout_s=10) is None
+    assert time.monotonic() - t0 < 1
