@@ -153,7 +153,7 @@ def _run_cost_estimate(args) -> int:
             manifest = PartitionStore.open(args.data).manifest
             s = manifest["summary"]
             if manifest.get("partitions") == args.graph_servers and args.edge_cut is None:  # it counted its ghosts
-                known_ghosts = sum(p["ghosts"] for p in manifest["parts"]) / args.graph_servers
+                known_ghosts = (args.graph_servers, sum(p["ghosts"] for p in manifest["parts"]) / args.graph_servers)
         else:
             from dorylus_py.data import load_graph
 
@@ -169,8 +169,8 @@ def _run_cost_estimate(args) -> int:
         at_least(f"--{name.replace('_', '-')}", value, 1)
     if args.edge_cut is not None and not 0.0 <= args.edge_cut <= 1.0:
         raise DorylusError(f"--edge-cut must be a fraction between 0 and 1, not {args.edge_cut}")
-    work = Workload(counts["nodes"], counts["edges"],
-                    [counts["features"]] + [args.hidden] * (args.layers - 1) + [counts["classes"]], args.edge_cut, known_ghosts)
+    dims = [counts["features"]] + [args.hidden] * (args.layers - 1) + [counts["classes"]]
+    work = Workload(counts["nodes"], counts["edges"], dims, args.edge_cut, known_ghosts)
     cal = (Calibration.from_record(args.calibration, args.calibration_instance) if args.calibration
            else Calibration.default())
     setup = Setup(args.backend, args.graph_servers, args.weight_servers, args.as_instance, args.lambdas,

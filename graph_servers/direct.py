@@ -28,13 +28,17 @@ class DirectSlot:
         self._done = threading.Event()
         self.reply: Message | None = None
 
-    def answer(self, reply: Message) -> None:
-        self.reply = Message(reply.op, _as_on_the_wire(reply.fields), dict(reply.tensors))
+    def answer(self, reply: Message | None) -> None:
+        """The first answer counts, as on a socket (None: the server stopped without one)."""
+        if self._done.is_set():
+            return
+        if reply is not None:
+            self.reply = Message(reply.op, _as_on_the_wire(reply.fields), dict(reply.tensors))
         self._done.set()
 
     def wait(self, timeout_s: float) -> Message | None:
         """The reply, its tensors copied (on the waiting thread), or None after ``timeout_s``."""
-        if not self._done.wait(timeout_s):
+        if not self._done.wait(timeout_s) or self.reply is None:
             return None
         return Message(self.reply.op, self.reply.fields, {k: np.array(v) for k, v in self.reply.tensors.items()})
 
@@ -84,6 +88,12 @@ class DirectLink:
         with self._lock:  # no tensor thread is sending on the socket being closed
             self._closed = True
             self._wake_send.close(0)
+        while True:  # requests no one will serve end now, not at their timeout
+            try:
+                slot, _ = self._requests.get_nowait()
+            except queue.Empty:
+                break
+            slot.answer(None)
         self._poller.unregister(self._wake_recv)
         self._wake_recv.close(0)
 

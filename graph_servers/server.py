@@ -35,12 +35,12 @@ from dorylus_py.pipeline.tasks import RelaunchPolicy
 from dorylus_py.platforms import InprocPlatform, LocalLambdaPlatform
 from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.weights.blocks import servers_of_layer, split, weight_blocks
+from graph_servers.direct import DirectLink, DirectSlot
 from graph_servers.graph_state import FusedInput, GraphState
 from graph_servers.pool import AutoPool
-from graph_servers.direct import DirectLink, DirectSlot
 from graph_servers.received import ALL_CHUNKS
-from graph_servers.usage import Usage
 from graph_servers.task_io import apply_result, check_result, task_rows
+from graph_servers.usage import Usage
 from graph_servers.wire import integer, peer_rows, task_event, task_of
 
 log = logging.getLogger("dorylus.graph_server")

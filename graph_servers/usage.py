@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+THREAD_CLOCKS = hasattr(time, "pthread_getcpuclockid")  # Linux and the BSDs; not macOS
+
 
 class Usage:
     def __init__(self):
@@ -34,18 +36,23 @@ class Usage:
 
     def on_graph_thread(self) -> None:
         """Called from the graph thread: from then on its CPU time is counted."""
-        if self._graph_clock is None:
+        if self._graph_clock is None and THREAD_CLOCKS:
             self._graph_clock = time.pthread_getcpuclockid(threading.get_ident())
 
     def epoch(self) -> dict:
-        """What was spent since the last call (on the loop thread)."""
+        """What was spent since the last call (on the loop thread, at each epoch's report: in async mode
+        the epochs overlap, so this is since the previous report). Requests of in-process workers
+        (``direct.py``) and messages to the driver cross no counted socket."""
         now = self._now()
         out = {k: round(v - self._last.get(k, 0), 4) for k, v in now.items()}
         self._last = now
         return out
 
     def _now(self) -> dict:
-        cpu = {"cpu_s": time.process_time(), "loop_cpu_s": time.clock_gettime(time.pthread_getcpuclockid(self._loop))}
+        cpu = {"cpu_s": time.process_time()}
+        if THREAD_CLOCKS:
+            cpu["loop_cpu_s"] = time.clock_gettime(time.pthread_getcpuclockid(self._loop))
         if self._graph_clock is not None:
             cpu["graph_cpu_s"] = time.clock_gettime(self._graph_clock)
-        return {"bytes": self.totals["bytes_sent"] + self.totals["bytes_received"], "messages": self.totals["messages"]} | cpu
+        return {"bytes": self.totals["bytes_sent"] + self.totals["bytes_received"],
+                "messages": self.totals["messages"]} | cpu

@@ -13,8 +13,11 @@ or the built-in one (``default_calibration.json``, measured here on a generated 
 - graph-server seconds per byte moved: the loop thread's CPU time over the bytes through its sockets
   (``metrics.jsonl``'s ``servers``: the loop thread signs, checks and copies every message). Bytes per
   epoch are counted from the model (``Workload.bytes_per_server``: the rows every task pulls and pushes,
-  and the ghost rows exchanged with the peers); at 10 M vertices about 10 GB a server and epoch, which
-  neither the Gather work nor the tasks' FLOPs account for;
+  and the ghost rows exchanged with the peers; GCN's, sync, unfused: async sends each chunk's gradient
+  contribution apart, several times the rows of the sum); at 10 M vertices about 11 GB a ``local``
+  server and epoch (3.6 GB on ``cpu``, whose tasks take their rows in-process), which neither the Gather
+  work nor the tasks' FLOPs account for. The rate is the loop's: calibrate on the backend you estimate
+  (an in-process calibration's loop also answers its tasks, so its rate per socket byte is higher);
 - billed / measured Lambda time, tasks per epoch per (graph server x chunk), start-up seconds, and a
   factor ``overlap`` that maps the sum of the busy parts onto the epoch time the run measured.
 
@@ -67,7 +70,7 @@ class Workload:
     edges: int
     dims: list[int]  # [features, hidden..., classes]
     cut: float | None = None  # fraction of the edges between partitions; None: hash's, (K - 1) / K
-    known_ghosts: float | None = None  # ghosts per graph server, where a prepared store counted them
+    known_ghosts: tuple[int, float] | None = None  # (graph servers, ghosts per server) a prepared store counted
 
     def tensor_units(self) -> float:
         return self.nodes * sum(a * b for a, b in zip(self.dims[:-1], self.dims[1:]))
@@ -80,8 +83,8 @@ class Workload:
         vertices of theirs as balls in bins (random graphs; a real graph's locality gives fewer)."""
         if servers < 2:
             return 0.0
-        if self.known_ghosts is not None:
-            return self.known_ghosts
+        if self.known_ghosts is not None and self.known_ghosts[0] == servers:
+            return self.known_ghosts[1]
         others = self.nodes * (servers - 1) / servers
         cut = (servers - 1) / servers if self.cut is None else self.cut
         return others * -math.expm1(-(self.edges / servers * cut) / others)
@@ -168,7 +171,7 @@ class Calibration:
         """(graph + tensor seconds per epoch before the overlap factor, summed tensor seconds)."""
         speed = vcpus(setup.instance) / vcpus(self.instance)
         graph = self.graph_s_per_unit * work.graph_units(setup.graph_servers) / speed
-        graph += self.io_s_per_byte * setup.bytes_per_server(work) / speed
+        graph += self.io_s_per_byte * setup.bytes_per_server(work)  # one loop thread: more vCPUs do not help
         tasks = self.tasks_per_server_chunk * setup.graph_servers * setup.chunks
         tensor_total = self.tensor_s_per_unit * work.tensor_units() + self.task_s * tasks
         if setup.backend in ("cpu", "gpu"):

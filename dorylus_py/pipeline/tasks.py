@@ -142,7 +142,8 @@ class TaskTracker:
         """``(key, attempt)`` of copies to launch now: for keys whose copies all failed, and for keys
         whose newest copy is overdue while fewer than ``max_copies`` run."""
         out = []
-        queue = self._queue() if self.workers else ([], [])
+        waiting = self.workers and any(t.attempts not in t.started for t in self.running.values())
+        queue = self._queue() if waiting else ([], [])
         for key, t in self.running.items():
             if len(t.in_flight) >= self.policy.max_copies or t.attempts >= self.policy.max_attempts:
                 continue

@@ -62,3 +62,23 @@ def test_a_request_after_close_gets_no_reply_at_once():
     t0 = time.monotonic()
     assert link.request(Message("pull_rows", {}), timeout_s=10) is None
     assert time.monotonic() - t0 < 1
+
+
+def test_close_ends_the_requests_waiting_and_the_first_answer_counts():
+    ctx, poller = zmq.Context.instance(), zmq.Poller()
+    link = DirectLink(ctx, poller)
+    got = []
+    t = threading.Thread(target=lambda: got.append(link.request(Message("pull_rows", {}), timeout_s=10)))
+    t0 = time.monotonic()
+    t.start()
+    while poller.poll(2000) == []:  # the request is queued
+        pass
+    link.close()
+    t.join(10)
+    assert got == [None] and time.monotonic() - t0 < 5
+    from graph_servers.direct import DirectSlot
+
+    slot = DirectSlot()
+    slot.answer(Message("ok", {}))
+    slot.answer(Message("error", {"reason": "later"}))
+    assert slot.wait(1).op == "ok"
