@@ -20,6 +20,8 @@ field ``loss_sum``; ``eval`` -> the field ``correct``.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -70,11 +72,37 @@ def run_task(ctx: TaskContext, rows: dict[str, torch.Tensor], weights: dict[str,
     raise TaskError(f"unknown task kind {ctx.kind!r}")
 
 
+class _RecentMasks:
+    """The last vertex masks this process drew, up to ``limit`` bytes: a layer's backward task needs the
+    mask its forward drew (the same rows, epoch and layer), and on ``cpu``/``gpu`` both run in the same
+    process (a warm Lambda keeps them too, when it gets both). Drawing a 25 k x 128 mask takes 4-5 ms."""
+
+    def __init__(self, limit: int = 64 << 20):
+        self.limit, self.masks, self.lock = limit, OrderedDict(), threading.Lock()
+
+    def get(self, key: tuple, draw) -> torch.Tensor:
+        with self.lock:
+            if key in self.masks:
+                self.masks.move_to_end(key)
+                return self.masks[key]
+        mask = draw()
+        with self.lock:
+            self.masks[key] = mask
+            while sum(m.numel() for m in self.masks.values()) > self.limit and len(self.masks) > 1:
+                self.masks.popitem(last=False)
+        return mask
+
+
+_MASKS = _RecentMasks()
+
+
 def _keep(ctx: TaskContext, p: torch.Tensor):
     if ctx.rate <= 0:
         return None
-    return dropout_keep_mask(ctx.id_start, ctx.id_start + p.shape[0], p.shape[1], ctx.rate, ctx.seed, ctx.epoch,
-                             ctx.layer).to(p.device)
+    key = (ctx.id_start, p.shape[0], p.shape[1], ctx.rate, ctx.seed, ctx.epoch, ctx.layer)
+    mask = _MASKS.get(key, lambda: dropout_keep_mask(ctx.id_start, ctx.id_start + p.shape[0], p.shape[1], ctx.rate,
+                                                       ctx.seed, ctx.epoch, ctx.layer))
+    return mask.to(p.device)
 
 
 def _forward(ctx, t, w) -> dict:

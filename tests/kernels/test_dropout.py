@@ -34,3 +34,22 @@ def test_applying_a_mask_on_the_cpu_gives_torchs_bits():
         fast, reference = apply_dropout(p, keep, rate), (p * keep).mul_(1.0 / (1.0 - rate))
         assert torch.equal(fast.view(torch.int32), reference.view(torch.int32))
     assert apply_dropout(p, None, 0.5) is p
+
+
+def test_a_backward_task_reuses_its_forwards_mask_and_the_cache_stays_bounded():
+    from dorylus_py.kernels.tasks import _RecentMasks
+
+    cache, drawn = _RecentMasks(limit=3 * 100 * 8), []
+
+    def draw(epoch):
+        def f():
+            drawn.append(epoch)
+            return dropout_keep_mask(0, 100, 8, 0.5, seed=1, epoch=epoch, layer=0)
+        return f
+
+    first = cache.get(("k", 1), draw(1))
+    assert cache.get(("k", 1), draw(1)) is first and drawn == [1]  # the backward's: not drawn again
+    assert torch.equal(first, dropout_keep_mask(0, 100, 8, 0.5, seed=1, epoch=1, layer=0))
+    for epoch in (2, 3, 4):
+        cache.get(("k", epoch), draw(epoch))
+    assert len(cache.masks) == 3 and ("k", 1) not in cache.masks  # the oldest went
