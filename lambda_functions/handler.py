@@ -116,7 +116,8 @@ def _pull_rows(event: dict, task: dict, gs: zmq.Socket, session: Session, contex
     cache = _row_cache_of(event)
     slot = (event["graph_server"], task.get("server"), task["chunk"])
     held = cache.held(slot) if cache is not None else {}
-    reply = _request(gs, Message("pull_rows", {"task": task} | ({"have": list(held)} if held else {})), session, context)
+    have = {"have": [token for token, _ in held.values()]} if held else {}
+    reply = _request(gs, Message("pull_rows", {"task": task} | have), session, context)
     tensors, static = dict(reply.tensors), reply.get("static") or {}
     if not isinstance(static, dict) or not all(isinstance(t, str) for t in static.values()):
         raise TaskAborted(f"pull_rows: malformed static rows {static!r:.100}")
@@ -124,8 +125,8 @@ def _pull_rows(event: dict, task: dict, gs: zmq.Socket, session: Session, contex
         if name in tensors:
             if cache is not None:
                 cache.keep(slot, name, token, tensors[name])
-        elif token in held:
-            tensors[name] = held[token]
+        elif name in held and held[name][0] == token:
+            tensors[name] = held[name][1]
         else:
             raise TaskAborted(f"pull_rows: {name!r} left out as held, but this container holds no rows {token!r:.40}")
     return reply, tensors

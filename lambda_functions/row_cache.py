@@ -37,14 +37,14 @@ class RowCache:
             self.cap = max(0, cap_bytes)
             self._evict()
 
-    def held(self, slot: Slot) -> dict[str, np.ndarray]:
-        """Token -> rows of what is held for ``slot``: references the caller keeps until its reply is in,
-        so an eviction meanwhile cannot take rows the graph server was told not to send."""
+    def held(self, slot: Slot) -> dict[str, tuple[str, np.ndarray]]:
+        """Tensor name -> (token, rows) of what is held for ``slot``: references the caller keeps until
+        its reply is in, so an eviction meanwhile cannot take rows the graph server was told not to send."""
         with self._lock:
             out = {}
-            for token in self._slots.get(slot, {}).values():
+            for name, token in self._slots.get(slot, {}).items():
                 self._rows.move_to_end(token)
-                out[token] = self._rows[token][2]
+                out[name] = (token, self._rows[token][2])
             return out
 
     def keep(self, slot: Slot, name: str, token: str, rows: np.ndarray) -> None:
