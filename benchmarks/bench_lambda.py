@@ -7,10 +7,12 @@ Groups of runs (``--only``):
 - ``fuse``: the fused last layer (``--fuse on``) against ``--fuse off``, sync and async S = 1, with 0 and
   20 ms Lambda latency;
 - ``pool``: fixed pools of 2, 4, 8 and 16 Lambdas against ``--lambdas auto``, with 0 and 20 ms latency;
-- ``bandwidth``: async S = 1 with each emulated Lambda's link capped at 200 Mbps against unlimited.
+- ``bandwidth``: async S = 1 with each emulated Lambda's link capped at 200 Mbps against unlimited, each
+  with the warm workers' static-row cache (the default) and without it (``--row-cache-mb 0``).
 
 Each row: median epoch (epochs 2..), tensor-task invocations per epoch, bytes the graph servers moved per
-epoch (sent + received, from their logs' ``end`` lines), Lambda GB-seconds and dollars per epoch (the
+epoch (sent + received: over the run, from their logs' ``end`` lines; and the median of epochs 2.., from
+``metrics.jsonl``'s ``servers``, where the cache holds every chunk's features already), Lambda GB-seconds and dollars per epoch (the
 project's cost model, `dorylus_py/cost/model.py`: servers priced as ``--as-instance``, Lambdas as
 billed), and the graph servers' largest peak RSS. Then the issue's targets as ratios. Runs of a group
 alternate with ``--repeats``; the table gives medians. A 2-core machine shared with other work is
@@ -35,13 +37,15 @@ from dorylus_py.cost.server_logs import server_rows
 
 SYNC, ASYNC = ["--mode", "sync"], ["--mode", "async", "--staleness", "1"]
 LATENCY = ["--lambda-latency-ms", "20"]
+NO_CACHE = ["--row-cache-mb", "0"]
 FUSE_MODES = {"sync": SYNC, "async": ASYNC, "sync 20 ms": [*SYNC, *LATENCY], "async 20 ms": [*ASYNC, *LATENCY]}
 GROUPS = {  # name -> rows of (label, flags)
     "fuse": [(f"{mode}, {label}", [*flags, "--fuse", fuse]) for mode, flags in FUSE_MODES.items()
              for label, fuse in (("fused", "on"), ("--fuse off", "off"))],
     "pool": [(f"{ms} ms, {n} Lambdas", [*SYNC, "--lambdas", str(n), "--lambda-latency-ms", str(ms)])
              for ms in (0, 20) for n in (2, 4, 8, 16, "auto")],
-    "bandwidth": [("async, unlimited", ASYNC), ("async, 200 Mbps", [*ASYNC, "--lambda-bandwidth-mbps", "200"])],
+    "bandwidth": [(f"async, {link}{label}", [*ASYNC, *flags, *cache]) for label, cache in (("", []), (", no cache", NO_CACHE))
+                  for link, flags in (("unlimited", []), ("200 Mbps", ["--lambda-bandwidth-mbps", "200"]))],
 }
 
 
@@ -61,6 +65,7 @@ def measure(parts: Path, out: Path, flags: list[str], epochs: int, prices: Price
     return {"epoch_s": statistics.median(m["epoch_s"] for m in metrics[1:]),
             "invocations": cost.lambda_requests / epochs,
             "mb": sum((r["sent MB"] or 0) + (r["received MB"] or 0) for r in graph) / epochs,
+            "mb_later": statistics.median(sum(s.get("bytes", 0) for s in m["servers"]) for m in metrics[1:]) / 1e6,
             "gb_s": cost.lambda_gb_seconds / epochs, "usd": cost.total_usd / epochs,
             "peak_mib": max(r["peak MiB"] or 0 for r in graph)}
 
@@ -83,10 +88,16 @@ def targets(res: dict[str, dict]) -> list[str]:
             cheapest = min(v["gb_s"] for v in fast)
             out.append(f"auto, {ms} ms: epoch {auto['epoch_s'] / best:.2f}x the best fixed pool's (target <= 1.1x), "
                        f"GB-s {auto['gb_s'] / cheapest:.2f}x the cheapest fixed pool within 10 % of it (target <= 1.1x)")
-    free, capped = res.get("async, unlimited"), res.get("async, 200 Mbps")
-    if free and capped:
-        out.append(f"200 Mbps: async epoch {capped['epoch_s'] / free['epoch_s']:.2f}x unlimited (target <= 1.3x); "
-                   f"{free['mb']:,.0f} MB moved per epoch")
+    for label in ("", ", no cache"):
+        free, capped = res.get(f"async, unlimited{label}"), res.get(f"async, 200 Mbps{label}")
+        if free and capped:
+            out.append(f"200 Mbps{label or ', row cache'}: async epoch {capped['epoch_s'] / free['epoch_s']:.2f}x "
+                       f"unlimited (target <= 1.3x); {capped['mb']:,.0f} MB moved per epoch over the run, "
+                       f"{capped['mb_later']:,.0f} MB in epochs 2..")
+    free = res.get("async, unlimited, no cache")
+    if free and (capped := res.get("async, 200 Mbps")):
+        out.append(f"200 Mbps with the row cache: async epoch {capped['epoch_s'] / free['epoch_s']:.2f}x unlimited "
+                   "without it")
     return out
 
 
@@ -110,7 +121,8 @@ def main() -> None:
     subprocess.run([py, "-m", "dorylus_py", "prepare", graph, "-k", "2", "--out", parts], check=True, capture_output=True)
     print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; K=2, 4 chunks per server, "
           f"{args.epochs} epochs; medians of {args.repeats} run(s); servers priced as {args.as_instance}")
-    print(f"{'run':<24}{'epoch s':>9}{'tasks/ep':>10}{'MB/ep':>9}{'GB-s/ep':>9}{'$/epoch':>11}{'GS peak MiB':>13}")
+    print(f"{'run':<34}{'epoch s':>9}{'tasks/ep':>10}{'MB/ep':>9}{'MB/ep 2..':>10}{'GB-s/ep':>9}{'$/epoch':>11}"
+          f"{'GS peak MiB':>13}")
     res: dict[str, dict] = {}
     for group in args.only:
         runs: dict[str, list[dict]] = {}
@@ -121,8 +133,8 @@ def main() -> None:
         for label, _ in GROUPS[group]:
             med = {k: statistics.median(m[k] for m in runs[label]) for k in runs[label][0]}
             res[label] = med
-            print(f"{label:<24}{med['epoch_s']:>9.3f}{med['invocations']:>10.1f}{med['mb']:>9,.0f}{med['gb_s']:>9.2f}"
-                  f"{med['usd']:>11.6f}{med['peak_mib']:>13,.0f}", flush=True)
+            print(f"{label:<34}{med['epoch_s']:>9.3f}{med['invocations']:>10.1f}{med['mb']:>9,.0f}{med['mb_later']:>10,.0f}"
+                  f"{med['gb_s']:>9.2f}{med['usd']:>11.6f}{med['peak_mib']:>13,.0f}", flush=True)
     print("\n".join(targets(res)))
     print(f"end: {load()}; the benchmark took {(time.perf_counter() - started) / 60:.1f} min")
 

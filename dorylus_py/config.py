@@ -64,6 +64,8 @@ class TrainConfig:
     lambda_cold_start_ms: float = 0.0  # local: the first invocation on each emulated worker waits this long
     lambda_memory_mb: int = 3008  # billed memory per Lambda (AWS bills GB-seconds)
     lambda_timeout_s: float = 60.0  # a Lambda's own time limit
+    row_cache_mb: int | None = None  # local/lambda: a warm worker keeps the feature rows it pulled, up to this
+    # (None: a quarter of --lambda-memory-mb; 0: off); cpu/gpu never cache (the rows are in the same process)
     lambda_function: str = ""  # lambda: the function's name or ARN (or the cluster file's "lambda_function")
     aws_region: str = ""  # lambda: region (default: the AWS chain's)
     aws_profile: str = ""  # lambda: credentials profile (default: the AWS chain's)
@@ -148,6 +150,14 @@ class TrainConfig:
                               f"--backend {self.backend}")
         at_least("--lambda-memory-mb", self.lambda_memory_mb, 128)
         above("--lambda-timeout-s", self.lambda_timeout_s, 0)
+        if self.row_cache_mb is not None:
+            at_least("--row-cache-mb", self.row_cache_mb, 0)
+            if self.row_cache_mb and self.backend not in ("local", "lambda"):
+                raise ConfigError(f"--row-cache-mb is for Lambda containers (--backend local or lambda); --backend "
+                                  f"{self.backend} runs tensor tasks inside the graph server, which has the rows")
+            if self.row_cache_mb >= self.lambda_memory_mb:
+                raise ConfigError(f"--row-cache-mb {self.row_cache_mb} leaves no room in a Lambda of "
+                                  f"--lambda-memory-mb {self.lambda_memory_mb}")
         if self.backend in ("cpu", "gpu"):
             self.check_device()
         if self.backend == "lambda" and not self.lambda_function:
@@ -227,6 +237,13 @@ class TrainConfig:
         if self.backend == "reference" or self.mode in DECENTRAL_MODES:
             return 0
         return 10 if self.checkpoint_every is None else self.checkpoint_every
+
+    def resolved_row_cache_mb(self) -> int:
+        """What each tensor worker may keep of the static rows it pulled (0: no cache): only Lambda
+        containers (local, lambda) cache; by default a quarter of their memory."""
+        if self.backend not in ("local", "lambda"):
+            return 0
+        return self.lambda_memory_mb // 4 if self.row_cache_mb is None else self.row_cache_mb
 
     def resolved_device(self) -> str:
         return self.device or ("cuda" if self.backend == "gpu" else "cpu")

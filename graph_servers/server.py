@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,9 +40,9 @@ from graph_servers.direct import DirectLink, DirectSlot
 from graph_servers.graph_state import FusedInput, GraphState
 from graph_servers.pool import AutoPool
 from graph_servers.received import ALL_CHUNKS
-from graph_servers.task_io import apply_result, check_result, task_rows
+from graph_servers.task_io import STATIC, apply_result, check_result, has_static, static_tokens, task_rows
 from graph_servers.usage import Usage
-from graph_servers.wire import integer, peer_rows, task_event, task_of
+from graph_servers.wire import held_tokens, integer, peer_rows, task_event, task_of
 
 log = logging.getLogger("dorylus.graph_server")
 
@@ -74,7 +75,8 @@ class GraphServer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)  # --threads: the sparse products' intra-op threads
         self.k = node.rank
-        part = PartitionStore.open(spec.data_dir).load(self.k)
+        store = PartitionStore.open(spec.data_dir)
+        part = store.load(self.k)
         self.model = spec_of(cfg, spec.dims)
         fused_last = fuses_last_layer(self.model.name, self.model.num_layers, cfg.fuse, cfg.backend,
                                       cfg.lambda_latency_ms)
@@ -84,6 +86,10 @@ class GraphServer:
         fused = FusedInput(cfg.dropout, cfg.seed, spec.id_offsets[self.k]) if fused_last else None
         self.state = GraphState(part, self.model, spec.chunk_counts, spec.feature_norm,
                                 spec.edge_offsets[self.k] if spec.edge_offsets else 0, fused, sync=spec.mode == "sync")
+        # the static rows' name per chunk, where workers cache them (task_io.py); no checksum: this start's own
+        features = store.manifest["parts"][self.k]["files"]["features.npy"].get("sha256") or os.urandom(16).hex()
+        self.static_tokens = static_tokens(self.state, json.dumps([features, part.feature_dtype, self.k])) \
+            if cfg.resolved_row_cache_mb() else None
         self.peers = {p: self._dealer(a) for p, a in enumerate(spec.graph_servers) if p != self.k}
         self.weight_servers = [self._dealer(a) for a in spec.weight_servers]
         self.blocks = weight_blocks(self.model.tensors(), len(spec.weight_servers))
@@ -168,11 +174,13 @@ class GraphServer:
             servers = [self.spec.weight_servers[w] for w in self.layer_servers[key.layer]] if weighted else []
             self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.curve, inst, servers))
         elif kind is ev.Serve:
-            rows = task_rows(self.state, inst.key)
-            (a, b), ((lo, _), (glo, _)) = self.state.chunk(inst.key.chunk), self.state.edge_runs(inst.key.chunk)
-            self._answer(request, Message("rows", {"start": a, "stop": b, "id_start": self.spec.id_offsets[self.k] + a,
-                                                   "edge_start": self.state.edge_offset + lo,
-                                                   "ghost_edge_start": self.state.edge_offset + glo}, rows))
+            key = inst.key
+            token = self.static_tokens[key.chunk] if self.static_tokens and has_static(key) else None
+            rows = task_rows(self.state, key, static_held=token is not None and token in held_tokens(msg.get("have")))
+            (a, b), ((lo, _), (glo, _)) = self.state.chunk(key.chunk), self.state.edge_runs(key.chunk)
+            fields = {"start": a, "stop": b, "id_start": self.spec.id_offsets[self.k] + a,
+                      "edge_start": self.state.edge_offset + lo, "ghost_edge_start": self.state.edge_offset + glo}
+            self._answer(request, Message("rows", fields | ({"static": {STATIC: token}} if token else {}), rows))
         elif kind is ev.Cancel:
             self._answer(request, Message("duplicate" if request[2] == "push_result" else "cancel", {"reason": inst.reason}))
         elif kind is ev.Accept:
@@ -211,7 +219,8 @@ class GraphServer:
         if msg.op == "pull_rows":
             require(msg, "task")
             key, attempt = task_of(msg["task"], s.layers, s.chunks, self.kinds)
-            self.feed(ev.TaskPulled(key, attempt, time.time()), request)
+            held_tokens(msg.get("have"))  # checked before the scheduler hears of the pull; Serve reads it
+            self.feed(ev.TaskPulled(key, attempt, time.time()), request, msg)
         elif msg.op == "push_result":
             require(msg, "task")
             key, attempt = task_of(msg["task"], s.layers, s.chunks, self.kinds)

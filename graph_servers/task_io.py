@@ -3,9 +3,17 @@
 Inputs and outputs per task kind are listed in ``dorylus_py/kernels/tasks.py``. Every result is checked
 against the model and the chunk (names, shapes, dtypes) before anything is written, so a wrong or
 hostile worker cannot corrupt the server's arrays.
+
+Static rows: layer 0's input ``P`` (the features) never changes in training and is the widest input
+(pulled by three tasks a chunk and epoch: the training forward, the evaluation forward and backward).
+A warm worker keeps it (``lambda_functions/row_cache.py``); the reply to a pull names it by a token,
+and leaves it out when the worker said it holds that token.
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
 
 import numpy as np
 
@@ -14,13 +22,30 @@ from dorylus_py.protocol import ProtocolError, require
 from graph_servers.graph_state import GraphState
 
 
-def task_rows(s: GraphState, key: TaskKey) -> dict[str, np.ndarray]:
+STATIC = "P"  # the name of the static rows in a layer-0 task's pull
+
+
+def static_tokens(s: GraphState, source: str) -> list[str]:
+    """Per chunk, a name for its static rows that changes whenever the rows would: ``source`` names the
+    partition's features (their checksum and dtype, the server's rank), then the chunk's bounds and
+    the feature normalisation. 128 bits: no two different blocks share one by chance."""
+    bounds = s.bounds.tolist()
+    return [hashlib.sha256(json.dumps([source, a, b, s.feature_norm]).encode()).hexdigest()[:32]
+            for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def has_static(key: TaskKey) -> bool:
+    return key.kind in ("fwd", "bwd") and key.layer == 0
+
+
+def task_rows(s: GraphState, key: TaskKey, static_held: bool = False) -> dict[str, np.ndarray]:
     """What a task pulls: the chunk's rows of its inputs (per-edge arrays over the chunk's in-edges, in
-    the state's numbering: the local block's, then the ghost block's, each run with its row pointers)."""
+    the state's numbering: the local block's, then the ghost block's, each run with its row pointers).
+    ``static_held``: the worker holds the static rows, which are then neither read nor sent."""
     kind, train, _, layer, chunk = key
     a, b = s.chunk(chunk)
     if kind in ("fwd", "bwd"):
-        out = {"P": s.input_rows(a, b) if layer == 0 else s.G[train][layer - 1][a:b]}
+        out = {} if static_held and layer == 0 else {"P": s.input_rows(a, b) if layer == 0 else s.G[train][layer - 1][a:b]}
         if kind == "bwd":
             out["dZ"] = s.dZ[layer][a:b]
             if s.model.self_term:

@@ -14,6 +14,8 @@ from dorylus_py.protocol.transport import Curve
 from graph_servers.received import ALL_CHUNKS
 
 MAX_INT = 2**53  # JSON integers beyond this are not exact in every reader
+MAX_HELD = 8  # static-row tokens a worker may name in one pull (it names those of the task's chunk: one today)
+MAX_TOKEN = 64  # characters of one token (ours are 32 hex digits)
 PHASES = ("fwd", "efwd", "bwd", "ebwd")  # what peers send: Z rows (training, evaluation), dZ and score-gradient parts
 
 
@@ -33,6 +35,7 @@ def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, inv:
         "negative_slope": cfg.negative_slope,
         "seed": cfg.seed,
         "num_train": spec.num_train,
+        "row_cache_mb": cfg.resolved_row_cache_mb(),
         "task": {"kind": key.kind, "train": key.train, "epoch": key.epoch, "layer": key.layer, "chunk": key.chunk,
                  "server": rank, "version": inv.version, "hold": list(inv.hold) if inv.hold else None,
                  "attempt": inv.attempt},
@@ -56,6 +59,17 @@ def task_of(task, layers: int, chunks: int, kinds: frozenset[str]) -> tuple[Task
     key = TaskKey(kind, train, integer(task.get("epoch"), "task epoch", 1), integer(task.get("layer"), "task layer", 0, layers),
                   integer(task.get("chunk"), "task chunk", 0, chunks))
     return key, integer(task.get("attempt", 1), "task attempt", 1)
+
+
+def held_tokens(value) -> frozenset[str]:
+    """The static-row tokens a worker says it holds (``pull_rows``'s optional ``have``). Only a match with
+    the server's own token counts, so a wrong one costs the worker its rows, never the server its state."""
+    if value is None:
+        return frozenset()
+    if (not isinstance(value, list) or len(value) > MAX_HELD
+            or not all(isinstance(t, str) and 0 < len(t) <= MAX_TOKEN for t in value)):
+        raise ProtocolError(f"have must be a list of at most {MAX_HELD} tokens of 1 to {MAX_TOKEN} characters")
+    return frozenset(value)
 
 
 def peer_rows(msg: Message, layers: int) -> tuple[str, int, int, int, int, int]:

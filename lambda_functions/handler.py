@@ -21,13 +21,15 @@ The event carries no secret.
 
 Event: ``{"curve_public_key", "graph_server", "weight_servers" (of the task's layer, its lead first; empty
 for tasks without weights), "model", "dropout", "attn_dropout", "negative_slope", "seed", "num_train",
-"device", "task": {"kind", "epoch", "layer", "chunk", "server", "version", "train", "attempt"}}``.
+"row_cache_mb", "device", "task": {"kind", "epoch", "layer", "chunk", "server", "version", "train", "attempt"}}``.
 The weights of a layer are spread over several weight servers by row block: the task asks the lead
 for its version (the newest, or the one it names) and every other server for that same version.
-Sockets are cached per process (and per thread), as a warm Lambda container keeps them. In the local
-emulator, ``context.bandwidth_mbps`` paces every message both ways (``link.py``). Run inside its graph
-server (``cpu``/``gpu``), the event carries ``direct`` (``graph_servers/direct.py``): the requests to
-that server go on its in-process queue instead of a socket.
+Sockets are cached per process (and per thread), as a warm Lambda container keeps them, and so are the
+input-feature rows it pulled, up to ``row_cache_mb`` (``row_cache.py``; 0 in a graph server's threads,
+which have the rows already): its next pull of the same chunk names them and gets them no more. In the
+local emulator, ``context.bandwidth_mbps`` paces every message both ways (``link.py``). Run inside its
+graph server (``cpu``/``gpu``), the event carries ``direct`` (``graph_servers/direct.py``): the requests
+to that server go on its in-process queue instead of a socket.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from dorylus_py.protocol import Message, ProtocolError, Session
 from dorylus_py.protocol.transport import Curve, dealer
 from dorylus_py.weights.blocks import join
 from lambda_functions.link import frame_bytes, link_of, wait_until
+from lambda_functions.row_cache import RowCache
 
 REQUEST_TIMEOUT_MS = 30_000  # no single answer takes longer (a dead server: the task is relaunched)
 SAFETY_MARGIN_MS = 500  # give up (and let the graph server relaunch) this close to the Lambda timeout
@@ -55,6 +58,7 @@ _req_ids = itertools.count()
 _addresses: dict[zmq.Socket, str] = {}  # each cached socket's server address
 _container: dict[str, Session] = {}  # this container's session, made at its cold start
 _container_lock = threading.Lock()
+_row_cache = RowCache()  # the static rows this container pulled, kept while it is warm
 
 
 class TaskAborted(RuntimeError):
@@ -91,8 +95,8 @@ def _run(event: dict, context, session: Session) -> dict:
         return _request_direct(direct, msg, context) if direct is not None else _request(gs, msg, session, context)
 
     _check_time(context)
-    rows = to_server(Message("pull_rows", {"task": task}))
-    t = {k: torch.from_numpy(np.array(v, copy=False)).to(device) for k, v in rows.tensors.items()}
+    rows, tensors = _pull_rows(event, task, to_server)
+    t = {k: torch.from_numpy(np.array(v, copy=False)).to(device) for k, v in tensors.items()}
     train = task.get("train", True)
     ctx = TaskContext(model=event["model"], kind=task["kind"], layer=task["layer"], epoch=task["epoch"],
                       seed=event["seed"], rate=float(event["dropout"]) if train else 0.0,
@@ -111,6 +115,36 @@ def _run(event: dict, context, session: Session) -> dict:
     _check_time(context)
     ack = to_server(Message("push_result", fields, {k: _np(v) for k, v in out.items()}))
     return {"status": ack.op}
+
+
+def _pull_rows(event: dict, task: dict, to_server) -> tuple[Message, dict]:
+    """The chunk's rows: the reply, and its tensors with the static rows this container holds put back
+    where the graph server left them out (it names them by token, ``row_cache.py``)."""
+    cache = _row_cache_of(event)
+    slot = (event["graph_server"], task.get("server"), task["chunk"])
+    held = cache.held(slot) if cache is not None else {}
+    have = {"have": [token for token, _ in held.values()]} if held else {}
+    reply = to_server(Message("pull_rows", {"task": task} | have))
+    tensors, static = dict(reply.tensors), reply.get("static") or {}
+    if not isinstance(static, dict) or not all(isinstance(t, str) for t in static.values()):
+        raise TaskAborted(f"pull_rows: malformed static rows {static!r:.100}")
+    for name, token in static.items():
+        if name in tensors:
+            if cache is not None:
+                cache.keep(slot, name, token, tensors[name])
+        elif name in held and held[name][0] == token:
+            tensors[name] = held[name][1]
+        else:
+            raise TaskAborted(f"pull_rows: {name!r} left out as held, but this container holds no rows {token!r:.40}")
+    return reply, tensors
+
+
+def _row_cache_of(event: dict) -> RowCache | None:
+    """This container's cache, sized as the event asks (``row_cache_mb``); None when that is 0."""
+    mb = event.get("row_cache_mb", 0)
+    mb = mb if isinstance(mb, int) and not isinstance(mb, bool) and mb > 0 else 0
+    _row_cache.resize(mb << 20)
+    return _row_cache if mb else None
 
 
 def _pull_weights(event: dict, task: dict, session: Session, curve: Curve | None, context) -> tuple[int, dict[str, torch.Tensor]]:

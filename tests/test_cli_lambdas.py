@@ -1,5 +1,5 @@
 """The Lambda pool flags (``--lambdas N|auto``, ``--lambdas-min``, ``--lambdas-max``,
-``--lambda-bandwidth-mbps``): parsed into the typed
+``--lambda-bandwidth-mbps``, ``--row-cache-mb``): parsed into the typed
 config, kept typed across processes (the job spec), shared out among graph servers, and every mistake one
 line with exit code 2."""
 
@@ -40,6 +40,10 @@ def test_auto_and_its_bounds_parse_into_the_config_and_survive_the_wire():
     (["--mode", "gossip", "--lambdas", "auto"], "--lambdas auto sizes Lambda pools"),
     (["--backend", "local", "--lambda-bandwidth-mbps", "-5"], "--lambda-bandwidth-mbps must be >= 0, got -5.0"),
     (["--backend", "cpu", "--lambda-bandwidth-mbps", "200"], "--lambda-bandwidth-mbps caps the links of emulated Lambdas"),
+    (["--backend", "local", "--row-cache-mb", "-1"], "--row-cache-mb must be >= 0, got -1"),
+    (["--backend", "gpu", "--row-cache-mb", "100"], "--row-cache-mb is for Lambda containers"),
+    (["--backend", "local", "--row-cache-mb", "512", "--lambda-memory-mb", "512"], "leaves no room in a Lambda"),
+    (["--row-cache-mb", "1.5"], "argument --row-cache-mb: invalid int value"),
 ])
 def test_pool_flag_mistakes_are_one_line_exit_2(tmp_path, capsys, argv, message):
     code = main(["train", "--out", str(tmp_path / "run"), "--epochs", "1", *argv])
@@ -53,4 +57,18 @@ def test_help_lists_the_pool_flags(capsys):
         main(["train", "--help"])
     out = capsys.readouterr().out
     assert "Lambda pool" in out and "--lambdas N|auto" in out and "--lambdas-max N" in out
-    assert "--lambda-bandwidth-mbps MBPS" in out
+    assert "--lambda-bandwidth-mbps MBPS" in out and "--row-cache-mb MB" in out
+
+
+def test_the_row_cache_is_on_for_lambda_containers_only_and_survives_the_wire():
+    assert config_of("--backend", "local").resolved_row_cache_mb() == 3008 // 4
+    assert config_of("--backend", "lambda", "--lambda-memory-mb", "1024").resolved_row_cache_mb() == 256
+    assert config_of("--backend", "local", "--row-cache-mb", "0").resolved_row_cache_mb() == 0
+    assert config_of("--backend", "cpu").resolved_row_cache_mb() == 0
+    assert config_of("--backend", "cpu", "--row-cache-mb", "0").resolved_row_cache_mb() == 0  # off is fine anywhere
+    cfg = config_of("--backend", "local", "--row-cache-mb", "64")
+    cfg.check()
+    spec = JobSpec(cfg, "parts", "none", [16, 4], [0, 10], [1, 1])
+    assert JobSpec.from_wire(spec.to_wire()).config.row_cache_mb == 64
+    with pytest.raises(ProtocolError, match="row_cache_mb"):
+        JobSpec.from_wire(spec.to_wire() | {"config": cfg.to_dict() | {"row_cache_mb": "64"}})

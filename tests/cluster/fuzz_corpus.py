@@ -81,7 +81,8 @@ def _authentic(role: str, rng: random.Random, values: list) -> Message:
     fields = {"req": rng.choice(["r", None, 5, v()])}
     tensors: dict = {}
     if op in ("pull_rows", "push_result"):
-        fields |= {"task": _task(rng, values), "version": rng.choice([0, -1, None, v()]), "loss_sum": v(), "correct": v()}
+        fields |= {"task": _task(rng, values), "version": rng.choice([0, -1, None, v()]), "loss_sum": v(), "correct": v(),
+                   "have": rng.choice([None, ["f" * 32], v(), [v()], ["t" * 65], ["t"] * 9])}  # static-row tokens
         tensors = {rng.choice(["Z", "dW", "dG"]): _array(rng, set())} if op == "push_result" else {}
     elif op == "ghosts":  # never a peer's well-formed rows: a source that is no peer, or rows that do not fit
         fields |= {"phase": rng.choice(["fwd", "efwd", "bwd", "up", v()]), "epoch": rng.choice([1, FAR, v()]),

@@ -1,10 +1,11 @@
 """Whole jobs with the Lambda optimisations of issue 14: the autotuned pool (``--lambdas auto``), capped
-Lambda bandwidth (``--lambda-bandwidth-mbps``), and
-what it must not change (sync mode still equals full-batch training)."""
+Lambda bandwidth (``--lambda-bandwidth-mbps``), the warm workers' static-row cache (``--row-cache-mb``),
+and what they must not change (sync mode still equals full-batch training)."""
 
 import json
 
 import numpy as np
+import pytest
 
 from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
@@ -50,3 +51,18 @@ def test_a_capped_link_changes_no_result_and_makes_tasks_take_the_time_their_byt
     need_s = rows_per_chunk * small_graph.features.shape[1] * 4 * 8 / 1e6  # a chunk's features, at 1 Mbps
     fwd0 = [r for r in rows(tmp_path, "slow") if r["kind"] == "fwd" and r["train"] and r["layer"] == 0 and r["ok"]]
     assert len(fwd0) >= 12 and min(r["billed_ms"] for r in fwd0) >= 0.9 * need_s * 1000, (need_s, fwd0)
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage"])
+def test_the_row_cache_changes_no_bit_and_sends_each_chunks_features_once(small_graph, tmp_path, model):
+    epochs, kw = 3, {"model": model, "dropout": 0.5}
+    cached = run(small_graph, tmp_path, "cached", epochs=epochs, **kw)  # one worker per graph server: it sees every chunk
+    uncached = run(small_graph, tmp_path, "uncached", epochs=epochs, row_cache_mb=0, **kw)
+    assert losses(cached) == losses(uncached)
+    assert [r["val_acc"] for r in cached.history] == [r["val_acc"] for r in uncached.history]
+    sent = {name: [sum(r["servers"][k]["bytes"] for r in result.history) for k in range(2)]
+            for name, result in (("cached", cached), ("uncached", uncached))}
+    features = small_graph.features.shape[1] * 4 * small_graph.num_nodes  # bytes of all the servers' rows
+    # uncached: three pulls of every chunk's features an epoch; cached: only the first
+    saved = sum(sent["uncached"]) - sum(sent["cached"])
+    assert saved == pytest.approx((3 * epochs - 1) * features, rel=0.05), sent
