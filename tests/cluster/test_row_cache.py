@@ -116,7 +116,7 @@ def test_the_worker_puts_its_held_rows_back_bit_for_bit(served, monkeypatch):
         sock = worker._socket(gs.node.address, None)
         try:
             for _ in range(2):
-                reply, tensors = worker._pull_rows(event, TASK, sock, client.session, None)
+                reply, tensors = worker._pull_rows(event, TASK, lambda msg: worker._request(sock, msg, client.session))
                 got.append((reply, {k: np.array(v) for k, v in tensors.items()}))
         finally:
             sock.close(0)

@@ -50,8 +50,8 @@ def _pull_with_reply(monkeypatch, cache, reply):
 
     sent = []
     monkeypatch.setattr(worker, "_row_cache", cache)
-    monkeypatch.setattr(worker, "_request", lambda sock, msg, *a: sent.append(msg) or reply)
-    _, tensors = worker._pull_rows({"graph_server": "tcp://gs", "row_cache_mb": 1}, {"chunk": 0, "server": 0}, None, None, None)
+    _, tensors = worker._pull_rows({"graph_server": "tcp://gs", "row_cache_mb": 1}, {"chunk": 0, "server": 0},
+                                   lambda msg: sent.append(msg) or reply)
     return tensors, sent[0]
 
 
