@@ -113,6 +113,9 @@ def add_cost(sub) -> None:
     c.add_argument("--lambdas", type=int, default=32, help="Lambdas at once (default 32)")
     c.add_argument("--lambda-memory-mb", type=int, default=d.lambda_memory_mb, help=f"default {d.lambda_memory_mb}")
     c.add_argument("--chunks", type=int, default=d.chunks, help=f"default {d.chunks}")
+    c.add_argument("--row-cache-mb", type=int, metavar="MB", help="local/lambda: each worker's feature-row cache; it "
+                   "saves the feature pulls only where it holds a graph server's features (default a quarter of "
+                   "--lambda-memory-mb)")
     c.add_argument("--tensor-threads", type=int, default=d.tensor_threads, help=f"cpu/gpu (default {d.tensor_threads})")
     c.add_argument("--epochs", type=int, default=d.epochs, help=f"default {d.epochs}")
     k = e.add_argument_group("calibration, prices and search")
@@ -164,6 +167,8 @@ def _run_cost_estimate(args) -> int:
         missing = [k for k, v in counts.items() if v is None]
         if missing:
             raise DorylusError(f"give --data, or all of --nodes --edges --features --classes (missing --{missing[0]})")
+    if args.row_cache_mb is not None and args.row_cache_mb < 0:
+        raise DorylusError(f"--row-cache-mb must be >= 0, not {args.row_cache_mb}")
     for name, value in [*counts.items(), *((k, getattr(args, k)) for k in (
             "layers", "hidden", "graph_servers", "weight_servers", "lambdas", "chunks", "epochs", "tensor_threads"))]:
         at_least(f"--{name.replace('_', '-')}", value, 1)
@@ -174,7 +179,7 @@ def _run_cost_estimate(args) -> int:
     cal = (Calibration.from_record(args.calibration, args.calibration_instance) if args.calibration
            else Calibration.default())
     setup = Setup(args.backend, args.graph_servers, args.weight_servers, args.as_instance, args.lambdas,
-                  args.lambda_memory_mb, args.chunks, args.epochs, args.tensor_threads)
+                  args.lambda_memory_mb, args.chunks, args.epochs, args.tensor_threads, args.row_cache_mb)
     print(f"graph: {work.nodes:,} vertices, {work.edges:,} edges, layers {work.dims}; {args.epochs} epochs; "
           f"prices {prices.region} ({prices.date}); calibration: {cal.source}")
     if not args.search:

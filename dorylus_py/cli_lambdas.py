@@ -35,6 +35,6 @@ def add_lambda_pool(parser: argparse.ArgumentParser, d) -> None:
                         "measured about 200 between a Lambda and an EC2 server; default 0: unlimited)")
     g.add_argument("--row-cache-mb", type=int, default=d.row_cache_mb, metavar="MB",
                    help="each warm tensor worker keeps the input-feature rows it pulled (the only rows that never "
-                        "change in training, and the widest), up to this many MB, least recently used out; the "
+                        "change in training, and the widest), up to this many MB (once full it keeps what it holds); the "
                         "graph server then does not send them to it again (default: a quarter of "
                         "--lambda-memory-mb; 0: off; the cpu and gpu backends never cache)")

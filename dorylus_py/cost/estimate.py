@@ -89,9 +89,10 @@ class Workload:
         cut = (servers - 1) / servers if self.cut is None else self.cut
         return others * -math.expm1(-(self.edges / servers * cut) / others)
 
-    def bytes_per_server(self, servers: int, chunks: int, in_process: bool = False) -> float:
+    def bytes_per_server(self, servers: int, chunks: int, in_process: bool = False, features_cached: float = 0.0) -> float:
         """Bytes through one graph server's sockets in an epoch (sent and received), GCN's Â(HW) order:
-        per vertex (unless the tasks run ``in_process``, the ``cpu``/``gpu`` backends), the training and evaluation forwards pull each layer's input and push its ``Z``, the
+        per vertex (unless the tasks run ``in_process``, the ``cpu``/``gpu`` backends; less the share
+        ``features_cached`` of the feature pulls, which warm workers answer themselves), the training and evaluation forwards pull each layer's input and push its ``Z``, the
         loss pulls the logits and pushes their gradient, evaluation pulls the logits, backward pulls
         each layer's input and ``dZ`` and pushes ``dG`` of the layer below; per ghost (and per vertex a
         peer holds as one, about as many), ``Z`` of every layer twice forward and one gradient back;
@@ -99,6 +100,7 @@ class Workload:
         d = self.dims
         per_vertex = 2 * sum(a + b for a, b in zip(d[:-1], d[1:])) + 3 * d[-1]  # forwards, loss, eval
         per_vertex += sum(d[l] + d[l + 1] + (d[l] if l else 0) for l in range(len(d) - 1))  # backward
+        per_vertex -= 3 * d[0] * features_cached  # the share of layer 0's pulls (two forwards, the backward) cached
         per_ghost = BYTES * 3 * sum(d[1:]) + POSITION_BYTES * 3 * (len(d) - 1)  # rows, and their positions
         weights = sum(a * b for a, b in zip(d[:-1], d[1:]))
         tasks = 0.0 if in_process else self.nodes / servers * (BYTES * per_vertex + LABEL_BYTES)
@@ -116,9 +118,20 @@ class Setup:
     chunks: int
     epochs: int
     tensor_threads: int = 2
+    row_cache_mb: int | None = None  # local/lambda workers' feature cache; None: the default, a quarter of memory
 
     def bytes_per_server(self, work: Workload) -> float:
-        return work.bytes_per_server(self.graph_servers, self.chunks, in_process=self.backend in ("cpu", "gpu"))
+        return work.bytes_per_server(self.graph_servers, self.chunks, in_process=self.backend in ("cpu", "gpu"),
+                                     features_cached=self.cached_features(work))
+
+    def cached_features(self, work: Workload) -> float:
+        """The share of feature pulls that warm workers answer from their cache (``--row-cache-mb``): all
+        where one worker holds its graph server's features, else the share its cache holds (a full cache
+        keeps what it has, ``lambda_functions/row_cache.py``)."""
+        if self.backend not in ("local", "lambda"):
+            return 0.0
+        cache_mb = self.memory_mb // 4 if self.row_cache_mb is None else self.row_cache_mb
+        return min(1.0, cache_mb * 2**20 / (work.nodes / self.graph_servers * work.dims[0] * BYTES))
 
 
 @dataclass(frozen=True)
@@ -206,7 +219,8 @@ def setup_of(config: dict, instance: str) -> Setup:
     lambdas = config.get("lambdas_max", 32) if lambdas == "auto" else lambdas  # an autotuned run: its bound
     return Setup(config.get("backend", "local"), int(config.get("graph_servers", 1)), int(config.get("weight_servers", 1)),
                  instance, int(lambdas), int(config.get("lambda_memory_mb", 3008)),
-                 int(config.get("chunks", 1)), int(config.get("epochs", 1)), int(config.get("tensor_threads", 2)))
+                 int(config.get("chunks", 1)), int(config.get("epochs", 1)), int(config.get("tensor_threads", 2)),
+                 config.get("row_cache_mb"))
 
 
 def workload_of(config: dict) -> Workload:
@@ -224,7 +238,7 @@ def search(cal: Calibration, work: Workload, base: Setup, prices: Prices, instan
     for backend, k, inst in itertools.product(("lambda", "cpu"), (1, 2, 4, 8, 16), instances):
         for lambdas in ((16, 32, 64, 128, 256) if backend == "lambda" else (0,)):
             setup = Setup(backend, k, base.weight_servers, inst, lambdas, base.memory_mb, base.chunks, base.epochs,
-                          base.tensor_threads)
+                          base.tensor_threads, base.row_cache_mb)
             rows.append(cal.estimate(work, setup, prices))
     return rows
 

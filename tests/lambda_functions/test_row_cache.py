@@ -1,5 +1,5 @@
-"""A warm worker's static-row cache: bounded by bytes, least recently used out, one block per chunk and
-tensor name (a new token for the same chunk replaces the old rows)."""
+"""A warm worker's static-row cache: bounded by bytes, once full it keeps what it holds, one block per
+chunk and tensor name (a new token for the same chunk replaces the old rows)."""
 
 import numpy as np
 import pytest
@@ -11,14 +11,17 @@ def rows(n: int, value: float = 0.0) -> np.ndarray:
     return np.full((n, 25), value, np.float32)  # n x 100 bytes
 
 
-def test_the_least_recently_used_rows_go_first_and_the_bytes_stay_under_the_cap():
+def test_a_full_cache_keeps_what_it_holds_so_a_cycle_of_chunks_still_hits():
     cache = RowCache(1000)
-    for chunk in range(3):
-        cache.keep(("gs", 0, chunk), "P", f"t{chunk}", rows(4, chunk))  # 400 bytes each
-    assert cache.nbytes == 800 and len(cache) == 2 and cache.held(("gs", 0, 0)) == {}
-    assert cache.held(("gs", 0, 1))["P"][0] == "t1"  # now the most recently used
-    cache.keep(("gs", 0, 3), "P", "t3", rows(4))
-    assert cache.held(("gs", 0, 2)) == {} and cache.held(("gs", 0, 1))["P"][0] == "t1" and cache.nbytes == 800
+    hits = 0
+    for epoch in range(3):  # chunks 0, 1, 2 come round every epoch; two fit
+        for chunk in range(3):
+            hits += bool(cache.held(("gs", 0, chunk)))
+            cache.keep(("gs", 0, chunk), "P", f"t{chunk}", rows(4, chunk))  # 400 bytes each
+    assert cache.nbytes == 800 and len(cache) == 2 and cache.held(("gs", 0, 2)) == {}
+    assert hits == 4  # chunks 0 and 1 in epochs 2 and 3 (least recently used out would hit none)
+    cache.resize(500)  # a smaller cap drops the oldest
+    assert cache.held(("gs", 0, 0)) == {} and cache.held(("gs", 0, 1))["P"][0] == "t1" and cache.nbytes == 400
 
 
 def test_a_new_token_replaces_the_slots_rows_and_oversized_rows_are_not_kept():
