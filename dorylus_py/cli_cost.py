@@ -167,8 +167,8 @@ def _run_cost_estimate(args) -> int:
         missing = [k for k, v in counts.items() if v is None]
         if missing:
             raise DorylusError(f"give --data, or all of --nodes --edges --features --classes (missing --{missing[0]})")
-    if args.row_cache_mb is not None and args.row_cache_mb < 0:
-        raise DorylusError(f"--row-cache-mb must be >= 0, not {args.row_cache_mb}")
+    if args.row_cache_mb is not None:
+        at_least("--row-cache-mb", args.row_cache_mb, 0)
     for name, value in [*counts.items(), *((k, getattr(args, k)) for k in (
             "layers", "hidden", "graph_servers", "weight_servers", "lambdas", "chunks", "epochs", "tensor_threads"))]:
         at_least(f"--{name.replace('_', '-')}", value, 1)

@@ -239,11 +239,7 @@ class TrainConfig:
         return 10 if self.checkpoint_every is None else self.checkpoint_every
 
     def resolved_row_cache_mb(self) -> int:
-        """What each tensor worker may keep of the static rows it pulled (0: no cache): only Lambda
-        containers (local, lambda) cache; by default a quarter of their memory."""
-        if self.backend not in ("local", "lambda"):
-            return 0
-        return self.lambda_memory_mb // 4 if self.row_cache_mb is None else self.row_cache_mb
+        return row_cache_mb(self.backend, self.lambda_memory_mb, self.row_cache_mb)
 
     def resolved_device(self) -> str:
         return self.device or ("cuda" if self.backend == "gpu" else "cpu")
@@ -281,3 +277,11 @@ class SynthConfig:
             raise ConfigError(f"--homophily must be in [0, 1], got {self.homophily}")
         if self.degree_exponent <= 1.0:
             raise ConfigError(f"--degree-exponent must be > 1, got {self.degree_exponent}")
+
+
+def row_cache_mb(backend: str, lambda_memory_mb: int, asked: int | None) -> int:
+    """What each tensor worker may keep of the static rows it pulled (0: no cache): only Lambda
+    containers (local, lambda) cache; by default (``asked`` None) a quarter of their memory."""
+    if backend not in ("local", "lambda"):
+        return 0
+    return lambda_memory_mb // 4 if asked is None else asked

@@ -23,7 +23,7 @@ or the built-in one (``default_calibration.json``, measured here on a generated 
 
 For a configuration: graph time per epoch = rate x work / server speed; tensor time per epoch = (rate x
 work + fixed cost x tasks) spread over the Lambdas (or each server's tensor threads); bytes time = rate x
-bytes / server speed; epoch = idle x chunks + overlap x (graph + tensor + bytes); wall = start-up + epochs
+bytes (one loop thread: not scaled by vCPUs); epoch = idle x chunks + overlap x (graph + tensor + bytes); wall = start-up + epochs
 x epoch. Measured here (2 cores, shared):
 calibrated on 200 k vertices / 4 M edges, the model predicts 2 M / 40 M within the errors printed by
 ``benchmarks/bench_scale.py`` (README), where a purely proportional model was off by +200 % (``cpu``). Cost is priced as ``cost/model.py`` prices a record: server-hours,
@@ -42,6 +42,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from importlib import resources
 
+from dorylus_py.config import row_cache_mb
 from dorylus_py.cost.model import Prices, read_record
 from dorylus_py.errors import ConfigError, DataError
 
@@ -92,8 +93,8 @@ class Workload:
     def bytes_per_server(self, servers: int, chunks: int, in_process: bool = False, features_cached: float = 0.0) -> float:
         """Bytes through one graph server's sockets in an epoch (sent and received), GCN's Â(HW) order:
         per vertex (unless the tasks run ``in_process``, the ``cpu``/``gpu`` backends; less the share
-        ``features_cached`` of the feature pulls, which warm workers answer themselves), the training and evaluation forwards pull each layer's input and push its ``Z``, the
-        loss pulls the logits and pushes their gradient, evaluation pulls the logits, backward pulls
+        ``features_cached`` of the feature pulls, which warm workers answer themselves), the training
+        and evaluation forwards pull each layer's input and push its ``Z``, the loss pulls the logits and pushes their gradient, evaluation pulls the logits, backward pulls
         each layer's input and ``dZ`` and pushes ``dG`` of the layer below; per ghost (and per vertex a
         peer holds as one, about as many), ``Z`` of every layer twice forward and one gradient back;
         per chunk, the gradients forwarded to the weight servers."""
@@ -128,9 +129,7 @@ class Setup:
         """The share of feature pulls that warm workers answer from their cache (``--row-cache-mb``): all
         where one worker holds its graph server's features, else the share its cache holds (a full cache
         keeps what it has, ``lambda_functions/row_cache.py``)."""
-        if self.backend not in ("local", "lambda"):
-            return 0.0
-        cache_mb = self.memory_mb // 4 if self.row_cache_mb is None else self.row_cache_mb
+        cache_mb = row_cache_mb(self.backend, self.memory_mb, self.row_cache_mb)
         return min(1.0, cache_mb * 2**20 / (work.nodes / self.graph_servers * work.dims[0] * BYTES))
 
 
