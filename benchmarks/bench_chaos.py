@@ -49,7 +49,8 @@ def victim(root: psutil.Process, what: tuple[str, int]) -> psutil.Process:
     servers = [p for p in root.children() if "--rank" in p.cmdline()]
     if role == "lambda":  # a worker of graph server `rank`
         gs = next(p for p in servers if "graph_servers" in p.cmdline() and p.cmdline()[-1] == str(rank))
-        return next(p for p in gs.children() if "spawn_main" in " ".join(p.cmdline()))
+        return next(w for fs in gs.children() if "multiprocessing.forkserver" in " ".join(fs.cmdline())
+                    for w in fs.children())  # forked by the server's fork server (platforms/local.py)
     return next(p for p in servers if role in p.cmdline() and p.cmdline()[-1] == str(rank))
 
 

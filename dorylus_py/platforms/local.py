@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import queue
 import random
+import select
 import threading
 import time
 from multiprocessing.connection import wait
@@ -56,8 +58,6 @@ def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, 
 
 def _worker_main(conn, cold_start_ms: float, key_hex: str) -> None:
     """A warm container: import once, then run invocations one at a time until the pipe closes."""
-    import os
-
     import torch
 
     from dorylus_py.jobkey import KEY_ENV
@@ -65,10 +65,8 @@ def _worker_main(conn, cold_start_ms: float, key_hex: str) -> None:
     if key_hex:  # else the one this process inherited
         os.environ[KEY_ENV] = key_hex
 
-    from dorylus_py.cluster.node import exit_with_parent
-
     torch.set_num_threads(1)  # one vCPU-ish per emulated Lambda; many run at once
-    exit_with_parent(0)
+    _exit_when_closed(conn)
     import lambda_functions.handler  # noqa: F401  (import torch and the kernels once, as a warm container)
 
     conn.send("ready")
@@ -82,6 +80,31 @@ def _worker_main(conn, cold_start_ms: float, key_hex: str) -> None:
             time.sleep(cold_start_ms / 1000)
             cold = False
         conn.send(_invoke(*job))
+
+
+def _exit_when_closed(conn) -> None:
+    """Exit as soon as the graph server's end of ``conn`` is gone (it died, even by ``kill -9``). Not by
+    watching the parent: that is the fork server, which lives as long as any worker it forked holds
+    its lifeline, so each would wait for the other."""
+    def watch() -> None:
+        p = select.poll()
+        p.register(conn.fileno(), 0)  # no events asked for: poll reports only a hang-up or an error
+        while not p.poll():
+            pass
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-graph-server", daemon=True).start()
+
+
+def _worker_context():
+    """Workers fork from a server process that imported torch and the handler once (the first worker's
+    start), not from this process: no zmq contexts or torch thread pools are forked, and a new worker is
+    ready in milliseconds instead of the second of CPU an import of torch takes, which a growing pool
+    (``--lambdas auto``) would take from the job on the same cores. A container's cold start is
+    ``cold_start_ms``, not this machine's import time."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "lambda_functions.handler"])
+    return ctx
 
 
 class _Worker:
@@ -110,7 +133,7 @@ class LocalLambdaPlatform(Platform):
         self.rng = random.Random(seed)
         self.replaced = 0  # workers that died and were replaced
         self.size = max(1, concurrency)  # workers asked for
-        self._ctx = multiprocessing.get_context("spawn")  # no forked zmq contexts or torch thread pools
+        self._ctx = _worker_context()
         self._pending: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_recv, self._wake_send = self._ctx.Pipe(duplex=False)
         self._closed = threading.Event()
@@ -208,6 +231,8 @@ class LocalLambdaPlatform(Platform):
         self._done.put(Completion(task, self.name, start, end, billed_ms(run_s), self.memory_mb, ok, err))
 
     def _replace(self, w: _Worker) -> None:
+        # (a worker's sentinel is its fork server's status pipe: were the fork server killed, every worker
+        # would look dead and be replaced, each closing its pipe, so none is left behind)
         if w in self._parked:  # nothing to replace: a parked worker is in no pool
             self._parked.remove(w)
             w.conn.close()

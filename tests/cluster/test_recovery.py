@@ -88,7 +88,8 @@ def losses(result):
 def test_a_killed_lambda_worker_is_replaced_and_the_run_is_unchanged(parts, undisturbed, tmp_path):
     job = Running(config(lambda_latency_ms=100), parts, tmp_path / "run")  # workers are busy nearly all the time
     job.wait_for_epoch(2)
-    workers = [p for p in server("graph_servers", 1).children() if "spawn_main" in " ".join(p.cmdline())]
+    workers = [w for fs in server("graph_servers", 1).children() if "multiprocessing.forkserver" in " ".join(fs.cmdline())
+               for w in fs.children()]  # forked by the server's fork server (platforms/local.py)
     assert len(workers) == 2  # --lambdas 4 shared by 2 graph servers
     assert all(w.environ().get("THP_MEM_ALLOC_ENABLE") == "1" for w in workers)  # huge pages, from their server
     os.kill(workers[0].pid, signal.SIGKILL)
