@@ -21,8 +21,8 @@ class AutoPool:
 
     @classmethod
     def of(cls, spec: JobSpec, platform: Platform, rank: int, tasks_per_epoch: int) -> AutoPool | None:
-        """A tuner for this server's pool under ``--lambdas auto`` (None otherwise), its windows about
-        half an epoch of tasks long."""
+        """A tuner for this server's pool under ``--lambdas auto`` (None otherwise), its windows an epoch
+        long."""
         if spec.config.lambdas != "auto" or not platform.resizable:
             return None
         start, low, high = spec.config.lambdas_per_server(len(spec.graph_servers))
@@ -38,7 +38,7 @@ class AutoPool:
     def tick(self, graph_running: bool, epoch: int) -> dict | None:
         """Measure the pool; on a decision, resize it and return the ``tasks.jsonl`` row saying so."""
         load, now, before = self.platform.load(), time.time(), self.tuner.size
-        decision = self.tuner.sample(now, load.ready, load.waiting, load.busy, graph_running)
+        decision = self.tuner.sample(now, load.ready, load.waiting, load.busy, graph_running, epoch)
         if decision is None:
             return None
         self.platform.resize(decision.size)

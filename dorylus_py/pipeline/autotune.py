@@ -1,32 +1,35 @@
 """Sizing a graph server's pool of tensor workers from what it measures (``--lambdas auto``).
 
 Pure: no clocks, sockets or processes. The graph server tells it, at every tick, how the pool stands
-(workers ready, the size asked for, tasks waiting for a worker, workers busy) and whether a graph
-stage is running, and, for every finished task, its kind and run time. It answers with a
+(workers ready, tasks waiting for a worker, workers busy), whether a graph stage is running and which
+epoch its pipeline is in, and, for every finished task, its kind and run time. It answers with a
 :class:`Resize` or nothing.
 
-Time is cut into windows (at least ``window_s`` long and ``min_tasks`` finished tasks). At the end of
-each window, with time-weighted averages over it:
+Time is cut into windows of whole epochs (a window ends at the first epoch boundary after ``min_tasks``
+tasks finished), so that windows hold the same work and their lengths compare. The first window (the
+job's warm-up) decides nothing, nor does one in which the pool spent more than a tenth of the time
+away from the size asked for (workers starting or stopping). At the end of each other window, with
+time-weighted averages over it:
 
 - **grow** while tasks wait for a worker and the graph stages idle (the tensor side is the
-  bottleneck): to the smallest size that takes the most tasks wanted at once through the pool in one
-  round fewer (tasks come in waves: a sync stage launches every chunk's task at once, and 6 workers
-  take 8 tasks no faster than 4 do);
-- **keep a growth only if it paid**: the next window's throughput (tasks finished per second, each
-  counted at its kind's run time before the growth, so windows with other mixes of kinds compare) is
-  set against the window's before. A growth that raised it by less than ``min_gain`` bought billed
-  seconds and little else (tasks only got slower, sharing the same cores, the same graph server or the
-  same network): the pool goes back, and that size is not tried again for ``hold`` windows (doubling
-  each time it fails again);
+  bottleneck): to twice the size, but never past the most tasks wanted at once (busy plus waiting).
+  Doubling, not a step at a time: tasks come in waves (a sync stage launches every chunk's task at
+  once), and 3 workers take a wave of 4 no faster than 2 do, so a single step can look useless where
+  two would pay;
+- **keep a growth only if it paid**: the work rate of the second settled window after it (tasks
+  finished per second, each counted at its kind's run time before the growth) is set against the
+  window's before; the first is left out, as new workers' first tasks fill their caches (at 200 k vertices, 20 ms of
+  latency, 2 -> 4 workers a server: the first epoch after was no faster, the ones after 15 % faster).
+  A growth that raised it by less than ``min_gain`` bought billed seconds and little else (tasks only
+  got slower, sharing the same cores, the same graph server or the same network): the pool goes
+  back, and that size is not tried again for ``hold`` windows (doubling each time it fails again);
 - **shrink** while workers idle: down to the most workers that were ever wanted at once (busy plus
-  waiting) in the window;
-- a rule acts only after it held for ``patience`` windows in a row (hysteresis), and nothing is
-  decided while a resize is still under way (new workers starting).
+  waiting) in the window, after ``patience`` windows in a row (hysteresis: a growth needs one window,
+  as it is on probation anyway).
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -35,13 +38,13 @@ from dataclasses import dataclass, field
 class TunerPolicy:
     low: int = 1  # fewest workers
     high: int = 16  # most workers
-    window_s: float = 0.5  # a window lasts at least this long ...
-    min_tasks: int = 8  # ... and sees at least this many tasks finish
-    patience: int = 2  # windows in a row a rule must hold before it acts
+    min_tasks: int = 8  # a window ends at the first epoch boundary after this many tasks finished
+    patience: int = 2  # windows in a row workers must idle before the pool shrinks
     wait_threshold: float = 0.1  # tasks waiting for a worker, on average, that call for more workers
     graph_idle: float = 0.5  # ... while graph stages run less than this fraction of the time
-    min_gain: float = 0.1  # a growth is kept if throughput rose by at least this fraction
-    hold: int = 10  # windows during which a size that did not pay is not tried again (doubling per failure)
+    min_gain: float = 0.1  # a growth is kept if the work rate rose by at least this fraction
+    hold: int = 20  # windows during which a size that did not pay is not tried again (doubling per failure)
+    unsettled: float = 0.1  # a window decides nothing if the pool was off its size this fraction of it
 
 
 @dataclass(frozen=True)
@@ -53,9 +56,11 @@ class Resize:
 @dataclass
 class _Window:
     start: float
+    epoch: int
     wait: float = 0.0  # integral of tasks waiting for a worker over time
     idle: float = 0.0  # integral of idle workers
     graph: float = 0.0  # time a graph stage ran
+    off_size: float = 0.0  # time the pool had fewer or more workers ready than asked for
     wanted: int = 0  # most workers wanted at once (busy + waiting)
     runs: dict = field(default_factory=lambda: defaultdict(list))  # kind -> run seconds
 
@@ -71,9 +76,10 @@ class PoolTuner:
     def __post_init__(self):
         self.size = min(self.policy.high, max(self.policy.low, self.size))
         self.window: _Window | None = None
+        self.windows = 0  # windows ended so far
         self.last: tuple | None = None  # (now, ready, waiting, busy, graph_running) of the previous sample
-        self.grow_votes = self.shrink_votes = 0
-        self.trial: tuple[int, int, dict] | None = None  # a growth on probation: (from, to, run times before)
+        self.shrink_votes = 0
+        self.trial: tuple | None = None  # a growth on probation: (from, to, run times before, rate before, judged once)
         self.ceiling = self.policy.high
         self.ceiling_windows = 0
         self.failed_trials = 0  # in a row: each doubles how long a size that did not pay is left alone
@@ -86,27 +92,30 @@ class PoolTuner:
         if self.window is not None:
             self.window.runs[kind].append(run_s)
 
-    def sample(self, now: float, ready: int, waiting: int, busy: int, graph_running: bool) -> Resize | None:
+    def sample(self, now: float, ready: int, waiting: int, busy: int, graph_running: bool,
+               epoch: int) -> Resize | None:
         """The pool now: ``ready`` workers (of ``size`` asked for), ``waiting`` tasks without a worker,
-        ``busy`` workers running one; ``graph_running``: a graph stage runs on the server."""
+        ``busy`` workers running one; ``graph_running``: a graph stage runs on the server; ``epoch``:
+        the oldest epoch the server's pipeline is still in."""
         if self.window is None:
-            self.window = _Window(now)
+            self.window = _Window(now, epoch)
         elif self.last is not None:
             t, r, w, b, g = self.last
             dt = max(0.0, now - t)
             self.window.wait += w * dt
             self.window.idle += max(0, r - b) * dt
             self.window.graph += dt if g else 0.0
+            self.window.off_size += dt if r != self.size else 0.0
         self.window.wanted = max(self.window.wanted, busy + waiting)
         self.last = (now, ready, waiting, busy, graph_running)
-        if ready != self.size:  # workers still starting (or stopping): measure nothing yet
-            self.window = _Window(now)
+        if epoch <= self.window.epoch or self.window.tasks() < self.policy.min_tasks:
             return None
-        span = now - self.window.start
-        if span < self.policy.window_s or self.window.tasks() < self.policy.min_tasks:
-            return None
-        decision = self._decide(self.window, span)
-        self.window = _Window(now)
+        w, self.window = self.window, _Window(now, epoch)
+        span = now - w.start
+        self.windows += 1
+        if self.windows == 1 or span <= 0 or w.off_size > self.policy.unsettled * span:
+            return None  # the warm-up, or workers starting: nothing to compare
+        decision = self._decide(w, span)
         if decision is not None:
             self.size = decision.size
             self.decisions.append(decision)
@@ -123,24 +132,26 @@ class PoolTuner:
                 self.ceiling = p.high
         means = {k: sum(v) / len(v) for k, v in w.runs.items()}
         if self.trial is not None:
-            before_size, after_size, before_means, before_rate = self.trial
+            before_size, after_size, before_means, before_rate, settled = self.trial
+            if not settled:  # the new workers' first tasks fill their caches: the next window says
+                self.trial = (before_size, after_size, before_means, before_rate, True)
+                return None
             self.trial = None
             gain = _work_rate(w.runs, before_means, span) / before_rate if before_rate > 0 else None
             if gain is not None and gain < 1 + p.min_gain:
                 self.ceiling, self.ceiling_windows = before_size, p.hold * 2 ** min(self.failed_trials, 3)
                 self.failed_trials += 1
-                self.grow_votes = self.shrink_votes = 0
+                self.shrink_votes = 0
                 return Resize(before_size, f"growing to {after_size} raised throughput only {gain:.2f}x")
             self.failed_trials = 0
         waiting, idle, graph = w.wait / span, w.idle / span, w.graph / span
-        self.grow_votes = self.grow_votes + 1 if waiting >= p.wait_threshold and graph < p.graph_idle else 0
         self.shrink_votes = self.shrink_votes + 1 if idle >= 1.0 and w.wanted < self.size else 0
-        if self.grow_votes >= p.patience and self.size < limit:
-            self.grow_votes = 0
-            rounds = math.ceil(w.wanted / self.size)  # tasks wanted at once go through the pool in rounds
-            size = min(limit, math.ceil(w.wanted / max(1, rounds - 1)))  # never more than doubles
-            self.trial = (self.size, size, means, _work_rate(w.runs, means, span))
-            return Resize(size, f"{waiting:.1f} tasks waited for a worker, graph busy {graph:.0%}")
+        if waiting >= p.wait_threshold and graph < p.graph_idle and self.size < limit:
+            size = min(limit, w.wanted, 2 * self.size)
+            if size > self.size:
+                self.trial = (self.size, size, means, _work_rate(w.runs, means, span), False)
+                return Resize(size, f"{waiting:.1f} tasks waited for a worker (at most {w.wanted} wanted at once), "
+                                    f"graph busy {graph:.0%}")
         if self.shrink_votes >= p.patience and self.size > p.low:
             self.shrink_votes = 0
             size = max(p.low, w.wanted)

@@ -9,86 +9,104 @@ from dorylus_py.pipeline.autotune import PoolTuner, Resize, TunerPolicy
 
 def window(t: PoolTuner, start: float, *, ready=None, waiting=0, busy=0, graph=False, runs=(("fwd", 0.1),) * 8,
            span=1.0):
-    """Feed one window: a sample at ``start`` and one at ``start + span``, tasks finished between."""
+    """Feed one window, epoch ``int(start)``: a sample at ``start`` and one at ``start + span`` in the next
+    epoch, tasks finished between."""
     ready = t.size if ready is None else ready
-    assert t.sample(start, ready, waiting, busy, graph) is None or start == 0
+    epoch = int(start)
+    assert t.sample(start, ready, waiting, busy, graph, epoch) is None or start == 0
     for kind, s in runs:
         t.finished(kind, s)
-    return t.sample(start + span, ready, waiting, busy, graph)
+    return t.sample(start + span, ready, waiting, busy, graph, epoch + 1)
 
 
-def test_grows_only_after_tasks_waited_for_two_windows_while_the_graph_idled():
+def test_the_warm_up_window_decides_nothing_and_a_growth_needs_one_window_of_waiting_tasks():
     t = PoolTuner(2, TunerPolicy(low=1, high=8))
-    t.sample(0.0, 2, 3, 2, False)
-    assert window(t, 0.0, waiting=3, busy=2) is None  # one window: not yet (hysteresis)
+    assert window(t, 0.0, waiting=3, busy=2) is None  # the job's first epoch: warm-up
     d = window(t, 1.0, waiting=3, busy=2)
-    # 5 tasks wanted at once go through 2 workers in 3 rounds; 3 workers take them in 2
-    assert d == Resize(3, d.reason) and "3.0 tasks waited" in d.reason and t.size == 3
+    assert d == Resize(4, d.reason) and "3.0 tasks waited" in d.reason and "at most 5 wanted" in d.reason
+    assert t.size == 4
 
 
-def test_grows_to_the_smallest_size_that_saves_a_round():
-    t = PoolTuner(4, TunerPolicy(low=1, high=16))
-    window(t, 0.0, waiting=4, busy=4)
-    assert window(t, 1.0, waiting=4, busy=4).size == 8  # 8 wanted: one round instead of two
-    t = PoolTuner(2, TunerPolicy(low=1, high=16))
-    window(t, 0.0, waiting=14, busy=2)
-    assert window(t, 1.0, waiting=14, busy=2).size == 3  # 16 wanted: 7 rounds instead of 8
-    t = PoolTuner(3, TunerPolicy(low=1, high=16))
-    window(t, 0.0, waiting=9, busy=3)
-    assert window(t, 1.0, waiting=9, busy=3).size == 4  # 12 wanted: 3 rounds instead of 4
+def test_grows_to_twice_its_size_but_never_past_the_tasks_wanted_at_once():
+    for size, waiting, grown in ((4, 4, 8), (2, 14, 4), (3, 9, 6), (4, 1, 5), (1, 3, 2)):
+        t = PoolTuner(size, TunerPolicy(low=1, high=16))
+        window(t, 0.0, waiting=waiting, busy=size)
+        assert window(t, 1.0, waiting=waiting, busy=size).size == grown, (size, waiting)
+    t = PoolTuner(7, TunerPolicy(low=1, high=8))
+    window(t, 0.0, waiting=9, busy=7)
+    assert window(t, 1.0, waiting=9, busy=7).size == 8  # never past high
 
 
-def test_does_not_grow_while_the_graph_stages_are_the_bottleneck():
+def test_does_not_grow_while_the_graph_stages_are_the_bottleneck_nor_when_no_size_saves_a_round():
     t = PoolTuner(2, TunerPolicy(low=1, high=8))
     for i in range(5):
         assert window(t, float(i), waiting=3, busy=2, graph=True) is None
     assert t.size == 2
+    t = PoolTuner(7, TunerPolicy(low=1, high=8))  # tasks waited (workers were slow to take them), but at
+    for i in range(2):  # most 5 were wanted at once: 7 workers take them all already
+        assert window(t, float(i), waiting=1, busy=4) is None
+    assert t.size == 7
 
 
 def test_a_growth_that_only_slowed_tasks_is_undone_and_not_retried_for_a_while():
     t = PoolTuner(2, TunerPolicy(low=1, high=8, hold=3))
     window(t, 0.0, waiting=2, busy=2)
     assert window(t, 1.0, waiting=2, busy=2).size == 4
-    # twice the workers, twice the run time: as many tasks a second, for twice the billed seconds
-    d = window(t, 2.0, waiting=0, busy=4, runs=(("fwd", 0.2),) * 8)
+    # twice the workers, twice the run time: as many tasks a second, for twice the billed seconds (the
+    # first window after a growth is left out: new workers' first tasks fill their caches)
+    assert window(t, 2.0, waiting=0, busy=4, runs=(("fwd", 0.4),) * 8) is None
+    d = window(t, 3.0, waiting=0, busy=4, runs=(("fwd", 0.2),) * 8)
     assert d.size == 2 and "raised throughput only 1.00x" in d.reason
-    for i in range(3, 6):  # held: tasks wait, but 4 is not tried again yet
+    for i in range(4, 7):  # held: tasks wait, but 4 is not tried again yet
         assert window(t, float(i), waiting=2, busy=2) is None
-    assert window(t, 6.0, waiting=2, busy=2).size == 4  # the hold is over
+    assert window(t, 7.0, waiting=2, busy=2).size == 4  # the hold is over
+
+
+def test_a_growth_that_paid_only_after_its_first_window_is_kept():
+    t = PoolTuner(2, TunerPolicy(low=1, high=8))
+    window(t, 0.0, waiting=2, busy=2)
+    assert window(t, 1.0, waiting=2, busy=2).size == 4
+    assert window(t, 2.0, waiting=0, busy=4, runs=(("fwd", 0.3),) * 8) is None  # new workers warming: slow
+    assert window(t, 3.0, waiting=0, busy=4, span=0.8) is None and t.size == 4
 
 
 def test_a_growth_that_paid_is_kept():
     t = PoolTuner(2, TunerPolicy(low=1, high=8))
     window(t, 0.0, waiting=2, busy=2)
     assert window(t, 1.0, waiting=2, busy=2).size == 4
-    # twice the tasks a second (though each ran a little slower), and another kind too
-    assert window(t, 2.0, waiting=0, busy=4, runs=(("fwd", 0.12),) * 16 + (("bwd", 0.3),) * 2) is None
+    # the epoch took half as long (though each task ran a little slower), and another kind ran too
+    window(t, 2.0, waiting=0, busy=4)
+    assert window(t, 3.0, waiting=0, busy=4, runs=(("fwd", 0.12),) * 8 + (("bwd", 0.3),) * 1, span=0.5) is None
     assert t.size == 4
 
 
-def test_shrinks_to_what_was_wanted_while_workers_idle():
+def test_shrinks_to_what_was_wanted_after_two_windows_of_idle_workers():
     t = PoolTuner(8, TunerPolicy(low=2, high=8))
-    assert window(t, 0.0, busy=3) is None
-    d = window(t, 1.0, busy=3)
+    window(t, 0.0, busy=3)
+    assert window(t, 1.0, busy=3) is None
+    d = window(t, 2.0, busy=3)
     assert d.size == 3 and "idle" in d.reason
     t = PoolTuner(8, TunerPolicy(low=2, high=8))
-    window(t, 0.0, busy=0)
-    assert window(t, 1.0, busy=0).size == 2  # never below low
+    for i in range(2):
+        window(t, float(i), busy=0)
+    assert window(t, 2.0, busy=0).size == 2  # never below low
 
 
 def test_nothing_is_decided_while_workers_start_nor_before_a_window_is_full():
     t = PoolTuner(2, TunerPolicy(low=1, high=8, min_tasks=8))
-    for i in range(4):
+    window(t, 0.0, waiting=5, busy=1)
+    for i in range(1, 4):
         assert window(t, float(i), ready=1, waiting=5, busy=1) is None  # one of two workers still starting
-    assert window(t, 4.0, waiting=5, busy=2, runs=(("fwd", 0.1),) * 3) is None  # too few tasks
-    assert t.size == 2
+    t = PoolTuner(2, TunerPolicy(low=1, high=8, min_tasks=8))
+    window(t, 0.0, waiting=5, busy=2)
+    # an epoch ended, but with 3 tasks the window goes on into the next one
+    assert window(t, 1.0, waiting=5, busy=2, runs=(("fwd", 0.1),) * 3) is None
+    assert t.size == 2 and t.windows == 1
 
 
 def test_sizes_stay_within_bounds():
     assert PoolTuner(50, TunerPolicy(low=1, high=8)).size == 8
-    t = PoolTuner(7, TunerPolicy(low=1, high=8))
-    window(t, 0.0, waiting=9, busy=7)
-    assert window(t, 1.0, waiting=9, busy=7).size == 8
+    assert PoolTuner(0, TunerPolicy(low=2, high=8)).size == 2
 
 
 # --- closed loop ---------------------------------------------------------------------------------
@@ -144,7 +162,7 @@ class Sim:
                     start_left -= dt
                     if start_left <= 0:
                         ready = tuner.size
-                d = tuner.sample(now, ready, len(pending), len(running), graph_left > 0)
+                d = tuner.sample(now, ready, len(pending), len(running), graph_left > 0, stages)
                 if d is not None:
                     if d.size > ready:
                         start_left = 0.05  # new workers start
