@@ -358,6 +358,12 @@ def _add_train(sub, data) -> None:
                         "on local with --lambda-latency-ms above 0; elsewhere fusing only widens the last layer's "
                         "Gather. gat, sage and a one-layer gcn always run unfused")
     c.add_argument("--no-fuse", dest="fuse", action="store_const", const="off", help="the same as --fuse off")
+    c.add_argument("--remat", action="store_true",
+                   help="sync: graph servers keep only what backward reads. The evaluation pass reuses the training "
+                        "pass's buffers, Gather backward writes dZ over Z (dead once Gather ran), and the fused last "
+                        "layer's input is recomputed from the layer below for backward instead of kept. Tasks always "
+                        "recompute activations and dropout masks. Same results; a server starts an epoch once "
+                        "every server finished the one before (default off)")
     c.add_argument("--partitioner", default=d.partitioner, help="auto, metis, fennel or hash: how --data is partitioned "
                    "when it is not a prepared store of --graph-servers parts (default auto; see `dorylus prepare --help`)")
     c.add_argument("--lambda-latency-ms", type=float, default=d.lambda_latency_ms, help="local: injected latency per invocation (default 0)")

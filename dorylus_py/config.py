@@ -54,6 +54,7 @@ class TrainConfig:
     switch_threshold: float = 0.0  # async: switch to sync once validation accuracy is within this of --target-acc
     async_update: str = "epoch"  # async: one Adam step per epoch's worth of chunk gradients, or per `chunk`
     fuse: str = "auto"  # gcn, 2+ layers: one task does the last layer's forward, loss and backward; auto: on Lambdas
+    remat: bool = False  # sync: graph servers keep only what backward reads (graph_servers/graph_state.py)
     partitioner: str = "auto"  # how --data is split into K parts when it is not a store of K parts already
     lambdas: int | str = 4  # local/lambda: tensor workers at once in all, shared among graph servers; or "auto"
     lambdas_min: int = 2  # --lambdas auto: fewest and most tensor workers at once, in all
@@ -120,6 +121,9 @@ class TrainConfig:
             self.check_decentral()
         elif self.backend != "reference":
             self.check_distributed()
+        if self.remat and (self.backend == "reference" or self.mode != "sync"):
+            raise ConfigError("--remat is for --mode sync on the distributed backends (local, lambda, cpu, gpu): "
+                              "asynchronous chunks read each other's rows at different stages, so no buffer is free")
         if (self.resume or self.checkpoint_every) and (self.backend == "reference" or self.mode in DECENTRAL_MODES):
             raise ConfigError("--checkpoint-every and --resume are for the distributed backends (local, lambda, cpu, gpu)")
         at_least("--threads", self.threads, 0)

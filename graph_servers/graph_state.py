@@ -27,6 +27,19 @@ is built with a map to its edges (int32 columns and edge ids: 8 bytes per local 
 read and converted to float32 (and row-normalised) one chunk at a time, when a task pulls them; the
 peers' contributions are added up when Gather backward needs them, so no sum of them is kept beside
 ``dZ``.
+
+Rematerialisation (``remat``, sync mode): tasks always recompute what backward needs of the forward
+(a layer's input ``σ(G_{l-1})`` and its dropout mask, from ``G_{l-1}`` and the mask's key), so the
+server keeps no activations; ``remat`` also drops what it kept that backward never reads. Sync mode
+runs every stage for all chunks before the next, so (1) the evaluation pass, which follows backward,
+writes the training pass's buffers (``ZG``, ``G``, ``S``: one buffer per layer for both, views of
+its start where widths differ), and no server starts an epoch before every server finished the one
+before (the scheduler's ``epoch_gate``: a peer's next training rows would land on our evaluation's
+ghosts); (2) ``dZ_l`` is written over ``Z_l``'s rows (dead once Gather ``l`` ran: GCN and GraphSAGE
+read them only there, GAT also in ``attn_grad``, which comes before Gather backward); the peers'
+ghost rows come after ``n`` (same width), and their evaluation rows only after the backward that
+reads ``dZ`` (they follow our contributions); (3) the fused last layer's ``P̃`` is recomputed for its
+backward from ``G_{L-2}`` and its mask, since ``dP̃`` now is where it was kept.
 """
 
 from __future__ import annotations
@@ -52,6 +65,23 @@ def _zeros(*shape) -> np.ndarray:
     return np.zeros(shape, np.float32)
 
 
+def _sharing(*shapes: tuple[int, int]) -> list[np.ndarray]:
+    """One buffer for arrays of these shapes that are never live at once: each a C-contiguous view of
+    its start."""
+    flat = np.zeros(max(r * w for r, w in shapes), np.float32)
+    return [flat[: r * w].reshape(r, w) for r, w in shapes]
+
+
+def _owned_bytes(arrays) -> int:
+    """Bytes of the buffers behind ``arrays``, each counted once however many views share it."""
+    roots = {}
+    for a in arrays:
+        while a.base is not None and isinstance(a.base, np.ndarray):
+            a = a.base
+        roots[id(a)] = a.nbytes
+    return sum(roots.values())
+
+
 @dataclass(frozen=True)
 class FusedInput:
     """GCN's fused last layer: the graph server computes its input ``P̃ = dropout(relu(G_{L-2}))``, with
@@ -64,12 +94,13 @@ class FusedInput:
 
 class GraphState:
     def __init__(self, part: Partition, model: ModelSpec, chunk_counts: list[int], feature_norm: str, edge_offset: int = 0,
-                 fused: FusedInput | None = None, sync: bool = False):
+                 fused: FusedInput | None = None, sync: bool = False, remat: bool = False):
         """``chunk_counts``: how many chunks every graph server has (ours included); ``edge_offset``:
         the id of this partition's first edge (edges are numbered across partitions, for dropout keys);
         ``fused``: the last layer runs fused (``pipeline/stages.py``: ``fused_last_layer``), so its
         training buffers are as wide as its input (``Â P̃``), not its output; ``sync``: every epoch is
-        synchronous (the peers' contributions are summed as they come)."""
+        synchronous (the peers' contributions are summed as they come); ``remat`` (sync only): keep only
+        what backward reads (below)."""
         return_freed_memory()  # before the buffers: chunk-sized temporaries must not pile up in the heap
         self.part, self.model, self.chunk_counts, self.edge_offset = part, model, chunk_counts, edge_offset
         self.fused = fused
@@ -88,11 +119,23 @@ class GraphState:
         self._chunk_layouts()
         shapes, edges, hmax = self.shapes, self.nnz_local + len(part.ghost_indices), max(s.heads for s in self.shapes)
         # ZG[train][l]: rows 0..n-1 are Z_l, rows n.. its ghosts; G[train][l]: the layer's output
-        self.ZG = {t: [_zeros(n + g, self.widths(t, l)[0]) for l in range(self.layers)] for t in (True, False)}
-        self.G = {t: [_zeros(n, self.widths(t, l)[1]) for l in range(self.layers)] for t in (True, False)}
-        self.S = {t: [_zeros(n, s.out_width) for s in shapes] for t in (True, False)} if model.self_term else None
+        self.remat = remat
+        if remat:
+            if not sync:
+                raise ValueError("remat needs sync mode: asynchronous chunks read each other's rows at any stage")
+            zg = [_sharing(*((n + g, self.widths(t, l)[0]) for t in (True, False))) for l in range(self.layers)]
+            gg = [_sharing(*((n, self.widths(t, l)[1]) for t in (True, False))) for l in range(self.layers)]
+            self.ZG = {True: [z for z, _ in zg], False: [z for _, z in zg]}
+            self.G = {True: [x for x, _ in gg], False: [x for _, x in gg]}
+            self.dZ = [self.ZG[True][l][:n] for l in range(self.layers)]
+            s_train = [_zeros(n, s.out_width) for s in shapes] if model.self_term else None
+            self.S = {True: s_train, False: s_train} if model.self_term else None
+        else:
+            self.ZG = {t: [_zeros(n + g, self.widths(t, l)[0]) for l in range(self.layers)] for t in (True, False)}
+            self.G = {t: [_zeros(n, self.widths(t, l)[1]) for l in range(self.layers)] for t in (True, False)}
+            self.dZ = [_zeros(n, self.widths(True, l)[0]) for l in range(self.layers)]
+            self.S = {t: [_zeros(n, s.out_width) for s in shapes] for t in (True, False)} if model.self_term else None
         self.dG = [_zeros(n, self.widths(True, l)[1]) for l in range(self.layers)]
-        self.dZ = [_zeros(n, self.widths(True, l)[0]) for l in range(self.layers)]
         self.phases = ("bwd", "ebwd") if self.attention else ("bwd",)  # what the peers contribute
         # sync: one message per peer, layer and epoch carries the sum of all its chunks' contributions
         self.sync = sync
@@ -158,6 +201,12 @@ class GraphState:
         return self.adj.nbytes() + sum(r.row_pointer_bytes() for r in self.rows_of) + csr_nbytes(*self.ghost_t)
 
     @property
+    def buffer_bytes(self) -> int:
+        """Bytes of the per-layer buffers (``ZG``, ``G``, ``S``, ``dG``, ``dZ``): what ``remat`` lowers."""
+        both = [a for t in (True, False) for d in (self.ZG, self.G, self.S or {t: []}) for a in d[t]]
+        return _owned_bytes(both + self.dG + self.dZ)
+
+    @property
     def chunks(self) -> int:
         return len(self.bounds) - 1
 
@@ -206,7 +255,7 @@ class GraphState:
             self.attention_grad(layer, chunk)
         elif stage in ("activate", "activate_bwd") and self.fused is not None and layer == self.layers - 1:
             for c in range(self.chunks) if chunk is None else (chunk,):  # a chunk at a time: bounded temporaries
-                self.activate(epoch, c) if stage == "activate" else self.activate_backward(c)
+                self.activate(epoch, c) if stage == "activate" else self.activate_backward(epoch, c)
         else:
             raise ValueError(f"unknown graph stage {stage!r} for layer {layer}")
 
@@ -242,16 +291,22 @@ class GraphState:
     def activate(self, epoch: int, chunk: int) -> None:
         """The fused last layer's input ``P̃ = dropout(relu(G_{L-2}))`` of the chunk's rows (into ``ZG``,
         from where the chunk's rows go to the peers that hold them as ghosts)."""
-        f, l, (a, b) = self.fused, self.layers - 1, self.chunk(chunk)
+        a, b = self.chunk(chunk)
+        self.ZG[True][self.layers - 1][a:b] = self._fused_input(epoch, a, b).numpy()
+
+    def _fused_input(self, epoch: int, a: int, b: int) -> torch.Tensor:
+        f, l = self.fused, self.layers - 1
         g = torch.from_numpy(self.G[True][l - 1][a:b])
         keep = (dropout_keep_mask(f.id_start + a, f.id_start + b, g.shape[1], f.rate, f.seed, epoch, l)
                 if f.rate > 0 else None)
-        self.ZG[True][l][a:b] = gcn_ops.apply_vertex_input(g, l, keep, f.rate).numpy()
+        return gcn_ops.apply_vertex_input(g, l, keep, f.rate)
 
-    def activate_backward(self, chunk: int) -> None:
-        """``dG_{L-2}`` of the chunk's rows from ``dP̃`` (Gather backward's ``dZ_{L-1}``) and ``P̃``."""
+    def activate_backward(self, epoch: int, chunk: int) -> None:
+        """``dG_{L-2}`` of the chunk's rows from ``dP̃`` (Gather backward's ``dZ_{L-1}``) and ``P̃`` (kept in
+        ``ZG``; with ``remat``, where ``dP̃`` now is, recomputed from ``G_{L-2}`` and the same mask)."""
         l, (a, b) = self.layers - 1, self.chunk(chunk)
-        dp, p = torch.from_numpy(self.dZ[l][a:b]), torch.from_numpy(self.ZG[True][l][a:b])
+        dp = torch.from_numpy(self.dZ[l][a:b])
+        p = self._fused_input(epoch, a, b) if self.remat else torch.from_numpy(self.ZG[True][l][a:b])
         self.dG[l - 1][a:b] = gcn_ops.activation_backward(dp, p, self.fused.rate).numpy()
 
     def attention_grad(self, layer: int, chunk: int | None) -> None:

@@ -85,7 +85,8 @@ class GraphServer:
         self.graph_train = {s.name: s.train for s in stages if s.task is None}  # graph stage -> training pass
         fused = FusedInput(cfg.dropout, cfg.seed, spec.id_offsets[self.k]) if fused_last else None
         self.state = GraphState(part, self.model, spec.chunk_counts, spec.feature_norm,
-                                spec.edge_offsets[self.k] if spec.edge_offsets else 0, fused, sync=spec.mode == "sync")
+                                spec.edge_offsets[self.k] if spec.edge_offsets else 0, fused, sync=spec.mode == "sync",
+                                remat=cfg.remat)
         # the static rows' name per chunk, where workers cache them (task_io.py); no checksum: this start's own
         features = store.manifest["parts"][self.k]["files"]["features.npy"].get("sha256") or os.urandom(16).hex()
         self.static_tokens = static_tokens(self.state, json.dumps([features, part.feature_dtype, self.k])) \
@@ -101,7 +102,7 @@ class GraphServer:
             rank=self.k, chunks=self.state.chunks, layers=spec.layers, epochs=cfg.epochs, mode=spec.mode,
             staleness=cfg.staleness, peers=tuple(self.peers), peer_chunks=spec.total_chunks - spec.chunk_counts[self.k],
             first_epoch=spec.first_epoch, policy=policy, stall_s=cfg.wait_timeout_s, stages=tuple(stages),
-            workers=self.platform.concurrency)
+            workers=self.platform.concurrency, epoch_gate=0 if cfg.remat else 1)
         # Graph jobs run on one thread of their own; a finished one wakes the loop through an inproc socket.
         self.graph_pool = ThreadPoolExecutor(1, thread_name_prefix="graph")
         self.graph_out = 0  # graph jobs submitted and not done
@@ -127,7 +128,7 @@ class GraphServer:
             "structure_bytes": self.state.structure_bytes,
             "structure_bytes_per_edge": round(self.state.structure_bytes / max(self.state.edges, 1), 2),
             "peers": len(self.peers), "chunks": self.state.chunks, "platform": self.platform.name,
-            "fused_last_layer": fused is not None,
+            "fused_last_layer": fused is not None, "remat": cfg.remat, "buffer_bytes": self.state.buffer_bytes,
             "first_epoch": spec.first_epoch, "restart": spec.restart}))
 
     def _dealer(self, address: str) -> zmq.Socket:

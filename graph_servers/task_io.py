@@ -41,7 +41,14 @@ def has_static(key: TaskKey) -> bool:
 def task_rows(s: GraphState, key: TaskKey, static_held: bool = False) -> dict[str, np.ndarray]:
     """What a task pulls: the chunk's rows of its inputs (per-edge arrays over the chunk's in-edges, in
     the state's numbering: the local block's, then the ghost block's, each run with its row pointers).
-    ``static_held``: the worker holds the static rows, which are then neither read nor sent."""
+    ``static_held``: the worker holds the static rows, which are then neither read nor sent. With
+    ``remat``, copies: rows go out without a copy and are signed when encoded, and an alias of them may
+    be written by the next stage before a late copy's reply has left (without ``remat``, an epoch later)."""
+    rows = _task_rows(s, key, static_held)
+    return {k: np.array(v) for k, v in rows.items()} if s.remat else rows
+
+
+def _task_rows(s: GraphState, key: TaskKey, static_held: bool) -> dict[str, np.ndarray]:
     kind, train, _, layer, chunk = key
     a, b = s.chunk(chunk)
     if kind in ("fwd", "bwd"):

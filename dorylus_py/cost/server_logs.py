@@ -3,7 +3,8 @@
 Every graph and weight server writes one ``start {json}`` line when it has loaded its share of the job
 and one ``end {json}`` line when it stops (``RUN_DIR/logs/NAME.log``); a restarted job appends a new
 pair. The table shows each server's last start and end: partition size and ghosts, peers, its Lambda
-pool, epochs, tasks, relaunches, bytes sent and received, peak memory.
+pool, epochs, tasks, relaunches, bytes sent and received, a graph server's per-layer buffers (what
+``--remat`` lowers), peak memory.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dorylus_py.errors import DataError
 COLUMNS = [
     ("server", "{}"), ("vertices", "{:,}"), ("edges", "{:,}"), ("ghosts", "{:,}"), ("peers", "{}"), ("tensor work", "{}"),
     ("restart", "{}"), ("epochs", "{}"), ("tasks", "{:,}"), ("relaunches", "{:,}"), ("sent MB", "{:,.1f}"),
-    ("received MB", "{:,.1f}"), ("updates", "{:,}"), ("peak MiB", "{:,.0f}"),
+    ("received MB", "{:,.1f}"), ("updates", "{:,}"), ("buffers MB", "{:,.1f}"), ("peak MiB", "{:,.0f}"),
 ]  # fmt: skip
 
 
@@ -47,7 +48,9 @@ def server_rows(run_dir: str | Path) -> list[dict]:
             "relaunches": end.get("relaunches"),
             "sent MB": end["bytes_sent"] / 1e6 if "bytes_sent" in end else None,
             "received MB": end["bytes_received"] / 1e6 if "bytes_received" in end else None,
-            "updates": end.get("updates"), "peak MiB": end.get("peak_rss_mb"),
+            "updates": end.get("updates"),
+            "buffers MB": start["buffer_bytes"] / 1e6 if "buffer_bytes" in start else None,  # graph servers' layer arrays
+            "peak MiB": end.get("peak_rss_mb"),
         })
     return rows
 

@@ -50,6 +50,7 @@ class Scheduler:
     stall_s: float = 300.0  # no progress for this long: stuck
     workers: int = 0  # tasks the platform runs at once (the relaunch allowance counts the queue); 0: unbounded
     stages: tuple[Stage, ...] = ()  # the model's stage list; empty: GCN's
+    epoch_gate: int = 1  # sync: an epoch starts while the slowest server is at most this many epochs behind
 
     def __post_init__(self):
         self.pipe = ChunkPipeline(self.chunks, self.layers, self.epochs, self.staleness, first=self.first_epoch,
@@ -192,8 +193,9 @@ class Scheduler:
             return []
         stage = self.pipe.stages[index]
         at = [c for c in range(self.chunks) if self.pipe.position(c) == (epoch, index)]
-        if index == 0 and epoch - self.slowest() > 1:
-            return []  # after a switch from async: peers still finish older epochs
+        if index == 0 and epoch - self.slowest() > self.epoch_gate:
+            return []  # a peer still finishes an older epoch (after a switch from async; with --remat, the last
+            # one: its evaluation rows land where our next training rows would)
         if any(self.arrived[(phase, epoch, stage.layer)] < self.peer_chunks for phase in stage.needs):
             return []  # a peer's rows for this stage have not all come
         if stage.task is not None:

@@ -1,0 +1,73 @@
+"""``--remat``: sync graph servers keep only what backward reads (``graph_servers/graph_state.py``).
+Nothing may change but the memory: the same losses and accuracies to the bit, for every model and the
+fused last layer, whose input backward now recomputes."""
+
+import json
+
+import numpy as np
+import pytest
+
+from dorylus_py.cluster.launcher import train_distributed
+from dorylus_py.config import ConfigError, TrainConfig
+from dorylus_py.models.spec import model_spec
+from dorylus_py.partition import PartitionStore, prepare
+from dorylus_py.training import RunRecord
+from graph_servers.graph_state import FusedInput, GraphState
+
+
+def run(graph, tmp_path, name, **kw):
+    cfg = TrainConfig(**{"epochs": 3, "dropout": 0.5, "chunks": 3, "feature_norm": "none", "backend": "cpu",
+                         "checkpoint_every": 0, "hidden": 8} | kw)
+    parts = tmp_path / "parts"
+    if not parts.exists():
+        prepare(graph, parts, cfg.graph_servers)
+    result = train_distributed(cfg, parts, RunRecord(tmp_path / name, cfg.to_dict()), "none", show_progress=False)
+    starts = [json.loads(line.split(" start ", 1)[1]) for p in sorted((tmp_path / name / "logs").glob("graph-server-*"))
+              for line in p.read_text().splitlines() if " start {" in line]
+    return result, starts
+
+
+@pytest.mark.parametrize("kw", [
+    {"model": "gcn", "fuse": "on"},  # the fused last layer: P̃ recomputed for its backward
+    {"model": "gcn", "fuse": "off", "backend": "local", "lambdas": 2},
+    {"model": "sage"},
+    pytest.param({"model": "gat", "heads": 2}, marks=pytest.mark.slow),
+], ids=["gcn-fused", "gcn-local", "sage", "gat"])
+def test_remat_changes_no_bit_and_keeps_fewer_buffers(small_graph, tmp_path, kw):
+    kept, kept_starts = run(small_graph, tmp_path, "kept", **kw)
+    remat, remat_starts = run(small_graph, tmp_path, "remat", remat=True, **kw)
+    for key in ("loss", "train_acc", "val_acc", "test_acc"):
+        assert [r[key] for r in remat.history] == [r[key] for r in kept.history], key
+    for a, b in zip(kept_starts, remat_starts):
+        assert not a["remat"] and b["remat"]
+        assert b["buffer_bytes"] < 0.75 * a["buffer_bytes"], (a["buffer_bytes"], b["buffer_bytes"])
+
+
+def test_the_buffers_remat_shares_are_the_ones_never_live_at_once(small_graph, tmp_path):
+    prepare(small_graph, tmp_path / "p", 2)
+    part = PartitionStore.open(tmp_path / "p").load(0)
+    gcn = model_spec("gcn", [16, 8, 4])
+    fused = FusedInput(0.5, 1, 0)
+    kept = GraphState(part, gcn, [3, 3], "none", fused=fused, sync=True)
+    remat = GraphState(part, gcn, [3, 3], "none", fused=fused, sync=True, remat=True)
+    n, g = remat.n, remat.g
+    for l in range(2):
+        assert np.shares_memory(remat.ZG[True][l], remat.ZG[False][l])
+        assert np.shares_memory(remat.G[True][l], remat.G[False][l])
+        assert np.shares_memory(remat.dZ[l], remat.ZG[True][l][:n]) and remat.dZ[l].shape == kept.dZ[l].shape
+        assert not np.shares_memory(remat.dZ[l], remat.ZG[True][l][n:])  # the peers' ghost rows stay clear
+        assert not np.shares_memory(kept.ZG[True][l], kept.ZG[False][l])
+        assert remat.ZG[False][l].shape == kept.ZG[False][l].shape == (n + g, kept.widths(False, l)[0])
+    assert not np.shares_memory(remat.dG[0], remat.dG[1])
+    saved = sum(a.nbytes for a in kept.ZG[False] + kept.G[False] + kept.dZ)
+    # the evaluation pass's buffers and dZ are gone (the training ones are as wide or wider)
+    assert kept.buffer_bytes - remat.buffer_bytes == saved
+    with pytest.raises(ValueError, match="sync"):
+        GraphState(part, gcn, [3, 3], "none", remat=True)
+
+
+def test_remat_is_refused_where_buffers_are_never_free():
+    for kw in ({"backend": "local", "mode": "async"}, {"backend": "reference"}):
+        with pytest.raises(ConfigError, match="--remat is for --mode sync"):
+            TrainConfig(remat=True, **kw).check()
+    TrainConfig(remat=True, backend="cpu").check()
