@@ -6,15 +6,19 @@ Groups of runs (``--only``):
 
 - ``fuse``: the fused last layer (``--fuse on``) against ``--fuse off``, sync and async S = 1, with 0 and
   20 ms Lambda latency;
-- ``pool``: fixed pools of 2, 4, 8 and 16 Lambdas against ``--lambdas auto``, with 0 and 20 ms latency;
+- ``pool``: fixed pools of 2, 4, 8 and 16 Lambdas against ``--lambdas auto``, with 0 and 20 ms latency
+  (``--pool-epochs``, default 20: the tuner tries a size for two epochs before it keeps it, so a run of a
+  few epochs would measure mostly its search);
 - ``bandwidth``: async S = 1 with each emulated Lambda's link capped at 200 Mbps against unlimited, each
-  with the warm workers' static-row cache (the default) and without it (``--row-cache-mb 0``).
+  with the warm workers' static-row cache (the default) and without it (``--row-cache-mb 0``);
+- ``remat``: sync with ``--remat`` against without: the graph servers' per-layer buffers and peak RSS,
+  and what it costs in epoch time.
 
 Each row: median epoch (epochs 2..), tensor-task invocations per epoch, bytes the graph servers moved per
 epoch (sent + received: over the run, from their logs' ``end`` lines; and the median of epochs 2.., from
 ``metrics.jsonl``'s ``servers``, where the cache holds every chunk's features already), Lambda GB-seconds and dollars per epoch (the
 project's cost model, `dorylus_py/cost/model.py`: servers priced as ``--as-instance``, Lambdas as
-billed), and the graph servers' largest peak RSS. Then the issue's targets as ratios. Runs of a group
+billed), and the graph servers' largest per-layer buffers and peak RSS. Then the issue's targets as ratios. Runs of a group
 alternate with ``--repeats``; the table gives medians. A 2-core machine shared with other work is
 noisy: quote the load average printed at the start and end.
 
@@ -46,6 +50,7 @@ GROUPS = {  # name -> rows of (label, flags)
              for ms in (0, 20) for n in (2, 4, 8, 16, "auto")],
     "bandwidth": [(f"async, {link}{label}", [*ASYNC, *flags, *cache]) for label, cache in (("", []), (", no cache", NO_CACHE))
                   for link, flags in (("unlimited", []), ("200 Mbps", ["--lambda-bandwidth-mbps", "200"]))],
+    "remat": [("sync, buffers kept", SYNC), ("sync, --remat", [*SYNC, "--remat"])],
 }
 
 
@@ -67,7 +72,7 @@ def measure(parts: Path, out: Path, flags: list[str], epochs: int, prices: Price
             "mb": sum((r["sent MB"] or 0) + (r["received MB"] or 0) for r in graph) / epochs,
             "mb_later": statistics.median(sum(s.get("bytes", 0) for s in m["servers"]) for m in metrics[1:]) / 1e6,
             "gb_s": cost.lambda_gb_seconds / epochs, "usd": cost.total_usd / epochs,
-            "peak_mib": max(r["peak MiB"] or 0 for r in graph)}
+            "peak_mib": max(r["peak MiB"] or 0 for r in graph), "buffers_mb": max(r["buffers MB"] or 0 for r in graph)}
 
 
 def targets(res: dict[str, dict]) -> list[str]:
@@ -94,6 +99,10 @@ def targets(res: dict[str, dict]) -> list[str]:
             out.append(f"200 Mbps{label or ', row cache'}: async epoch {capped['epoch_s'] / free['epoch_s']:.2f}x "
                        f"unlimited (target <= 1.3x); {capped['mb']:,.0f} MB moved per epoch over the run, "
                        f"{capped['mb_later']:,.0f} MB in epochs 2..")
+    kept, remat = res.get("sync, buffers kept"), res.get("sync, --remat")
+    if kept and remat:
+        out.append(f"remat: graph server buffers {kept['buffers_mb']:.1f} -> {remat['buffers_mb']:.1f} MB, peak RSS "
+                   f"{kept['peak_mib']:,.0f} -> {remat['peak_mib']:,.0f} MiB; epoch {remat['epoch_s'] / kept['epoch_s']:.2f}x")
     free = res.get("async, unlimited, no cache")
     if free and (capped := res.get("async, 200 Mbps")):
         out.append(f"200 Mbps with the row cache: async epoch {capped['epoch_s'] / free['epoch_s']:.2f}x unlimited "
@@ -106,6 +115,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=200_000)
     ap.add_argument("--edges", type=int, default=4_000_000)
     ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--pool-epochs", type=int, default=20, help="epochs of the pool group's runs (default 20)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per row, alternating within a group (default 1)")
     ap.add_argument("--only", nargs="+", choices=list(GROUPS), default=list(GROUPS), help="groups to run")
     ap.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type the servers are priced as")
@@ -120,21 +130,22 @@ def main() -> None:
                     str(args.edges), "--features", "128", "--classes", "10"], check=True, capture_output=True)
     subprocess.run([py, "-m", "dorylus_py", "prepare", graph, "-k", "2", "--out", parts], check=True, capture_output=True)
     print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; K=2, 4 chunks per server, "
-          f"{args.epochs} epochs; medians of {args.repeats} run(s); servers priced as {args.as_instance}")
+          f"{args.epochs} epochs ({args.pool_epochs} in the pool group); medians of {args.repeats} run(s); servers priced as {args.as_instance}")
     print(f"{'run':<34}{'epoch s':>9}{'tasks/ep':>10}{'MB/ep':>9}{'MB/ep 2..':>10}{'GB-s/ep':>9}{'$/epoch':>11}"
-          f"{'GS peak MiB':>13}")
+          f"{'GS buffers MB':>15}{'GS peak MiB':>13}")
     res: dict[str, dict] = {}
     for group in args.only:
         runs: dict[str, list[dict]] = {}
         for r in range(args.repeats):
             for label, flags in (GROUPS[group] if r % 2 == 0 else GROUPS[group][::-1]):
                 out = tmp / f"{group}-{len(runs.get(label, []))}-{label.replace(' ', '_').replace(',', '')}"
-                runs.setdefault(label, []).append(measure(parts, out, flags, args.epochs, prices, args.as_instance))
+                epochs = args.pool_epochs if group == "pool" else args.epochs
+                runs.setdefault(label, []).append(measure(parts, out, flags, epochs, prices, args.as_instance))
         for label, _ in GROUPS[group]:
             med = {k: statistics.median(m[k] for m in runs[label]) for k in runs[label][0]}
             res[label] = med
             print(f"{label:<34}{med['epoch_s']:>9.3f}{med['invocations']:>10.1f}{med['mb']:>9,.0f}{med['mb_later']:>10,.0f}"
-                  f"{med['gb_s']:>9.2f}{med['usd']:>11.6f}{med['peak_mib']:>13,.0f}", flush=True)
+                  f"{med['gb_s']:>9.2f}{med['usd']:>11.6f}{med['buffers_mb']:>15,.1f}{med['peak_mib']:>13,.0f}", flush=True)
     print("\n".join(targets(res)))
     print(f"end: {load()}; the benchmark took {(time.perf_counter() - started) / 60:.1f} min")
 
