@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -81,6 +82,17 @@ def server(role_module, rank):
     return next(p for cmd, p in servers().items() if f"-m {role_module} " in cmd and cmd.endswith(f"--rank {rank}"))
 
 
+def in_latency_sleep(pid: int) -> bool:
+    """Whether the worker's main thread sleeps in ``time.sleep`` (the emulated invoke latency, at the
+    start of every invocation; an idle worker waits on its pipe instead). Linux's ``wchan``; elsewhere,
+    or where the kernel hides it, True: kill at once, as before."""
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        return True
+    return wchan in ("hrtimer_nanosleep", "do_nanosleep", "0", "")
+
+
 def losses(result):
     return [r["loss"] for r in result.history]
 
@@ -92,6 +104,9 @@ def test_a_killed_lambda_worker_is_replaced_and_the_run_is_unchanged(parts, undi
                for w in fs.children()]  # forked by the server's fork server (platforms/local.py)
     assert len(workers) == 2  # --lambdas 4 shared by 2 graph servers
     assert all(w.environ().get("THP_MEM_ALLOC_ENABLE") == "1" for w in workers)  # huge pages, from their server
+    deadline = time.monotonic() + 30  # kill it while it holds a task: in the latency sleep that starts one
+    while time.monotonic() < deadline and not in_latency_sleep(workers[0].pid):
+        time.sleep(0.001)
     os.kill(workers[0].pid, signal.SIGKILL)
     got = job.join()
     assert got.summary["restarts"] == 0
