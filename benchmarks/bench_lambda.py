@@ -11,6 +11,10 @@ Groups of runs (``--only``):
   few epochs would measure mostly its search);
 - ``bandwidth``: async S = 1 with each emulated Lambda's link capped at 200 Mbps against unlimited, each
   with the warm workers' static-row cache (the default) and without it (``--row-cache-mb 0``);
+- ``scaleout``: async S = 1 with ``--lambdas auto`` and 8 chunks a server, at 200 Mbps against
+  unlimited (``--scaleout-epochs``, default 40: the tuner needs about 10 epochs to double its way to
+  8-9 workers a server): each Lambda brings its own link, so a pool that grows while tasks wait for a
+  worker hides the cap with more of them;
 - ``remat``: sync with ``--remat`` against without: the graph servers' per-layer buffers and peak RSS,
   and what it costs in epoch time.
 
@@ -50,6 +54,8 @@ GROUPS = {  # name -> rows of (label, flags)
              for ms in (0, 20) for n in (2, 4, 8, 16, "auto")],
     "bandwidth": [(f"async, {link}{label}", [*ASYNC, *flags, *cache]) for label, cache in (("", []), (", no cache", NO_CACHE))
                   for link, flags in (("unlimited", []), ("200 Mbps", ["--lambda-bandwidth-mbps", "200"]))],
+    "scaleout": [(f"async, {link}, auto, 8 chunks", [*ASYNC, "--lambdas", "auto", "--chunks", "8", *flags])
+                 for link, flags in (("unlimited", []), ("200 Mbps", ["--lambda-bandwidth-mbps", "200"]))],
     "remat": [("sync, buffers kept", SYNC), ("sync, --remat", [*SYNC, "--remat"])],
 }
 
@@ -103,6 +109,10 @@ def targets(res: dict[str, dict]) -> list[str]:
     if kept and remat:
         out.append(f"remat: graph server buffers {kept['buffers_mb']:.1f} -> {remat['buffers_mb']:.1f} MB, peak RSS "
                    f"{kept['peak_mib']:,.0f} -> {remat['peak_mib']:,.0f} MiB; epoch {remat['epoch_s'] / kept['epoch_s']:.2f}x")
+    free, capped = res.get("async, unlimited, auto, 8 chunks"), res.get("async, 200 Mbps, auto, 8 chunks")
+    if free and capped:
+        out.append(f"200 Mbps, auto pool, 8 chunks: async epoch {capped['epoch_s'] / free['epoch_s']:.2f}x unlimited "
+                   f"(target <= 1.3x), at {capped['gb_s'] / free['gb_s']:.1f}x the GB-s")
     free = res.get("async, unlimited, no cache")
     if free and (capped := res.get("async, 200 Mbps")):
         out.append(f"200 Mbps with the row cache: async epoch {capped['epoch_s'] / free['epoch_s']:.2f}x unlimited "
@@ -116,6 +126,7 @@ def main() -> None:
     ap.add_argument("--edges", type=int, default=4_000_000)
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--pool-epochs", type=int, default=20, help="epochs of the pool group's runs (default 20)")
+    ap.add_argument("--scaleout-epochs", type=int, default=40, help="epochs of the scaleout group's runs (default 40)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per row, alternating within a group (default 1)")
     ap.add_argument("--only", nargs="+", choices=list(GROUPS), default=list(GROUPS), help="groups to run")
     ap.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type the servers are priced as")
@@ -130,7 +141,7 @@ def main() -> None:
                     str(args.edges), "--features", "128", "--classes", "10"], check=True, capture_output=True)
     subprocess.run([py, "-m", "dorylus_py", "prepare", graph, "-k", "2", "--out", parts], check=True, capture_output=True)
     print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; K=2, 4 chunks per server, "
-          f"{args.epochs} epochs ({args.pool_epochs} in the pool group); medians of {args.repeats} run(s); servers priced as {args.as_instance}")
+          f"{args.epochs} epochs ({args.pool_epochs} in the pool group, {args.scaleout_epochs} in scaleout); medians of {args.repeats} run(s); servers priced as {args.as_instance}")
     print(f"{'run':<34}{'epoch s':>9}{'tasks/ep':>10}{'MB/ep':>9}{'MB/ep 2..':>10}{'GB-s/ep':>9}{'$/epoch':>11}"
           f"{'GS buffers MB':>15}{'GS peak MiB':>13}")
     res: dict[str, dict] = {}
@@ -139,7 +150,7 @@ def main() -> None:
         for r in range(args.repeats):
             for label, flags in (GROUPS[group] if r % 2 == 0 else GROUPS[group][::-1]):
                 out = tmp / f"{group}-{len(runs.get(label, []))}-{label.replace(' ', '_').replace(',', '')}"
-                epochs = args.pool_epochs if group == "pool" else args.epochs
+                epochs = {"pool": args.pool_epochs, "scaleout": args.scaleout_epochs}.get(group, args.epochs)
                 runs.setdefault(label, []).append(measure(parts, out, flags, epochs, prices, args.as_instance))
         for label, _ in GROUPS[group]:
             med = {k: statistics.median(m[k] for m in runs[label]) for k in runs[label][0]}
