@@ -119,22 +119,23 @@ class GraphState:
         self._chunk_layouts()
         shapes, edges, hmax = self.shapes, self.nnz_local + len(part.ghost_indices), max(s.heads for s in self.shapes)
         # ZG[train][l]: rows 0..n-1 are Z_l, rows n.. its ghosts; G[train][l]: the layer's output
+        # (remat: a layer's training and evaluation buffers are one, dZ_l is Z_l's rows; see the top)
+        if remat and not sync:
+            raise ValueError("remat needs sync mode: asynchronous chunks read each other's rows at any stage")
         self.remat = remat
-        if remat:
-            if not sync:
-                raise ValueError("remat needs sync mode: asynchronous chunks read each other's rows at any stage")
-            zg = [_sharing(*((n + g, self.widths(t, l)[0]) for t in (True, False))) for l in range(self.layers)]
-            gg = [_sharing(*((n, self.widths(t, l)[1]) for t in (True, False))) for l in range(self.layers)]
-            self.ZG = {True: [z for z, _ in zg], False: [z for _, z in zg]}
-            self.G = {True: [x for x, _ in gg], False: [x for _, x in gg]}
-            self.dZ = [self.ZG[True][l][:n] for l in range(self.layers)]
-            s_train = [_zeros(n, s.out_width) for s in shapes] if model.self_term else None
-            self.S = {True: s_train, False: s_train} if model.self_term else None
-        else:
-            self.ZG = {t: [_zeros(n + g, self.widths(t, l)[0]) for l in range(self.layers)] for t in (True, False)}
-            self.G = {t: [_zeros(n, self.widths(t, l)[1]) for l in range(self.layers)] for t in (True, False)}
-            self.dZ = [_zeros(n, self.widths(True, l)[0]) for l in range(self.layers)]
-            self.S = {t: [_zeros(n, s.out_width) for s in shapes] for t in (True, False)} if model.self_term else None
+
+        def passes(rows: int, column: int) -> dict[bool, list[np.ndarray]]:
+            """Per pass (training, evaluation), per layer: a ``rows`` x width buffer (``widths``' ``column``)."""
+            pairs = [[(rows, self.widths(t, l)[column]) for t in (True, False)] for l in range(self.layers)]
+            bufs = [_sharing(*p) if remat else [_zeros(*s) for s in p] for p in pairs]
+            return {True: [t for t, _ in bufs], False: [e for _, e in bufs]}
+
+        self.ZG, self.G = passes(n + g, 0), passes(n, 1)
+        self.S = None
+        if model.self_term:
+            self.S = {t: [_zeros(n, s.out_width) for s in shapes] for t in ((True,) if remat else (True, False))}
+            self.S.setdefault(False, self.S[True])
+        self.dZ = [self.ZG[True][l][:n] if remat else _zeros(n, self.widths(True, l)[0]) for l in range(self.layers)]
         self.dG = [_zeros(n, self.widths(True, l)[1]) for l in range(self.layers)]
         self.phases = ("bwd", "ebwd") if self.attention else ("bwd",)  # what the peers contribute
         # sync: one message per peer, layer and epoch carries the sum of all its chunks' contributions
@@ -203,8 +204,8 @@ class GraphState:
     @property
     def buffer_bytes(self) -> int:
         """Bytes of the per-layer buffers (``ZG``, ``G``, ``S``, ``dG``, ``dZ``): what ``remat`` lowers."""
-        both = [a for t in (True, False) for d in (self.ZG, self.G, self.S or {t: []}) for a in d[t]]
-        return _owned_bytes(both + self.dG + self.dZ)
+        passes = [d[t] for d in (self.ZG, self.G, self.S) if d is not None for t in (True, False)]
+        return _owned_bytes([a for layers in passes for a in layers] + self.dG + self.dZ)
 
     @property
     def chunks(self) -> int:
