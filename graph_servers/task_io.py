@@ -42,10 +42,13 @@ def task_rows(s: GraphState, key: TaskKey, static_held: bool = False) -> dict[st
     """What a task pulls: the chunk's rows of its inputs (per-edge arrays over the chunk's in-edges, in
     the state's numbering: the local block's, then the ghost block's, each run with its row pointers).
     ``static_held``: the worker holds the static rows, which are then neither read nor sent. With
-    ``remat``, copies: rows go out without a copy and are signed when encoded, and an alias of them may
-    be written by the next stage before a late copy's reply has left (without ``remat``, an epoch later)."""
+    ``remat``, the layer buffers' rows as copies: rows go out without a copy and are signed when
+    encoded, and an alias of them may be written by the next stage before a late copy's reply has left
+    (without ``remat``, an epoch later). The features are no layer buffer: not copied."""
     rows = _task_rows(s, key, static_held)
-    return {k: np.array(v) for k, v in rows.items()} if s.remat else rows
+    if not s.remat:
+        return rows
+    return {k: v if k == STATIC and has_static(key) else np.array(v) for k, v in rows.items()}
 
 
 def _task_rows(s: GraphState, key: TaskKey, static_held: bool) -> dict[str, np.ndarray]:
