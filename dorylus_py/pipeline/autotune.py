@@ -69,6 +69,17 @@ class _Window:
 
 
 @dataclass
+class _Trial:
+    """A growth on probation."""
+
+    before: int  # the size it grew from ...
+    after: int  # ... and to
+    means: dict  # kind -> mean run time in the window before it
+    rate: float  # that window's work rate
+    settled: bool = False  # the first window after it (new workers warming) is over
+
+
+@dataclass
 class PoolTuner:
     size: int  # the size asked for
     policy: TunerPolicy = field(default_factory=TunerPolicy)
@@ -79,7 +90,7 @@ class PoolTuner:
         self.windows = 0  # windows ended so far
         self.last: tuple | None = None  # (now, ready, waiting, busy, graph_running) of the previous sample
         self.shrink_votes = 0
-        self.trial: tuple | None = None  # a growth on probation: (from, to, run times before, rate before, judged once)
+        self.trial: _Trial | None = None
         self.ceiling = self.policy.high
         self.ceiling_windows = 0
         self.failed_trials = 0  # in a row: each doubles how long a size that did not pay is left alone
@@ -131,25 +142,24 @@ class PoolTuner:
             if not self.ceiling_windows:
                 self.ceiling = p.high
         means = {k: sum(v) / len(v) for k, v in w.runs.items()}
-        if self.trial is not None:
-            before_size, after_size, before_means, before_rate, settled = self.trial
-            if not settled:  # the new workers' first tasks fill their caches: the next window says
-                self.trial = (before_size, after_size, before_means, before_rate, True)
+        if (trial := self.trial) is not None:
+            if not trial.settled:  # the new workers' first tasks fill their caches: the next window says
+                trial.settled = True
                 return None
             self.trial = None
-            gain = _work_rate(w.runs, before_means, span) / before_rate if before_rate > 0 else None
+            gain = _work_rate(w.runs, trial.means, span) / trial.rate if trial.rate > 0 else None
             if gain is not None and gain < 1 + p.min_gain:
-                self.ceiling, self.ceiling_windows = before_size, p.hold * 2 ** min(self.failed_trials, 3)
+                self.ceiling, self.ceiling_windows = trial.before, p.hold * 2 ** min(self.failed_trials, 3)
                 self.failed_trials += 1
                 self.shrink_votes = 0
-                return Resize(before_size, f"growing to {after_size} raised throughput only {gain:.2f}x")
+                return Resize(trial.before, f"growing to {trial.after} raised throughput only {gain:.2f}x")
             self.failed_trials = 0
         waiting, idle, graph = w.wait / span, w.idle / span, w.graph / span
         self.shrink_votes = self.shrink_votes + 1 if idle >= 1.0 and w.wanted < self.size else 0
         if waiting >= p.wait_threshold and graph < p.graph_idle and self.size < limit:
             size = min(limit, w.wanted, 2 * self.size)
             if size > self.size:
-                self.trial = (self.size, size, means, _work_rate(w.runs, means, span), False)
+                self.trial = _Trial(self.size, size, means, _work_rate(w.runs, means, span))
                 return Resize(size, f"{waiting:.1f} tasks waited for a worker (at most {w.wanted} wanted at once), "
                                     f"graph busy {graph:.0%}")
         if self.shrink_votes >= p.patience and self.size > p.low:
