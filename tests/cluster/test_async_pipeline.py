@@ -107,13 +107,14 @@ def test_staleness_zero_and_sync_mode_never_overlap_epochs(parts, tmp_path):
 def test_switch_to_sync_runs_later_epochs_with_barriers(parts, tmp_path):
     """The switch level (--target-acc minus --switch-threshold) is 0.01, so the first epoch's report
     triggers it: the run switches as soon as it can, leaving several sync epochs to check."""
-    summary, tasks = run(parts, tmp_path, "switch", epochs=6, mode="async", staleness=1, target_acc=0.99,
+    summary, tasks = run(parts, tmp_path, "switch", epochs=8, mode="async", staleness=1, target_acc=0.99,
                          switch_threshold=0.98)
     at = summary["switched_to_sync_at"]
-    assert at is not None and 2 <= at <= 5, at  # as soon as the servers can freeze; epochs 5 and 6 are sync at least
-    assert summary["weight_updates"] == 6 * 2  # one per layer and epoch, before the switch and after
+    # as soon as the servers can freeze (epoch 2-5 when idle; a loaded machine has landed it at 7)
+    assert at is not None and 2 <= at <= 7, at
+    assert summary["weight_updates"] == 8 * 2  # one per layer and epoch, before the switch and after
     after = [t for t in tasks if t["epoch"] >= at]
-    assert after and not any(barrier_breaks(tasks, k, e) for k in (0, 1) for e in range(at, 7))
+    assert after and not any(barrier_breaks(tasks, k, e) for k in (0, 1) for e in range(at, 9))
     assert all(t["chunk"] is None for t in after if t["kind"] in ("gather", "gather_bwd"))  # whole-server Gathers
     assert max(epoch_leads([t for t in tasks if t["epoch"] >= at - 1])) < 0
     before = [t for t in tasks if t["epoch"] < at]
