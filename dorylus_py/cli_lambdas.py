@@ -38,3 +38,8 @@ def add_lambda_pool(parser: argparse.ArgumentParser, d) -> None:
                         "change in training, and the widest), up to this many MB (once full it keeps what it holds); the "
                         "graph server then does not send them to it again (default: a quarter of "
                         "--lambda-memory-mb; 0: off; the cpu and gpu backends never cache)")
+    g.add_argument("--stream-rows", type=int, default=d.stream_rows, metavar="ROWS",
+                   help="stream each row-wise tensor task (GCN and GraphSAGE) in blocks of this many rows: the worker "
+                        "asks for every block at once, computes on each as it arrives and sends its rows of the "
+                        "result back at once, so its downloads, compute and uploads overlap; the graph server "
+                        "takes the result only when the last message is in (default 0: whole chunks)")

@@ -67,6 +67,7 @@ class TrainConfig:
     lambda_timeout_s: float = 60.0  # a Lambda's own time limit
     row_cache_mb: int | None = None  # local/lambda: a warm worker keeps the feature rows it pulled, up to this
     # (None: a quarter of --lambda-memory-mb; 0: off); cpu/gpu never cache (the rows are in the same process)
+    stream_rows: int = 0  # local/lambda: a row-wise task pulls, computes and pushes its chunk this many rows at a time
     lambda_function: str = ""  # lambda: the function's name or ARN (or the cluster file's "lambda_function")
     aws_region: str = ""  # lambda: region (default: the AWS chain's)
     aws_profile: str = ""  # lambda: credentials profile (default: the AWS chain's)
@@ -162,6 +163,13 @@ class TrainConfig:
             if self.row_cache_mb >= self.lambda_memory_mb:
                 raise ConfigError(f"--row-cache-mb {self.row_cache_mb} leaves no room in a Lambda of "
                                   f"--lambda-memory-mb {self.lambda_memory_mb}")
+        at_least("--stream-rows", self.stream_rows, 0)
+        if self.stream_rows and self.backend not in ("local", "lambda"):
+            raise ConfigError(f"--stream-rows streams a Lambda's transfers (--backend local or lambda); --backend "
+                              f"{self.backend} runs tensor tasks inside the graph server, which transfers nothing")
+        if self.stream_rows and self.model == "gat":
+            raise ConfigError("--stream-rows streams GCN and GraphSAGE tasks; GAT's vertex forward returns its bias "
+                              "row with the rows, which no block owns")
         if self.backend in ("cpu", "gpu"):
             self.check_device()
         if self.backend == "lambda" and not self.lambda_function:

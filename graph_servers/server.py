@@ -40,7 +40,11 @@ from graph_servers.direct import DirectLink, DirectSlot
 from graph_servers.graph_state import FusedInput, GraphState
 from graph_servers.pool import AutoPool
 from graph_servers.received import ALL_CHUNKS
-from graph_servers.task_io import STATIC, apply_result, check_result, has_static, static_tokens, task_rows
+from graph_servers.staging import BlockStaging
+from graph_servers.task_io import (
+    STATIC, apply_result, block_rows, check_result, chunk_rows, has_static, per_row_widths, static_tokens, streams,
+    task_block, task_rows,
+)
 from graph_servers.usage import Usage
 from graph_servers.wire import held_tokens, integer, peer_rows, task_event, task_of
 
@@ -120,8 +124,9 @@ class GraphServer:
         self.correct: dict[int, np.ndarray] = {}
         self.epoch_start: dict[int, float] = {}
         self.task_rows: list[dict] = []  # the loop thread's alone
-        self.stats = {"invoked": 0, "completed": 0, "duplicates": 0}
+        self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "blocks": 0}
         self.usage = Usage()
+        self.staging = BlockStaging()  # streamed tasks' result blocks until their commit
         self.finished = False
         log.info("graph server %d start %s", self.k, json.dumps({
             "rank": self.k, "vertices": self.state.n, "edges": self.state.edges, "ghosts": self.state.g,
@@ -173,12 +178,15 @@ class GraphServer:
             key = inst.key
             weighted = self.by_task[(key.kind, key.train, key.layer)].weights is not None
             servers = [self.spec.weight_servers[w] for w in self.layer_servers[key.layer]] if weighted else []
-            self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.curve, inst, servers))
+            self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.curve, inst, servers,
+                                            chunk_rows(self.state, key.chunk) if streams(self.state, key) else 0))
         elif kind is ev.Serve:
             key = inst.key
             token = self.static_tokens[key.chunk] if self.static_tokens and has_static(key) else None
             rows = task_rows(self.state, key, static_held=token is not None and token in held_tokens(msg.get("have")))
             (a, b), ((lo, _), (glo, _)) = self.state.chunk(key.chunk), self.state.edge_runs(key.chunk)
+            if (block := task_block(self.state, key, msg)) is not None:
+                rows = block_rows(rows, *block)
             fields = {"start": a, "stop": b, "id_start": self.spec.id_offsets[self.k] + a,
                       "edge_start": self.state.edge_offset + lo, "ghost_edge_start": self.state.edge_offset + glo}
             self._answer(request, Message("rows", fields | ({"static": {STATIC: token}} if token else {}), rows))
@@ -221,10 +229,19 @@ class GraphServer:
             require(msg, "task")
             key, attempt = task_of(msg["task"], s.layers, s.chunks, self.kinds)
             held_tokens(msg.get("have"))  # checked before the scheduler hears of the pull; Serve reads it
+            task_block(s, key, msg)
             self.feed(ev.TaskPulled(key, attempt, time.time()), request, msg)
+        elif msg.op == "push_block":  # staged, unanswered: the task's push_result commits or fails for it
+            require(msg, "task")
+            key, attempt = task_of(msg["task"], s.layers, s.chunks, self.kinds)
+            lo, hi = task_block(s, key, msg, required=True)
+            self.staging.add((key, attempt), chunk_rows(s, key.chunk), lo, hi, msg.tensors, per_row_widths(s, key))
+            self.stats["blocks"] += 1
         elif msg.op == "push_result":
             require(msg, "task")
             key, attempt = task_of(msg["task"], s.layers, s.chunks, self.kinds)
+            if msg.get("streamed") is True and streams(s, key):
+                msg.tensors.update(self.staging.take((key, attempt), per_row_widths(s, key)))
             check_result(s, key, msg)
             self.feed(ev.TaskResult(key, attempt, time.time(), msg.get("version")), request, msg)
         elif msg.op == "ghosts":
@@ -382,7 +399,7 @@ class GraphServer:
         t = self.scheduler.tracker
         log.info("graph server %d end %s", self.k, json.dumps({
             "rank": self.k, "epochs": self.scheduler.reported - self.spec.first_epoch + 1, "tasks": self.stats["invoked"],
-            "completed": self.stats["completed"],
+            "completed": self.stats["completed"], "result_blocks": self.stats["blocks"],
             "relaunches": t.relaunches, "duplicates": t.refused, "bytes_sent": self.usage.totals["bytes_sent"],
             "bytes_received": self.usage.totals["bytes_received"], "workers_replaced": getattr(self.platform, "replaced", 0),
             "peak_rss_mb": peak_rss_mb()}))

@@ -20,9 +20,11 @@ import numpy as np
 from dorylus_py.pipeline.events import TaskKey
 from dorylus_py.protocol import ProtocolError, require
 from graph_servers.graph_state import GraphState
+from graph_servers.wire import block_of
 
 
 STATIC = "P"  # the name of the static rows in a layer-0 task's pull
+STREAMED = ("fwd", "bwd", "fused", "loss", "eval")  # row-wise kinds: each row's outputs need only its own inputs
 
 
 def static_tokens(s: GraphState, source: str) -> list[str]:
@@ -81,6 +83,38 @@ def _task_rows(s: GraphState, key: TaskKey, static_held: bool) -> dict[str, np.n
     if kind == "loss":
         return {"logits": logits, "labels": s.labels[a:b], "train": s.masks[0, a:b]}
     return {"logits": logits, "labels": s.labels[a:b], "masks": s.masks[:, a:b]}
+
+
+def streams(s: GraphState, key: TaskKey) -> bool:
+    """Whether a task of ``key`` may be streamed (``--stream-rows``): a row-wise kind, and not GAT's
+    (its vertex forward also returns the layer's bias row, which no block owns)."""
+    return key.kind in STREAMED and not s.attention
+
+
+def chunk_rows(s: GraphState, chunk: int) -> int:
+    a, b = s.chunk(chunk)
+    return b - a
+
+
+def task_block(s: GraphState, key: TaskKey, msg, required: bool = False) -> tuple[int, int] | None:
+    """The block of the chunk's rows a streamed task's message names (None: the whole chunk), checked
+    against the chunk and the task's kind."""
+    block = block_of(msg.get("block"), chunk_rows(s, key.chunk))
+    if block is None and required:
+        raise ProtocolError(f"{msg.op} names no block")
+    if block is not None and not streams(s, key):
+        raise ProtocolError(f"{key.kind} tasks of this model are not streamed")
+    return block
+
+
+def block_rows(rows: dict[str, np.ndarray], lo: int, hi: int) -> dict[str, np.ndarray]:
+    """Rows ``[lo, hi)`` of a row-wise task's inputs (views; ``masks`` holds a chunk's rows in its columns)."""
+    return {k: v[:, lo:hi] if k == "masks" else v[lo:hi] for k, v in rows.items()}
+
+
+def per_row_widths(s: GraphState, key: TaskKey) -> dict[str, int]:
+    """Name -> width of each per-row output of a streamed task (what its ``push_block`` messages carry)."""
+    return {k: shape[1] for k, shape in expected_tensors(s, key).items() if not k.startswith("grad:")}
 
 
 def expected_tensors(s: GraphState, key: TaskKey) -> dict[str, tuple]:

@@ -19,9 +19,11 @@ MAX_TOKEN = 64  # characters of one token (ours are 32 hex digits)
 PHASES = ("fwd", "efwd", "bwd", "ebwd")  # what peers send: Z rows (training, evaluation), dZ and score-gradient parts
 
 
-def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, inv: Invoke, weight_servers: list[str]) -> dict:
+def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, inv: Invoke, weight_servers: list[str],
+               stream_rows: int = 0) -> dict:
     """The event a tensor worker gets for a copy of a task (the same for every copy but ``attempt``);
-    ``weight_servers``: those holding the task's layer, its lead first (none for a task without weights).
+    ``weight_servers``: those holding the task's layer, its lead first (none for a task without weights);
+    ``stream_rows``: the chunk's rows when the task may be streamed (0: it may not).
     No secret: the worker has the job key from its own environment; the CURVE key here is the public one."""
     cfg = spec.config
     key = inv.key
@@ -36,6 +38,7 @@ def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, inv:
         "seed": cfg.seed,
         "num_train": spec.num_train,
         "row_cache_mb": cfg.resolved_row_cache_mb(),
+        "stream": {"rows": stream_rows, "block": cfg.stream_rows} if stream_rows and cfg.stream_rows else None,
         "task": {"kind": key.kind, "train": key.train, "epoch": key.epoch, "layer": key.layer, "chunk": key.chunk,
                  "server": rank, "version": inv.version, "hold": list(inv.hold) if inv.hold else None,
                  "attempt": inv.attempt},
@@ -59,6 +62,17 @@ def task_of(task, layers: int, chunks: int, kinds: frozenset[str]) -> tuple[Task
     key = TaskKey(kind, train, integer(task.get("epoch"), "task epoch", 1), integer(task.get("layer"), "task layer", 0, layers),
                   integer(task.get("chunk"), "task chunk", 0, chunks))
     return key, integer(task.get("attempt", 1), "task attempt", 1)
+
+
+def block_of(value, rows: int) -> tuple[int, int] | None:
+    """The rows ``[lo, hi)`` of a chunk of ``rows`` rows that a streamed task's message names (its
+    optional ``block``), or None when it names none."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise ProtocolError(f"block must be [first row, end row], got {value!r:.100}")
+    lo = integer(value[0], "block start", 0, rows)
+    return lo, integer(value[1], "block end", lo + 1, rows + 1)
 
 
 def held_tokens(value) -> frozenset[str]:

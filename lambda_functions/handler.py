@@ -34,7 +34,6 @@ to that server go on its in-process queue instead of a socket.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 
@@ -44,17 +43,17 @@ import zmq
 
 from dorylus_py.jobkey import load_job_key
 from dorylus_py.kernels.tasks import TaskContext, run_task
-from dorylus_py.protocol import Message, ProtocolError, Session
+from dorylus_py.protocol import Message, Session
 from dorylus_py.protocol.transport import Curve, dealer
 from dorylus_py.weights.blocks import join
-from lambda_functions.link import frame_bytes, link_of, wait_until
+from lambda_functions.channel import Channel
 from lambda_functions.row_cache import RowCache
+from lambda_functions.stream import Totals, stream_spans
 
 REQUEST_TIMEOUT_MS = 30_000  # no single answer takes longer (a dead server: the task is relaunched)
 SAFETY_MARGIN_MS = 500  # give up (and let the graph server relaunch) this close to the Lambda timeout
 
 _local = threading.local()
-_req_ids = itertools.count()
 _addresses: dict[zmq.Socket, str] = {}  # each cached socket's server address
 _container: dict[str, Session] = {}  # this container's session, made at its cold start
 _container_lock = threading.Lock()
@@ -89,54 +88,112 @@ def _run(event: dict, context, session: Session) -> dict:
     device = torch.device(event.get("device", "cpu"))
     curve = Curve(event["curve_public_key"].encode()) if event.get("curve_public_key") else None
     direct = event.get("direct")
+    _check_time(context)
+    if direct is None and (spans := stream_spans(event.get("stream"))):
+        gs = _socket(event["graph_server"], curve)
+        return _run_streamed(event, task, spans, Channel(gs, _addresses[gs], session, context), curve, context, device)
     gs = None if direct is not None else _socket(event["graph_server"], curve)
 
     def to_server(msg: Message) -> Message:
         return _request_direct(direct, msg, context) if direct is not None else _request(gs, msg, session, context)
 
+    reply, tensors = _pull_rows(event, task, to_server)
+    fields, weights = _weights(event, task, session, curve, context, device)
+    out, extra = run_task(_context(event, task, reply), _on(tensors, device), weights)
     _check_time(context)
-    rows, tensors = _pull_rows(event, task, to_server)
-    t = {k: torch.from_numpy(np.array(v, copy=False)).to(device) for k, v in tensors.items()}
-    train = task.get("train", True)
-    ctx = TaskContext(model=event["model"], kind=task["kind"], layer=task["layer"], epoch=task["epoch"],
-                      seed=event["seed"], rate=float(event["dropout"]) if train else 0.0,
-                      attn_rate=float(event["attn_dropout"]) if train else 0.0,
-                      negative_slope=float(event["negative_slope"]), id_start=rows["id_start"],
-                      edge_start=rows["edge_start"], ghost_edge_start=rows["ghost_edge_start"],
-                      num_train=event["num_train"])
-    fields: dict = {"task": task}
-    weights = {}
-    if event["weight_servers"]:
-        version, weights = _pull_weights(event, task, session, curve, context)
-        weights = {k: v.to(device) for k, v in weights.items()}
-        fields["version"] = version
-    out, extra = run_task(ctx, t, weights)
-    fields |= extra
-    _check_time(context)
-    ack = to_server(Message("push_result", fields, {k: _np(v) for k, v in out.items()}))
+    ack = to_server(Message("push_result", fields | extra, {k: _np(v) for k, v in out.items()}))
     return {"status": ack.op}
 
 
 def _pull_rows(event: dict, task: dict, to_server) -> tuple[Message, dict]:
-    """The chunk's rows: the reply, and its tensors with the static rows this container holds put back
-    where the graph server left them out (it names them by token, ``row_cache.py``)."""
+    """The chunk's rows: the reply, and its tensors with the static rows this container holds put back."""
+    cache, slot, held = _held_rows(event, task)
+    reply = to_server(Message("pull_rows", {"task": task} | _have(held)))
+    tensors, fresh = _static_rows(reply, held, None)
+    for name, (token, rows) in fresh.items() if cache is not None else ():
+        cache.keep(slot, name, token, rows)
+    return reply, tensors
+
+
+def _run_streamed(event: dict, task: dict, spans: list, ch: Channel, curve, context, device) -> dict:
+    """A row-wise task a block of rows at a time (``stream.py``): every block's pull is asked for at
+    once; each block is computed as it comes in, and its rows of the result go back at once (staged by
+    the graph server); the last message carries the sums (weight gradients, loss, counts) and commits."""
+    cache, slot, held = _held_rows(event, task)
+    pulls = [ch.send(Message("pull_rows", {"task": task, "block": list(span)} | _have(held))) for span in spans]
+    fields, weights = _weights(event, task, ch.session, curve, context, device)
+    fields |= {"streamed": True}
+    totals, fresh = Totals(), {}
+    for span, req in zip(spans, pulls):
+        reply = _reply(ch, req, "pull_rows", context)
+        tensors, new = _static_rows(reply, held, span)
+        for name, (token, rows) in new.items():
+            fresh.setdefault((name, token), []).append(rows)
+        out, extra = run_task(_context(event, task, reply, span[0]), _on(tensors, device), weights)
+        rows_out = {k: _np(v) for k, v in out.items() if not k.startswith("grad:")}
+        if rows_out:
+            ch.send(Message("push_block", {"task": task, "block": list(span)}, rows_out), wait=False)
+        totals.add({k: v for k, v in out.items() if k.startswith("grad:")}, extra)
+        _check_time(context)
+        ch.drain()
+    for (name, token), parts in fresh.items() if cache is not None else ():
+        if len(parts) == len(spans):  # every block came with its rows: the chunk's rows, whole
+            cache.keep(slot, name, token, np.concatenate(parts))
+    grads, sums = totals.result()
+    final = Message("push_result", fields | sums, {k: _np(v) for k, v in grads.items()})
+    return {"status": _reply(ch, ch.send(final), "push_result", context).op}
+
+
+def _context(event: dict, task: dict, rows: Message, offset: int = 0) -> TaskContext:
+    """What the kernels need to know of the task; ``offset``: the first row's place in the chunk."""
+    train = task.get("train", True)
+    return TaskContext(model=event["model"], kind=task["kind"], layer=task["layer"], epoch=task["epoch"],
+                       seed=event["seed"], rate=float(event["dropout"]) if train else 0.0,
+                       attn_rate=float(event["attn_dropout"]) if train else 0.0,
+                       negative_slope=float(event["negative_slope"]), id_start=rows["id_start"] + offset,
+                       edge_start=rows["edge_start"], ghost_edge_start=rows["ghost_edge_start"],
+                       num_train=event["num_train"])
+
+
+def _on(tensors: dict, device) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(np.array(v, copy=False)).to(device) for k, v in tensors.items()}
+
+
+def _weights(event: dict, task: dict, session: Session, curve, context, device) -> tuple[dict, dict]:
+    """The result's fields so far (the task, the weights' version) and the layer's weights on ``device``."""
+    if not event["weight_servers"]:
+        return {"task": task}, {}
+    version, weights = _pull_weights(event, task, session, curve, context)
+    return {"task": task, "version": version}, {k: v.to(device) for k, v in weights.items()}
+
+
+def _held_rows(event: dict, task: dict) -> tuple[RowCache | None, tuple, dict]:
+    """This container's row cache, the task's slot in it, and what it holds for that slot."""
     cache = _row_cache_of(event)
     slot = (event["graph_server"], task.get("server"), task["chunk"])
-    held = cache.held(slot) if cache is not None else {}
-    have = {"have": [token for token, _ in held.values()]} if held else {}
-    reply = to_server(Message("pull_rows", {"task": task} | have))
-    tensors, static = dict(reply.tensors), reply.get("static") or {}
+    return cache, slot, cache.held(slot) if cache is not None else {}
+
+
+def _have(held: dict) -> dict:
+    return {"have": [token for token, _ in held.values()]} if held else {}
+
+
+def _static_rows(reply: Message, held: dict, span: tuple[int, int] | None) -> tuple[dict, dict]:
+    """A pull's tensors with the static rows this container holds put back where the graph server left
+    them out (it names them by token, ``row_cache.py``; ``span``: the block of the chunk's rows pulled),
+    and the static rows that came (name -> token, rows), for the cache."""
+    tensors, static, fresh = dict(reply.tensors), reply.get("static") or {}, {}
     if not isinstance(static, dict) or not all(isinstance(t, str) for t in static.values()):
         raise TaskAborted(f"pull_rows: malformed static rows {static!r:.100}")
     for name, token in static.items():
         if name in tensors:
-            if cache is not None:
-                cache.keep(slot, name, token, tensors[name])
+            fresh[name] = (token, tensors[name])
         elif name in held and held[name][0] == token:
-            tensors[name] = held[name][1]
+            rows = held[name][1]
+            tensors[name] = rows if span is None else rows[span[0] : span[1]]
         else:
             raise TaskAborted(f"pull_rows: {name!r} left out as held, but this container holds no rows {token!r:.40}")
-    return reply, tensors
+    return tensors, fresh
 
 
 def _row_cache_of(event: dict) -> RowCache | None:
@@ -188,24 +245,24 @@ def _socket(address: str, curve: Curve | None) -> zmq.Socket:
 
 
 def _request(sock: zmq.Socket, msg: Message, session: Session, context=None) -> Message:
-    """Send and wait for the reply with the same request id (stale replies of an earlier,
-    abandoned invocation on this warm socket are skipped), no longer than the Lambda has left."""
+    """Send and wait for the reply with the same request id, no longer than the Lambda has left."""
     return _request_all([(sock, msg)], session, context)[0]
 
 
 def _request_all(requests: list[tuple[zmq.Socket, Message]], session: Session, context=None) -> list[Message]:
     """Several requests on different sockets, sent together; their replies in the same order. A capped
     link sends them one after another, each once the link would have carried it."""
-    pending, link = {}, link_of(context)
-    for sock, msg in requests:
-        msg.fields["req"] = f"{id(threading.current_thread())}-{next(_req_ids)}"
-        frames = session.encode(msg, _addresses[sock])
-        if link is not None:
-            wait_until(link.departs(frame_bytes(frames), time.time()))
-        sock.send_multipart(frames, copy=False)
-        pending[msg.fields["req"]] = (sock, msg)
-    replies = {req: _receive(sock, msg, req, session, context) for req, (sock, msg) in pending.items()}
-    return [replies[msg.fields["req"]] for _, msg in requests]
+    channels = [Channel(sock, _addresses[sock], session, context) for sock, _ in requests]
+    reqs = [ch.send(msg) for ch, (_, msg) in zip(channels, requests)]
+    return [_reply(ch, req, msg.op, context) for ch, req, (_, msg) in zip(channels, reqs, requests)]
+
+
+def _reply(ch: Channel, req: str, op: str, context) -> Message:
+    wait_ms = _wait_ms(context)
+    reply = ch.reply(req, time.monotonic() + max(0, wait_ms) / 1000)
+    if reply is None:
+        raise TaskAborted(f"{op}: no reply within {max(0, wait_ms)} ms")
+    return _checked(reply, op)
 
 
 def _request_direct(direct, msg: Message, context) -> Message:
@@ -214,7 +271,7 @@ def _request_direct(direct, msg: Message, context) -> Message:
     reply = direct.request(msg, max(0, wait_ms) / 1000)
     if reply is None:
         raise TaskAborted(f"{msg.op}: no reply within {max(0, wait_ms)} ms")
-    return _checked(reply, msg)
+    return _checked(reply, msg.op)
 
 
 def _wait_ms(context) -> int:
@@ -224,28 +281,9 @@ def _wait_ms(context) -> int:
     return wait_ms
 
 
-def _checked(reply: Message, msg: Message) -> Message:
+def _checked(reply: Message, op: str) -> Message:
     if reply.op == "error":
-        raise TaskAborted(f"{msg.op} refused: {reply.get('reason')}")
+        raise TaskAborted(f"{op} refused: {reply.get('reason')}")
     if reply.op == "cancel":
         raise TaskCancelled(reply.get("reason") or "not wanted")
     return reply
-
-
-def _receive(sock: zmq.Socket, msg: Message, req: str, session: Session, context) -> Message:
-    wait_ms = _wait_ms(context)
-    deadline = time.monotonic() + max(0, wait_ms) / 1000
-    while (left := deadline - time.monotonic()) > 0:
-        if not sock.poll(int(left * 1000) + 1):
-            break
-        frames = sock.recv_multipart(copy=False)
-        try:
-            reply = session.decode(frames, session.id)
-        except ProtocolError:
-            continue  # not a reply we can trust: keep waiting for ours
-        if reply.get("req") != req:
-            continue
-        if (link := link_of(context)) is not None:  # used once the link would have brought it all in
-            wait_until(link.arrives(frame_bytes(frames), time.time()))
-        return _checked(reply, msg)
-    raise TaskAborted(f"{msg.op}: no reply within {max(0, wait_ms)} ms")

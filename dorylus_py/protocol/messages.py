@@ -19,7 +19,7 @@ DTYPES = {
 OPS = frozenset(
     {
         # tensor worker -> graph server
-        "pull_rows", "push_result",
+        "pull_rows", "push_block", "push_result",
         # tensor worker -> weight server (pull_state: the driver, for checkpoints)
         "pull_weights", "push_grad", "pull_state",
         # graph server <-> graph server

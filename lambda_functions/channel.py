@@ -1,0 +1,83 @@
+"""A tensor worker's requests in flight on one socket, and their replies as they come in.
+
+A worker sends one request or several (a streamed task asks for every block of its rows at once) and
+takes each reply by its request id, in any order; replies to requests it does not wait for (an
+earlier, abandoned invocation on this warm socket; an error about a message that needs no answer)
+are skipped, as are replies that do not decode.
+
+On an emulated link (``link.py``) a message is sent once the link would have carried it, or at once
+when nothing waits on it (``wait=False``: a streamed task's result blocks, which the graph server only
+stages; its final message then waits for every byte before it). A reply counts as received once the
+link would have carried it, counting from the last moment the worker saw the socket empty: the return
+of a blocking poll when it waits, the previous look when it was computing (a streamed task looks
+between blocks). So replies that came while it computed are credited with the transfer time that
+overlapped its compute, and no more.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import zmq
+
+from dorylus_py.protocol import Message, ProtocolError, Session
+from lambda_functions.link import frame_bytes, link_of, wait_until
+
+_req_ids = itertools.count()
+
+
+class Channel:
+    def __init__(self, sock: zmq.Socket, address: str, session: Session, context=None):
+        self.sock, self.address, self.session = sock, address, session
+        self.link = link_of(context)
+        self.waiting: set[str] = set()
+        self.replies: dict[str, tuple[Message, float]] = {}  # req -> reply, when the link has it all in
+        self.quiet = time.time()  # the last moment the socket was seen empty
+
+    def send(self, msg: Message, wait: bool = True) -> str:
+        """Send ``msg``; its request id, to take the reply by (``wait=False``: no reply is awaited, and
+        on a capped link it leaves at once, its bytes still counted before the next message's)."""
+        req = msg.fields["req"] = f"{id(threading.current_thread())}-{next(_req_ids)}"
+        frames = self.session.encode(msg, self.address)
+        if self.link is not None:
+            departs = self.link.departs(frame_bytes(frames), time.time())
+            if wait:
+                wait_until(departs)
+        self.sock.send_multipart(frames, copy=False)
+        if wait:
+            self.waiting.add(req)
+        return req
+
+    def drain(self) -> None:
+        """Take every reply queued now (without blocking)."""
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            try:
+                reply = self.session.decode(frames, self.session.id)
+            except ProtocolError:
+                continue  # not a reply we can trust: keep waiting for ours
+            req = reply.get("req")
+            if req in self.waiting:
+                self.waiting.discard(req)
+                arrives = self.link.arrives(frame_bytes(frames), self.quiet) if self.link is not None else 0.0
+                self.replies[req] = (reply, arrives)
+        self.quiet = time.time()
+
+    def reply(self, req: str, deadline: float) -> Message | None:
+        """The reply to ``req`` once the link has carried it; None if none came by ``deadline``
+        (``time.monotonic()``)."""
+        self.drain()
+        while req not in self.replies:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sock.poll(int(left * 1000) + 1):
+                return None
+            self.quiet = time.time()  # it came just now
+            self.drain()
+        reply, arrives = self.replies.pop(req)
+        wait_until(arrives)
+        return reply

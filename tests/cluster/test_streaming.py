@@ -1,0 +1,170 @@
+"""Streaming inside a task (``--stream-rows``): whole jobs equal whole-chunk ones; the graph server
+serves blocks of rows, stages result blocks and commits them only with the task's last message,
+refusing bad or missing blocks and surviving them; the worker's link credits replies that came while
+it computed."""
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from dorylus_py.cli import main
+from dorylus_py.config import ConfigError, TrainConfig
+from dorylus_py.pipeline.events import TaskKey
+from dorylus_py.protocol import Message, ProtocolError, Session
+from graph_servers.staging import BlockStaging
+from lambda_functions.channel import Channel
+from lambda_functions.stream import Totals, stream_spans
+from tests.cluster.test_fused import losses, run
+from tests.cluster.test_row_cache import TASK, pull, served  # noqa: F401  (a fixture)
+from tests.cluster.test_servers import KEY, driver  # noqa: F401  (a fixture)
+
+
+def end_stats(tmp_path, name) -> list[dict]:
+    return [json.loads(line.split(" end ", 1)[1]) for p in sorted((tmp_path / name / "logs").glob("graph-server-*"))
+            for line in p.read_text().splitlines() if " end {" in line]
+
+
+@pytest.mark.parametrize("kw", [{"model": "gcn", "fuse": "on"}, {"model": "gcn", "fuse": "off"}, {"model": "sage"}],
+                         ids=["gcn-fused", "gcn", "sage"])
+def test_a_streamed_job_equals_whole_chunks(small_graph, tmp_path, kw):
+    """Dropout on (masks by vertex id: a block draws its rows of the chunk's mask); 100 rows a chunk in
+    blocks of 37 (the last one short); the row cache fills from blocks and is used by later pulls."""
+    plain = run(small_graph, tmp_path, "plain", backend="local", dropout=0.5, **kw)
+    streamed = run(small_graph, tmp_path, "streamed", backend="local", dropout=0.5, stream_rows=37, **kw)
+    np.testing.assert_allclose(losses(streamed), losses(plain), rtol=1e-6)
+    assert [r["val_acc"] for r in streamed.history] == [r["val_acc"] for r in plain.history]
+    before, after = end_stats(tmp_path, "plain"), end_stats(tmp_path, "streamed")
+    assert all(s["result_blocks"] == 0 for s in before) and all(s["result_blocks"] >= 3 * 3 * 3 for s in after)
+    # the same bytes, give or take headers: the features came in blocks once, then from the cache
+    assert sum(s["bytes_sent"] for s in after) <= 1.05 * sum(s["bytes_sent"] for s in before)
+
+
+def test_the_server_serves_blocks_and_commits_a_streamed_result_only_whole(served):
+    gs, client = served(stream_rows=40)
+    rows = int(gs.state.bounds[1])  # chunk 0 of the one server
+    assert gs.platform.events[0]["stream"] == {"rows": rows, "block": 40}
+    whole = pull(gs, client).tensors["P"]
+    part = pull(gs, client, block=[40, 80])
+    np.testing.assert_array_equal(part.tensors["P"], whole[40:80])
+    assert part["start"] == 0 and part["stop"] == rows  # the chunk's bounds: the worker offsets its ids
+
+    def push(op, block=None, req="r", **tensors):
+        fields = {"task": TASK, "req": req} | ({"block": block} if block else {}) | ({"streamed": True} if op == "push_result" else {})
+        return client.ask(gs.handle, Message(op, fields | ({"version": 0} if op == "push_result" else {}), tensors))
+
+    z = np.ones((rows, gs.state.shapes[0].z_width), np.float32)
+    for bad, why in [([0, rows + 1], "block end"), ([5, 5], "block end"), ([-1, 3], "block start"), ("0-3", "block")]:
+        got = push("push_block", bad, req="bad", Z=z[:3])
+        assert got.op == "error" and got["req"] == "bad" and why in got["reason"]
+    assert "shape" in push("push_block", [0, 3], Z=z[:4]).get("reason")
+    assert "names no block" in push("push_block", None, Z=z).get("reason")
+    def stage(block, z):  # staged, unanswered
+        staged = gs.stats["blocks"]
+        client.sock.send_multipart(client.frames(Message("push_block", {"task": TASK, "block": block, "req": "s"},
+                                                         {"Z": z})))
+        while gs.stats["blocks"] == staged:
+            gs.node.serve_once(gs.handle, 20)
+        assert not client.sock.poll(50)
+
+    stage([0, 40], z[:40])
+    assert "came before" in push("push_block", [30, 50], Z=z[30:50]).get("reason")
+    assert "misses" in push("push_result").get("reason")  # rows 40.. never came; nothing written
+    assert not gs.state.ZG[True][0][:rows].any()
+    stage([40, rows], 2 * z[40:])
+    got = push("push_result")
+    assert got.op == "ok", got.fields
+    np.testing.assert_array_equal(gs.state.ZG[True][0][:rows], np.r_[z[:40], 2 * z[40:]])
+    assert len(gs.staging) == 0 and pull(gs, client).op == "cancel"  # done: a late copy is told to stop
+
+
+def test_staging_refuses_bad_blocks_and_drops_the_oldest_past_its_cap():
+    key = (TaskKey("fwd", True, 1, 0, 0), 1)
+    s = BlockStaging(cap_bytes=2 * (10 * 4 * 4 + 10))
+    with pytest.raises(ProtocolError, match="expected tensors"):
+        s.add(key, 10, 0, 5, {"Y": np.zeros((5, 4), np.float32)}, {"Z": 4})
+    with pytest.raises(ProtocolError, match="float32"):
+        s.add(key, 10, 0, 5, {"Z": np.zeros((5, 4), np.float64)}, {"Z": 4})
+    s.add(key, 10, 0, 5, {"Z": np.ones((5, 4), np.float32)}, {"Z": 4})
+    other, third = (key[0], 2), (TaskKey("fwd", True, 1, 0, 1), 1)
+    s.add(other, 10, 0, 10, {"Z": np.zeros((10, 4), np.float32)}, {"Z": 4})
+    assert s.take({}, {}) == {}  # a kind with no per-row outputs (evaluation) stages nothing
+    s.add(third, 10, 5, 10, {"Z": np.zeros((5, 4), np.float32)}, {"Z": 4})  # over the cap: the oldest goes
+    assert len(s) == 2
+    with pytest.raises(ProtocolError, match="every row"):
+        s.take(key, {"Z": 4})
+    assert s.take(other, {"Z": 4})["Z"].shape == (10, 4) and len(s) == 1 and s.nbytes == 10 * 4 * 4 + 10
+
+
+def test_blocks_and_totals():
+    assert stream_spans({"rows": 100, "block": 37}) == [(0, 37), (37, 74), (74, 100)]
+    for off in (None, {"rows": 30, "block": 37}, {"rows": 37, "block": 37}, {"rows": 100, "block": 0},
+                {"rows": True, "block": 3}, "x"):
+        assert stream_spans(off) == []
+    t = Totals()
+    import torch
+    for i in range(3):
+        t.add({"grad:W0": torch.full((2, 2), float(i))}, {"loss_sum": 0.5, "correct": [i, 1, 0]})
+    grads, fields = t.result()
+    assert grads["grad:W0"].tolist() == [[3.0, 3.0], [3.0, 3.0]] and fields == {"loss_sum": 1.5, "correct": [3, 3, 0]}
+
+
+class _Capped:
+    bandwidth_mbps = 8.0  # 1 MB a second: 100 ms for a 100 kB reply
+
+    def get_remaining_time_in_millis(self):
+        return 60_000
+
+
+def test_a_reply_that_came_while_the_worker_computed_is_timed_from_before_its_compute():
+    ctx = zmq.Context.instance()
+    server, session = ctx.socket(zmq.ROUTER), Session(KEY)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    address = f"tcp://127.0.0.1:{port}"
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(address)
+    payload = np.zeros(25_000, np.float32)  # 100 kB
+
+    def serve():
+        server_session = Session(KEY)
+        for _ in range(2):
+            route, *body = server.recv_multipart()
+            msg = server_session.decode(body, address)
+            reply = Message("rows", {"req": msg["req"]}, {"x": payload})
+            server.send_multipart([route, *server_session.encode(reply, msg.sender)])
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        ch = Channel(sock, address, session, _Capped())
+        ch.link.in_free = ch.link.out_free = 0.0
+        first, second = ch.send(Message("pull_rows", {})), ch.send(Message("pull_rows", {}))
+        t0 = time.time()
+        assert ch.reply(first, time.monotonic() + 10).tensors["x"].nbytes == payload.nbytes
+        assert time.time() - t0 >= 0.09  # the first waited out its transfer
+        computing_from = ch.quiet
+        time.sleep(0.3)  # "compute": the second reply is on the socket meanwhile
+        ch.drain()
+        _, arrives = ch.replies[second]
+        # credited from before the compute, right behind the first reply: not from now
+        assert arrives - max(computing_from, t0) <= 0.25 and arrives < time.time() + 0.05
+    finally:
+        t.join(5)
+        sock.close(0)
+        server.close(0)
+
+
+def test_stream_rows_is_refused_where_nothing_streams(capsys):
+    with pytest.raises(ConfigError, match="--stream-rows streams a Lambda"):
+        TrainConfig(backend="cpu", stream_rows=100).check()
+    with pytest.raises(ConfigError, match="GAT"):
+        TrainConfig(backend="local", model="gat", stream_rows=100).check()
+    with pytest.raises(ConfigError, match="--stream-rows"):
+        TrainConfig(backend="local", stream_rows=-1).check()
+    TrainConfig(backend="local", stream_rows=100).check()
+    assert main(["train", "--backend", "cpu", "--stream-rows", "64", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--stream-rows" in err and "Traceback" not in err
