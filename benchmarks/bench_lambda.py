@@ -15,6 +15,9 @@ Groups of runs (``--only``):
   unlimited (``--scaleout-epochs``, default 40: the tuner needs about 10 epochs to double its way to
   8-9 workers a server): each Lambda brings its own link, so a pool that grows while tasks wait for a
   worker hides the cap with more of them;
+- ``stream``: async S = 1 with whole-chunk tasks against ``--stream-rows 6250`` and ``3125`` (4 and 8
+  blocks of a 25 k-row chunk), unlimited and at 200 Mbps: what overlapping a task's downloads, compute
+  and uploads buys;
 - ``remat``: sync with ``--remat`` against without: the graph servers' per-layer buffers and peak RSS,
   and what it costs in epoch time.
 
@@ -57,6 +60,10 @@ GROUPS = {  # name -> rows of (label, flags)
     "scaleout": [(f"async, {link}, auto, 8 chunks", [*ASYNC, "--lambdas", "auto", "--chunks", "8", *flags])
                  for link, flags in (("unlimited", []), ("200 Mbps", ["--lambda-bandwidth-mbps", "200"]))],
     "remat": [("sync, buffers kept", SYNC), ("sync, --remat", [*SYNC, "--remat"])],
+    "stream": [(f"async, {link}, {label}", [*ASYNC, *flags, *rows]) for link, flags in (
+        ("unlimited", []), ("200 Mbps", ["--lambda-bandwidth-mbps", "200"]))
+        for label, rows in (("whole chunks", []), ("--stream-rows 6250", ["--stream-rows", "6250"]),
+                            ("--stream-rows 3125", ["--stream-rows", "3125"]))],
 }
 
 
@@ -113,6 +120,16 @@ def targets(res: dict[str, dict]) -> list[str]:
     if free and capped:
         out.append(f"200 Mbps, auto pool, 8 chunks: async epoch {capped['epoch_s'] / free['epoch_s']:.2f}x unlimited "
                    f"(target <= 1.3x), at {capped['gb_s'] / free['gb_s']:.1f}x the GB-s")
+    for link in ("unlimited", "200 Mbps"):
+        whole = res.get(f"async, {link}, whole chunks")
+        for rows in (6250, 3125):
+            if whole and (streamed := res.get(f"async, {link}, --stream-rows {rows}")):
+                out.append(f"stream, {link}: --stream-rows {rows} (4 or 8 blocks a chunk) epoch "
+                           f"{streamed['epoch_s'] / whole['epoch_s']:.2f}x whole chunks")
+    free, capped = res.get("async, unlimited, whole chunks"), res.get("async, 200 Mbps, --stream-rows 6250")
+    if free and capped:
+        out.append(f"200 Mbps streamed (6250 rows) against unlimited whole chunks: {capped['epoch_s'] / free['epoch_s']:.2f}x "
+                   "(target <= 1.3x)")
     free = res.get("async, unlimited, no cache")
     if free and (capped := res.get("async, 200 Mbps")):
         out.append(f"200 Mbps with the row cache: async epoch {capped['epoch_s'] / free['epoch_s']:.2f}x unlimited "
@@ -142,7 +159,7 @@ def main() -> None:
     subprocess.run([py, "-m", "dorylus_py", "prepare", graph, "-k", "2", "--out", parts], check=True, capture_output=True)
     print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; K=2, 4 chunks per server, "
           f"{args.epochs} epochs ({args.pool_epochs} in the pool group, {args.scaleout_epochs} in scaleout); medians of {args.repeats} run(s); servers priced as {args.as_instance}")
-    print(f"{'run':<34}{'epoch s':>9}{'tasks/ep':>10}{'MB/ep':>9}{'MB/ep 2..':>10}{'GB-s/ep':>9}{'$/epoch':>11}"
+    print(f"{'run':<38}{'epoch s':>9}{'tasks/ep':>10}{'MB/ep':>9}{'MB/ep 2..':>10}{'GB-s/ep':>9}{'$/epoch':>11}"
           f"{'GS buffers MB':>15}{'GS peak MiB':>13}")
     res: dict[str, dict] = {}
     for group in args.only:
@@ -155,7 +172,7 @@ def main() -> None:
         for label, _ in GROUPS[group]:
             med = {k: statistics.median(m[k] for m in runs[label]) for k in runs[label][0]}
             res[label] = med
-            print(f"{label:<34}{med['epoch_s']:>9.3f}{med['invocations']:>10.1f}{med['mb']:>9,.0f}{med['mb_later']:>10,.0f}"
+            print(f"{label:<38}{med['epoch_s']:>9.3f}{med['invocations']:>10.1f}{med['mb']:>9,.0f}{med['mb_later']:>10,.0f}"
                   f"{med['gb_s']:>9.2f}{med['usd']:>11.6f}{med['buffers_mb']:>15,.1f}{med['peak_mib']:>13,.0f}", flush=True)
     print("\n".join(targets(res)))
     print(f"end: {load()}; the benchmark took {(time.perf_counter() - started) / 60:.1f} min")

@@ -21,7 +21,7 @@ The event carries no secret.
 
 Event: ``{"curve_public_key", "graph_server", "weight_servers" (of the task's layer, its lead first; empty
 for tasks without weights), "model", "dropout", "attn_dropout", "negative_slope", "seed", "num_train",
-"row_cache_mb", "device", "task": {"kind", "epoch", "layer", "chunk", "server", "version", "train", "attempt"}}``.
+"row_cache_mb", "stream", "device", "task": {"kind", "epoch", "layer", "chunk", "server", "version", "train", "attempt"}}``.
 The weights of a layer are spread over several weight servers by row block: the task asks the lead
 for its version (the newest, or the one it names) and every other server for that same version.
 Sockets are cached per process (and per thread), as a warm Lambda container keeps them, and so are the
@@ -29,7 +29,9 @@ input-feature rows it pulled, up to ``row_cache_mb`` (``row_cache.py``; 0 in a g
 which have the rows already): its next pull of the same chunk names them and gets them no more. In the
 local emulator, ``context.bandwidth_mbps`` paces every message both ways (``link.py``). Run inside its
 graph server (``cpu``/``gpu``), the event carries ``direct`` (``graph_servers/direct.py``): the requests
-to that server go on its in-process queue instead of a socket.
+to that server go on its in-process queue instead of a socket. With ``stream`` in the event
+(``--stream-rows``) a row-wise task runs a block of rows at a time, its transfers overlapping its
+compute (``stream.py``); its requests in flight go through a ``Channel`` (``channel.py``).
 """
 
 from __future__ import annotations

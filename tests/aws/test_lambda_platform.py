@@ -106,7 +106,8 @@ def test_backoff_is_jittered_and_capped():
 
 
 def test_training_through_the_aws_platform_against_moto(moto_url, tmp_path, small_graph, monkeypatch):
-    """Tensor tasks are invoked on moto (recorded, payloads checked) and run here; same maths as local."""
+    """Tensor tasks are invoked on moto (recorded, payloads checked) and run here, streamed in blocks of
+    64 rows (150-row chunks); same maths as local whole chunks."""
     import os
 
     import boto3
@@ -127,7 +128,7 @@ def test_training_through_the_aws_platform_against_moto(moto_url, tmp_path, smal
     requests.post(f"{moto_url}/moto-api/recorder/reset-recording", timeout=10)
     requests.post(f"{moto_url}/moto-api/recorder/start-recording", timeout=10)
     assert main(["train", "--backend", "lambda", "--lambda-function", "dorylus-tensor", "--lambda-run-here",
-                 "--out", str(tmp_path / "aws"), *common]) == 0
+                 "--stream-rows", "64", "--out", str(tmp_path / "aws"), *common]) == 0
     requests.post(f"{moto_url}/moto-api/recorder/stop-recording", timeout=10)
     assert main(["train", "--backend", "local", "--out", str(tmp_path / "local"), *common]) == 0
 
@@ -141,6 +142,7 @@ def test_training_through_the_aws_platform_against_moto(moto_url, tmp_path, smal
     assert {(e["task"]["kind"], e["task"]["epoch"], e["task"]["layer"], e["task"]["chunk"], e["task"]["server"]) for e in invokes} \
         == {(t["kind"], t["epoch"], t["layer"], t["chunk"], t["server"]) for t in lambda_tasks}
     assert all(e["graph_server"].startswith("tcp://") and "token" not in e for e in invokes)
+    assert {e["stream"]["block"] for e in invokes if e["stream"]} == {64} and any(e["stream"] for e in invokes)
     assert os.environ["DORYLUS_KEY"] not in recording  # the job key is in no Lambda payload
     loss = {name: [json.loads(x)["loss"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
             for name in ("aws", "local")}
