@@ -27,7 +27,8 @@ def build_context(out: Path, overwrite: bool = False) -> list[Path]:
     """Lay out ``docker build`` input in ``out``: the Dockerfile, the handler, the modules it imports."""
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out}: exists and is not empty (pass --overwrite)")
-    handler = [REPO / "lambda_functions" / name for name in ("Dockerfile", "__init__.py", "handler.py", "link.py", "row_cache.py")]
+    handler = [REPO / "lambda_functions" / name
+               for name in ("Dockerfile", "__init__.py", "channel.py", "handler.py", "link.py", "row_cache.py", "stream.py")]
     sources = handler + [REPO / "dorylus_py" / m for m in HANDLER_MODULES]
     missing = [str(p) for p in sources if not p.exists()]
     if missing:
