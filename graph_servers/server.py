@@ -42,11 +42,11 @@ from graph_servers.pool import AutoPool
 from graph_servers.received import ALL_CHUNKS
 from graph_servers.staging import BlockStaging
 from graph_servers.task_io import (
-    STATIC, apply_result, block_rows, check_result, chunk_rows, has_static, per_row_widths, static_tokens, streams,
+    STATIC, apply_result, check_result, chunk_rows, has_static, per_row_widths, staging_cap, static_tokens, streams,
     task_block, task_rows,
 )
 from graph_servers.usage import Usage
-from graph_servers.wire import held_tokens, integer, peer_rows, task_event, task_of
+from graph_servers.wire import held_tokens, integer, peer_rows, run_id, task_event, task_of
 
 log = logging.getLogger("dorylus.graph_server")
 
@@ -126,7 +126,7 @@ class GraphServer:
         self.task_rows: list[dict] = []  # the loop thread's alone
         self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "blocks": 0}
         self.usage = Usage()
-        self.staging = BlockStaging()  # streamed tasks' result blocks until their commit
+        self.staging = BlockStaging(staging_cap(self.state))  # streamed tasks' result blocks until their commit
         self.finished = False
         log.info("graph server %d start %s", self.k, json.dumps({
             "rank": self.k, "vertices": self.state.n, "edges": self.state.edges, "ghosts": self.state.g,
@@ -183,11 +183,10 @@ class GraphServer:
         elif kind is ev.Serve:
             key = inst.key
             token = self.static_tokens[key.chunk] if self.static_tokens and has_static(key) else None
-            rows = task_rows(self.state, key, static_held=token is not None and token in held_tokens(msg.get("have")))
+            rows = task_rows(self.state, key, static_held=token is not None and token in held_tokens(msg.get("have")),
+                             span=task_block(self.state, key, msg))
             (a, b), ((lo, _), (glo, _)) = self.state.chunk(key.chunk), self.state.edge_runs(key.chunk)
-            if (block := task_block(self.state, key, msg)) is not None:
-                rows = block_rows(rows, *block)
-            fields = {"start": a, "stop": b, "id_start": self.spec.id_offsets[self.k] + a,
+            fields = {"start": a, "stop": b, "id_start": self.spec.id_offsets[self.k] + a, "sent": time.time(),
                       "edge_start": self.state.edge_offset + lo, "ghost_edge_start": self.state.edge_offset + glo}
             self._answer(request, Message("rows", fields | ({"static": {STATIC: token}} if token else {}), rows))
         elif kind is ev.Cancel:
@@ -235,15 +234,21 @@ class GraphServer:
             require(msg, "task")
             key, attempt = task_of(msg["task"], s.layers, s.chunks, self.kinds)
             lo, hi = task_block(s, key, msg, required=True)
-            self.staging.add((key, attempt), chunk_rows(s, key.chunk), lo, hi, msg.tensors, per_row_widths(s, key))
-            self.stats["blocks"] += 1
+            if self.scheduler.tracker.copy_running(key, attempt):  # else a late copy's: not kept
+                self.staging.add((key, attempt, run_id(msg)), chunk_rows(s, key.chunk), lo, hi, msg.tensors,
+                                 per_row_widths(s, key))
+                self.stats["blocks"] += 1
         elif msg.op == "push_result":
             require(msg, "task")
             key, attempt = task_of(msg["task"], s.layers, s.chunks, self.kinds)
-            if msg.get("streamed") is True and streams(s, key):
-                msg.tensors.update(self.staging.take((key, attempt), per_row_widths(s, key)))
-            check_result(s, key, msg)
+            streamed, running = msg.get("streamed") is True and streams(s, key), self.scheduler.tracker.is_running(key)
+            if streamed and running:
+                msg.tensors.update(self.staging.take((key, attempt, run_id(msg)), per_row_widths(s, key)))
+            if running or not streamed:  # a late streamed copy carries no rows: it is told it is a duplicate
+                check_result(s, key, msg)
             self.feed(ev.TaskResult(key, attempt, time.time(), msg.get("version")), request, msg)
+            if streamed:
+                self.staging.forget(key)  # accepted, or done before: no copy's blocks are wanted now
         elif msg.op == "ghosts":
             phase, src, epoch, layer, src_chunk, min_epoch = peer_rows(msg, s.layers)
             s.store_peer_rows(phase, src, layer, src_chunk, msg.tensors)
@@ -337,6 +342,7 @@ class GraphServer:
                 self.auto_pool.finished(c)
             key = ev.TaskKey(t["kind"], t["train"], t["epoch"], t["layer"], t["chunk"])
             self.feed(ev.TaskEnded(key, t.get("attempt", 1), c.ok, time.time(), c.error))
+            self.staging.forget(key, t.get("attempt", 1))
 
     def _graph_job(self, inst: ev.RunGraph) -> None:
         """Runs on the graph thread; the loop learns of it through ``graph_done`` and a wake-up message."""

@@ -7,21 +7,24 @@ what only the whole chunk gives (weight gradients, loss sums, counts) and marks 
 ``streamed``; only then are the blocks taken, whole, and checked and accepted like any result, so a
 result still takes effect at once, exactly once.
 
-Every block is checked on arrival (names, widths, dtype, rows inside the chunk and not sent before),
-and the staged bytes are capped: past the cap the oldest partial result is dropped, and its copy's
-commit is refused (the task is relaunched). A peer can cost us at most the cap.
+A partial result belongs to one run of one copy: the task key, the attempt, and the id the run drew
+(an invocation retried by the platform runs twice under one attempt, maybe on other weights). The
+server stages blocks only of copies still running, and forgets a copy's blocks when it ends and a
+key's when its result is in, so what is staged is bounded by the copies running. Every block is
+checked on arrival (names, widths, dtype, rows inside the chunk and not sent before), and the staged
+bytes are capped too: past the cap a new partial result is refused (its copy's commit then fails and
+the task is relaunched), never one further along.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from dorylus_py.protocol import ProtocolError
 
-CAP_BYTES = 512 << 20
+MIN_CAP_BYTES = 512 << 20
 
 
 @dataclass
@@ -35,47 +38,53 @@ class _Partial:
 
 
 class BlockStaging:
-    def __init__(self, cap_bytes: int = CAP_BYTES):
+    def __init__(self, cap_bytes: int = MIN_CAP_BYTES):
         self.cap = cap_bytes
         self.nbytes = 0
-        self._partial: OrderedDict[tuple, _Partial] = OrderedDict()  # (task key, attempt) -> its blocks, oldest first
+        self._partial: dict[tuple, _Partial] = {}  # (task key, attempt, run id) -> its blocks so far
 
-    def add(self, task: tuple, rows: int, lo: int, hi: int, tensors: dict, widths: dict[str, int]) -> None:
-        """Stage rows ``[lo, hi)`` of a chunk of ``rows`` rows for ``task`` (a key and an attempt);
+    def add(self, run: tuple, rows: int, lo: int, hi: int, tensors: dict, widths: dict[str, int]) -> None:
+        """Stage rows ``[lo, hi)`` of a chunk of ``rows`` rows for ``run`` (key, attempt, run id);
         ``widths``: each per-row output's name and width."""
+        if not widths:
+            raise ProtocolError("result block: this task has no per-row outputs")
         if set(tensors) != set(widths):
             raise ProtocolError(f"result block: expected tensors {sorted(widths)}, got {sorted(tensors)[:4]}")
         for name, t in tensors.items():
             if t.dtype != np.float32 or t.shape != (hi - lo, widths[name]):
                 raise ProtocolError(f"result block: {name} must be float32 of shape {(hi - lo, widths[name])}, "
                                     f"got {t.dtype} {t.shape}")
-        part = self._partial.get(task)
+        part = self._partial.get(run)
         if part is None:
+            need = rows * (1 + 4 * sum(widths.values()))
+            if self.nbytes + need > self.cap:
+                raise ProtocolError(f"result block: staging is full ({self.nbytes >> 20} of {self.cap >> 20} MB)")
             part = _Partial({n: np.empty((rows, w), np.float32) for n, w in widths.items()}, np.zeros(rows, bool))
-            self._partial[task] = part
+            self._partial[run] = part
             self.nbytes += part.nbytes
         if part.seen[lo:hi].any():
             raise ProtocolError(f"result block: rows {lo}-{hi} came before")
         for name, t in tensors.items():
             part.arrays[name][lo:hi] = t
         part.seen[lo:hi] = True
-        while self.nbytes > self.cap and len(self._partial) > 1:
-            self._drop(next(iter(self._partial)))
 
-    def take(self, task: tuple, widths: dict[str, int]) -> dict[str, np.ndarray]:
-        """The whole per-row outputs of ``task``, which leave the staging; a ProtocolError when a block
-        is missing (never sent, refused, or dropped past the cap)."""
+    def take(self, run: tuple, widths: dict[str, int]) -> dict[str, np.ndarray]:
+        """The whole per-row outputs of ``run``, which leave the staging; a ProtocolError when a block
+        is missing (never sent, refused, or its copy's blocks forgotten)."""
+        part = self._partial.pop(run, None)
+        if part is not None:
+            self.nbytes -= part.nbytes
         if not widths:
             return {}
-        part = self._partial.get(task)
         if part is None or not part.seen.all():
             missing = "every row" if part is None else f"{int((~part.seen).sum())} rows"
             raise ProtocolError(f"streamed result misses {missing}")
-        self._drop(task)
         return part.arrays
 
-    def _drop(self, task: tuple) -> None:
-        self.nbytes -= self._partial.pop(task).nbytes
+    def forget(self, key, attempt: int | None = None) -> None:
+        """Drop the partial results of ``key`` (of its copy ``attempt`` only, if given)."""
+        for run in [r for r in self._partial if r[0] == key and (attempt is None or r[1] == attempt)]:
+            self.nbytes -= self._partial.pop(run).nbytes
 
     def __len__(self) -> int:
         return len(self._partial)

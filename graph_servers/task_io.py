@@ -20,6 +20,7 @@ import numpy as np
 from dorylus_py.pipeline.events import TaskKey
 from dorylus_py.protocol import ProtocolError, require
 from graph_servers.graph_state import GraphState
+from graph_servers.staging import MIN_CAP_BYTES
 from graph_servers.wire import block_of
 
 
@@ -40,22 +41,25 @@ def has_static(key: TaskKey) -> bool:
     return key.kind in ("fwd", "bwd") and key.layer == 0
 
 
-def task_rows(s: GraphState, key: TaskKey, static_held: bool = False) -> dict[str, np.ndarray]:
+def task_rows(s: GraphState, key: TaskKey, static_held: bool = False, span: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
     """What a task pulls: the chunk's rows of its inputs (per-edge arrays over the chunk's in-edges, in
     the state's numbering: the local block's, then the ghost block's, each run with its row pointers).
     ``static_held``: the worker holds the static rows, which are then neither read nor sent. With
     ``remat``, the layer buffers' rows as copies: rows go out without a copy and are signed when
     encoded, and an alias of them may be written by the next stage before a late copy's reply has left
     (without ``remat``, an epoch later). The features are no layer buffer: not copied."""
-    rows = _task_rows(s, key, static_held)
+    rows = _task_rows(s, key, static_held, span)
     if not s.remat:
         return rows
     return {k: v if k == STATIC and has_static(key) else np.array(v) for k, v in rows.items()}
 
 
-def _task_rows(s: GraphState, key: TaskKey, static_held: bool) -> dict[str, np.ndarray]:
+def _task_rows(s: GraphState, key: TaskKey, static_held: bool, span: tuple[int, int] | None) -> dict[str, np.ndarray]:
+    """``span``: the block of the chunk's rows a streamed task pulls (row-wise kinds only)."""
     kind, train, _, layer, chunk = key
     a, b = s.chunk(chunk)
+    if span is not None:
+        a, b = a + span[0], a + span[1]
     if kind in ("fwd", "bwd"):
         out = {} if static_held and layer == 0 else {"P": s.input_rows(a, b) if layer == 0 else s.G[train][layer - 1][a:b]}
         if kind == "bwd":
@@ -107,9 +111,12 @@ def task_block(s: GraphState, key: TaskKey, msg, required: bool = False) -> tupl
     return block
 
 
-def block_rows(rows: dict[str, np.ndarray], lo: int, hi: int) -> dict[str, np.ndarray]:
-    """Rows ``[lo, hi)`` of a row-wise task's inputs (views; ``masks`` holds a chunk's rows in its columns)."""
-    return {k: v[:, lo:hi] if k == "masks" else v[lo:hi] for k, v in rows.items()}
+def staging_cap(s: GraphState, copies: int = 4) -> int:
+    """Bytes a server may stage for streamed tasks: ``copies`` partial results of every chunk at the
+    widest per-row output (two layer-widths: GraphSAGE's forward sends ``Z`` and ``S``), at least 512 MB."""
+    widest = max(max(sh.z_width, sh.out_width, sh.d_in) for sh in s.shapes)
+    rows = int(np.diff(s.bounds).max(initial=0))
+    return max(MIN_CAP_BYTES, copies * len(s.bounds[:-1]) * rows * (1 + 2 * widest * 4))
 
 
 def per_row_widths(s: GraphState, key: TaskKey) -> dict[str, int]:

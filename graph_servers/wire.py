@@ -75,6 +75,14 @@ def block_of(value, rows: int) -> tuple[int, int] | None:
     return lo, integer(value[1], "block end", lo + 1, rows + 1)
 
 
+def run_id(msg: Message) -> str:
+    """The id a streamed task's run drew, in its blocks and its commit (``run``)."""
+    value = msg.get("run")
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_TOKEN:
+        raise ProtocolError(f"{msg.op}: a streamed task's run must be a string of 1 to {MAX_TOKEN} characters")
+    return value
+
+
 def held_tokens(value) -> frozenset[str]:
     """The static-row tokens a worker says it holds (``pull_rows``'s optional ``have``). Only a match with
     the server's own token counts, so a wrong one costs the worker its rows, never the server its state."""

@@ -8,10 +8,11 @@ are skipped, as are replies that do not decode.
 On an emulated link (``link.py``) a message is sent once the link would have carried it, or at once
 when nothing waits on it (``wait=False``: a streamed task's result blocks, which the graph server only
 stages; its final message then waits for every byte before it). A reply counts as received once the
-link would have carried it, counting from the last moment the worker saw the socket empty: the return
-of a blocking poll when it waits, the previous look when it was computing (a streamed task looks
-between blocks). So replies that came while it computed are credited with the transfer time that
-overlapped its compute, and no more.
+link would have carried it, counting from when it was there to carry: the later of the moment the
+graph server stamped it sent (``sent``; the emulator runs on one host, one clock) and the last moment
+the worker saw its socket empty (the return of a blocking poll when it waits, the previous look when
+it was computing: a streamed task looks between blocks). So a reply that came while the worker
+computed is credited with the transfer time that overlapped its compute, from when it was sent.
 """
 
 from __future__ import annotations
@@ -62,11 +63,21 @@ class Channel:
             except ProtocolError:
                 continue  # not a reply we can trust: keep waiting for ours
             req = reply.get("req")
-            if req in self.waiting:
+            if isinstance(req, str) and req in self.waiting:
                 self.waiting.discard(req)
-                arrives = self.link.arrives(frame_bytes(frames), self.quiet) if self.link is not None else 0.0
-                self.replies[req] = (reply, arrives)
+                self.replies[req] = (reply, self._arrival(reply, frames))
         self.quiet = time.time()
+
+    def _arrival(self, reply: Message, frames) -> float:
+        """When the link would have carried ``reply`` in: from the later of the last moment the socket
+        was seen empty and the moment the server stamped it sent (``sent``, same host), if it did."""
+        if self.link is None:
+            return 0.0
+        sent = reply.get("sent")
+        ready = self.quiet
+        if isinstance(sent, float) and sent == sent:
+            ready = min(max(ready, sent), time.time())
+        return self.link.arrives(frame_bytes(frames), ready)
 
     def reply(self, req: str, deadline: float) -> Message | None:
         """The reply to ``req`` once the link has carried it; None if none came by ``deadline``

@@ -36,6 +36,7 @@ compute (``stream.py``); its requests in flight go through a ``Channel`` (``chan
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -124,7 +125,8 @@ def _run_streamed(event: dict, task: dict, spans: list, ch: Channel, curve, cont
     cache, slot, held = _held_rows(event, task)
     pulls = [ch.send(Message("pull_rows", {"task": task, "block": list(span)} | _have(held))) for span in spans]
     fields, weights = _weights(event, task, ch.session, curve, context, device)
-    fields |= {"streamed": True}
+    run = os.urandom(8).hex()  # this run's blocks: a platform's retry of the invocation is another run
+    fields |= {"streamed": True, "run": run}
     totals, fresh = Totals(), {}
     for span, req in zip(spans, pulls):
         reply = _reply(ch, req, "pull_rows", context)
@@ -134,7 +136,7 @@ def _run_streamed(event: dict, task: dict, spans: list, ch: Channel, curve, cont
         out, extra = run_task(_context(event, task, reply, span[0]), _on(tensors, device), weights)
         rows_out = {k: _np(v) for k, v in out.items() if not k.startswith("grad:")}
         if rows_out:
-            ch.send(Message("push_block", {"task": task, "block": list(span)}, rows_out), wait=False)
+            ch.send(Message("push_block", {"task": task, "block": list(span), "run": run}, rows_out), wait=False)
         totals.add({k: v for k, v in out.items() if k.startswith("grad:")}, extra)
         _check_time(context)
         ch.drain()

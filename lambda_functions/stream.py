@@ -18,14 +18,19 @@ from __future__ import annotations
 import torch
 
 
+MAX_BLOCKS = 64  # a task's pulls all go out at once: their replies must fit the sockets' queues
+
+
 def stream_spans(stream) -> list[tuple[int, int]]:
     """Rows ``[lo, hi)`` of each block, or an empty list when the task is not streamed (no stream, or
-    a chunk that fits in one block)."""
+    a chunk that fits in one block). Blocks grow past the size asked where it would make more than
+    ``MAX_BLOCKS``."""
     if not isinstance(stream, dict):
         return []
     rows, block = stream.get("rows"), stream.get("block")
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (rows, block)) or rows <= block:
         return []
+    block = max(block, -(-rows // MAX_BLOCKS))
     return [(lo, min(lo + block, rows)) for lo in range(0, rows, block)]
 
 

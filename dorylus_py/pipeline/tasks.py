@@ -70,6 +70,11 @@ class TaskTracker:
     def is_running(self, key: TaskKey) -> bool:
         return key in self.running
 
+    def copy_running(self, key: TaskKey, attempt: int) -> bool:
+        """Whether copy ``attempt`` of ``key`` may still bring the result (the key runs, the copy has not ended)."""
+        t = self.running.get(key)
+        return t is not None and attempt in t.in_flight
+
     def attempts(self, key: TaskKey) -> int:
         t = self.running.get(key)
         return t.attempts if t else 0

@@ -17,7 +17,7 @@ from dorylus_py.pipeline.events import TaskKey
 from dorylus_py.protocol import Message, ProtocolError, Session
 from graph_servers.staging import BlockStaging
 from lambda_functions.channel import Channel
-from lambda_functions.stream import Totals, stream_spans
+from lambda_functions.stream import MAX_BLOCKS, Totals, stream_spans
 from tests.cluster.test_fused import losses, run
 from tests.cluster.test_row_cache import TASK, pull, served  # noqa: F401  (a fixture)
 from tests.cluster.test_servers import KEY, driver  # noqa: F401  (a fixture)
@@ -52,9 +52,11 @@ def test_the_server_serves_blocks_and_commits_a_streamed_result_only_whole(serve
     np.testing.assert_array_equal(part.tensors["P"], whole[40:80])
     assert part["start"] == 0 and part["stop"] == rows  # the chunk's bounds: the worker offsets its ids
 
-    def push(op, block=None, req="r", **tensors):
-        fields = {"task": TASK, "req": req} | ({"block": block} if block else {}) | ({"streamed": True} if op == "push_result" else {})
-        return client.ask(gs.handle, Message(op, fields | ({"version": 0} if op == "push_result" else {}), tensors))
+    def push(op, block=None, req="r", run="a", **tensors):
+        fields = {"task": TASK, "req": req, "run": run} | ({"block": block} if block else {})
+        if op == "push_result":
+            fields |= {"streamed": True, "version": 0}
+        return client.ask(gs.handle, Message(op, fields, tensors))
 
     z = np.ones((rows, gs.state.shapes[0].z_width), np.float32)
     for bad, why in [([0, rows + 1], "block end"), ([5, 5], "block end"), ([-1, 3], "block start"), ("0-3", "block")]:
@@ -62,45 +64,64 @@ def test_the_server_serves_blocks_and_commits_a_streamed_result_only_whole(serve
         assert got.op == "error" and got["req"] == "bad" and why in got["reason"]
     assert "shape" in push("push_block", [0, 3], Z=z[:4]).get("reason")
     assert "names no block" in push("push_block", None, Z=z).get("reason")
-    def stage(block, z):  # staged, unanswered
-        staged = gs.stats["blocks"]
-        client.sock.send_multipart(client.frames(Message("push_block", {"task": TASK, "block": block, "req": "s"},
+    assert "run" in push("push_block", [0, 3], run=["x"], Z=z[:3]).get("reason")
+
+    def stage(block, z, run="a", task=TASK, kept=True):  # unanswered; staged if the copy runs
+        before = gs.stats["blocks"]
+        client.sock.send_multipart(client.frames(Message("push_block", {"task": task, "block": block, "run": run},
                                                          {"Z": z})))
-        while gs.stats["blocks"] == staged:
+        for _ in range(100 if kept else 5):
             gs.node.serve_once(gs.handle, 20)
-        assert not client.sock.poll(50)
+            if gs.stats["blocks"] > before:
+                break
+        assert gs.stats["blocks"] == before + kept and not client.sock.poll(50)
 
     stage([0, 40], z[:40])
     assert "came before" in push("push_block", [30, 50], Z=z[30:50]).get("reason")
-    assert "misses" in push("push_result").get("reason")  # rows 40.. never came; nothing written
-    assert not gs.state.ZG[True][0][:rows].any()
-    stage([40, rows], 2 * z[40:])
-    got = push("push_result")
-    assert got.op == "ok", got.fields
-    np.testing.assert_array_equal(gs.state.ZG[True][0][:rows], np.r_[z[:40], 2 * z[40:]])
+    stage([0, rows], z, task=dict(TASK, attempt=2), kept=False)  # no copy 2 was launched
+    assert len(gs.staging) == 1
+    stage([40, rows], z[40:], run="b")  # a retried invocation of the same copy is another run
+    assert "misses" in push("push_result").get("reason")  # run a's rows 40.. never came; nothing written
+    assert not gs.state.ZG[True][0][:rows].any() and len(gs.staging) == 1  # the failed commit took run a's
+    stage([0, 40], z[:40], run="b")
+    assert push("push_result", run="b").op == "ok"
+    np.testing.assert_array_equal(gs.state.ZG[True][0][:rows], z)
     assert len(gs.staging) == 0 and pull(gs, client).op == "cancel"  # done: a late copy is told to stop
+    stage([0, 40], z[:40], run="c", kept=False)  # a late copy's blocks are not kept; its commit: a duplicate
+    assert push("push_result", run="c").op == "duplicate" and len(gs.staging) == 0
 
 
-def test_staging_refuses_bad_blocks_and_drops_the_oldest_past_its_cap():
-    key = (TaskKey("fwd", True, 1, 0, 0), 1)
-    s = BlockStaging(cap_bytes=2 * (10 * 4 * 4 + 10))
+def test_staging_refuses_bad_blocks_and_new_results_past_its_cap():
+    key, other = TaskKey("fwd", True, 1, 0, 0), TaskKey("fwd", True, 1, 0, 1)
+    one = 10 * (1 + 4 * 4)  # a 10-row partial result, 4 wide
+    s = BlockStaging(cap_bytes=2 * one)
     with pytest.raises(ProtocolError, match="expected tensors"):
-        s.add(key, 10, 0, 5, {"Y": np.zeros((5, 4), np.float32)}, {"Z": 4})
+        s.add((key, 1, "a"), 10, 0, 5, {"Y": np.zeros((5, 4), np.float32)}, {"Z": 4})
     with pytest.raises(ProtocolError, match="float32"):
-        s.add(key, 10, 0, 5, {"Z": np.zeros((5, 4), np.float64)}, {"Z": 4})
-    s.add(key, 10, 0, 5, {"Z": np.ones((5, 4), np.float32)}, {"Z": 4})
-    other, third = (key[0], 2), (TaskKey("fwd", True, 1, 0, 1), 1)
-    s.add(other, 10, 0, 10, {"Z": np.zeros((10, 4), np.float32)}, {"Z": 4})
-    assert s.take({}, {}) == {}  # a kind with no per-row outputs (evaluation) stages nothing
-    s.add(third, 10, 5, 10, {"Z": np.zeros((5, 4), np.float32)}, {"Z": 4})  # over the cap: the oldest goes
-    assert len(s) == 2
-    with pytest.raises(ProtocolError, match="every row"):
-        s.take(key, {"Z": 4})
-    assert s.take(other, {"Z": 4})["Z"].shape == (10, 4) and len(s) == 1 and s.nbytes == 10 * 4 * 4 + 10
+        s.add((key, 1, "a"), 10, 0, 5, {"Z": np.zeros((5, 4), np.float64)}, {"Z": 4})
+    with pytest.raises(ProtocolError, match="no per-row"):
+        s.add((key, 1, "a"), 10, 0, 5, {}, {})
+    s.add((key, 1, "a"), 10, 0, 5, {"Z": np.ones((5, 4), np.float32)}, {"Z": 4})
+    s.add((key, 2, "a"), 10, 0, 10, {"Z": np.zeros((10, 4), np.float32)}, {"Z": 4})
+    with pytest.raises(ProtocolError, match="staging is full"):  # the newcomer, not the oldest
+        s.add((other, 1, "a"), 10, 5, 10, {"Z": np.zeros((5, 4), np.float32)}, {"Z": 4})
+    assert len(s) == 2 and s.nbytes == 2 * one
+    assert s.take((key, 3, "a"), {}) == {}  # a kind with no per-row outputs (evaluation) stages nothing
+    with pytest.raises(ProtocolError, match="5 rows"):
+        s.take((key, 1, "a"), {"Z": 4})
+    assert len(s) == 1  # a failed commit's blocks go too
+    assert s.take((key, 2, "a"), {"Z": 4})["Z"].shape == (10, 4) and len(s) == 0 and s.nbytes == 0
+    s.add((key, 1, "a"), 10, 0, 5, {"Z": np.ones((5, 4), np.float32)}, {"Z": 4})
+    s.add((key, 2, "b"), 10, 0, 5, {"Z": np.ones((5, 4), np.float32)}, {"Z": 4})
+    s.forget(key, 2)
+    assert len(s) == 1
+    s.forget(key)
+    assert len(s) == 0 and s.nbytes == 0
 
 
 def test_blocks_and_totals():
     assert stream_spans({"rows": 100, "block": 37}) == [(0, 37), (37, 74), (74, 100)]
+    assert len(stream_spans({"rows": 10_000, "block": 1})) == MAX_BLOCKS  # every pull goes out at once
     for off in (None, {"rows": 30, "block": 37}, {"rows": 37, "block": 37}, {"rows": 100, "block": 0},
                 {"rows": True, "block": 3}, "x"):
         assert stream_spans(off) == []
