@@ -6,8 +6,8 @@ computes on the first block while the others are still on the link, and sends ea
 the result back while it computes the next (``handler._run_streamed``). What the whole chunk gives,
 the weight gradients (``Pᵀ dZ``: a sum over rows), the loss sum and the correct counts, is added up
 over the blocks and goes in the last message. Dropout masks are keyed by vertex id, so a block draws
-exactly its rows of the chunk's mask, and a streamed result equals the whole-chunk one up to the
-order of the float sums in the gradients.
+exactly its rows of the chunk's mask, and a streamed result equals the whole-chunk one up to float
+rounding (sums in another order, products of smaller blocks).
 
 The graph server says in the event when a task may be streamed, with the chunk's row count
 (``{"rows", "block"}``; absent or null: whole chunks).
