@@ -33,7 +33,6 @@ from dorylus_py.pipeline import events as ev
 from dorylus_py.pipeline.scheduler import Scheduler
 from dorylus_py.pipeline.stages import task_kinds, task_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy
-from dorylus_py.platforms import InprocPlatform, LocalLambdaPlatform
 from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.weights.blocks import servers_of_layer, split, weight_blocks
 from graph_servers.direct import DirectLink, DirectSlot
@@ -46,29 +45,10 @@ from graph_servers.task_io import (
     task_block, task_rows,
 )
 from graph_servers.usage import Usage
+from graph_servers.workers import make_platform
 from graph_servers.wire import held_tokens, integer, peer_rows, run_id, task_event, task_of
 
 log = logging.getLogger("dorylus.graph_server")
-
-
-def make_platform(spec: JobSpec, rank: int, node: Node):
-    """Where this server's tensor tasks run; ``--lambdas`` is shared out among the graph servers. In-process
-    workers get a signing session of their own, emulated Lambdas the job key (their own environment)."""
-    cfg = spec.config
-    if cfg.backend not in ("local", "lambda"):
-        return InprocPlatform(cfg.tensor_threads, cfg.resolved_device(), node.session.sibling(),
-                              DirectLink(node.ctx, node.poller))
-    per_server, _, _ = cfg.lambdas_per_server(len(spec.graph_servers))
-    seed = cfg.seed * 1000 + rank + 7919 * spec.restart
-    if cfg.backend == "local":
-        return LocalLambdaPlatform(per_server, cfg.lambda_latency_ms, cfg.lambda_fail_rate, cfg.lambda_memory_mb,
-                                   cfg.lambda_timeout_s, seed=seed, cold_start_ms=cfg.lambda_cold_start_ms,
-                                   key=node.job_key, bandwidth_mbps=cfg.lambda_bandwidth_mbps)
-    from dorylus_py.platforms.aws import AwsLambdaPlatform
-
-    return AwsLambdaPlatform(cfg.lambda_function, per_server, cfg.lambda_memory_mb, cfg.aws_region or None,
-                             cfg.aws_profile or None, cfg.lambda_endpoint or None, cfg.lambda_timeout_s,
-                             run_here=cfg.lambda_run_here, seed=seed, key=node.job_key)
 
 
 class GraphServer:

@@ -1,0 +1,29 @@
+"""Where a graph server's tensor tasks run: threads of its own (``cpu``/``gpu``), emulated Lambdas
+(``local``) or AWS Lambda (``lambda``), with its share of ``--lambdas``."""
+
+from __future__ import annotations
+
+from dorylus_py.cluster.job import JobSpec
+from dorylus_py.cluster.node import Node
+from dorylus_py.platforms import InprocPlatform, LocalLambdaPlatform
+from graph_servers.direct import DirectLink
+
+
+def make_platform(spec: JobSpec, rank: int, node: Node):
+    """Where this server's tensor tasks run; ``--lambdas`` is shared out among the graph servers. In-process
+    workers get a signing session of their own, emulated Lambdas the job key (their own environment)."""
+    cfg = spec.config
+    if cfg.backend not in ("local", "lambda"):
+        return InprocPlatform(cfg.tensor_threads, cfg.resolved_device(), node.session.sibling(),
+                              DirectLink(node.ctx, node.poller))
+    per_server, _, _ = cfg.lambdas_per_server(len(spec.graph_servers))
+    seed = cfg.seed * 1000 + rank + 7919 * spec.restart
+    if cfg.backend == "local":
+        return LocalLambdaPlatform(per_server, cfg.lambda_latency_ms, cfg.lambda_fail_rate, cfg.lambda_memory_mb,
+                                   cfg.lambda_timeout_s, seed=seed, cold_start_ms=cfg.lambda_cold_start_ms,
+                                   key=node.job_key, bandwidth_mbps=cfg.lambda_bandwidth_mbps)
+    from dorylus_py.platforms.aws import AwsLambdaPlatform
+
+    return AwsLambdaPlatform(cfg.lambda_function, per_server, cfg.lambda_memory_mb, cfg.aws_region or None,
+                             cfg.aws_profile or None, cfg.lambda_endpoint or None, cfg.lambda_timeout_s,
+                             run_here=cfg.lambda_run_here, seed=seed, key=node.job_key)
