@@ -74,7 +74,9 @@ def test_the_bytes_a_graph_server_moves_are_counted_from_the_model(runs):
 # configuration's servers are described as instances with 2/K of its vCPUs (the estimator only uses the
 # ratio of vCPUs); servers and tensor work run one thread each (OMP_NUM_THREADS=1, --tensor-threads 1).
 # The machine is shared with other work, which can slow a whole run 2x: each configuration runs twice,
-# interleaved, and the less disturbed run (the smaller median epoch) counts, the calibration's too.
+# interleaved, and the less disturbed run (the smaller median epoch) counts, the calibration's too; when
+# the two runs of a configuration differ by more than DISAGREE (load came and went), a third round runs
+# (a loaded suite once had both calibration runs slowed ~2x while one larger-graph run was not).
 # Measured errors (README, load averages 3 to 11): -6 to +92 % for the larger graph; -5 to +175 % for one
 # server instead of two. One machine is the wrong place to scale servers: two servers pay for their
 # exchange of ghost rows with every stage, more so when other work takes the cores, and the model (made
@@ -85,11 +87,17 @@ def test_the_bytes_a_graph_server_moves_are_counted_from_the_model(runs):
 ALLOWED_FACTOR = 4.0
 SHARE_OF_THIS_MACHINE = {2: "c5.xlarge", 1: "c5.2xlarge"}  # graph servers -> an instance with 2/K of its vCPUs
 CONFIGURATIONS = (("calibration", 20_000, 2), ("4x graph", 80_000, 2), ("1 server", 20_000, 1))
+DISAGREE = 1.25  # slowest / fastest run of a configuration beyond which the machine was too busy to trust either
 
 
 def steady_epoch_s(run_dir) -> float:
     _, metrics, *_ = read_record(run_dir)
     return statistics.median(m["epoch_s"] for m in metrics[1:])  # the steady epochs, as calibrated
+
+
+def agree(run_dirs) -> bool:
+    epochs = [steady_epoch_s(d) for d in run_dirs]
+    return max(epochs) <= DISAGREE * min(epochs)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +106,9 @@ def configurations(tmp_path_factory):
     runs: dict[str, list] = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")  # the graph-server processes inherit it
-        for rep in (1, 2):
+        for rep in (1, 2, 3):
+            if rep == 3 and all(agree(dirs) for dirs in runs.values()):
+                break
             for name, nodes, k in CONFIGURATIONS:
                 data = root / f"g{nodes}.npz"
                 if not data.exists():
