@@ -55,11 +55,10 @@ class BlockStaging:
                 raise ProtocolError(f"result block: {name} must be float32 of shape {(hi - lo, widths[name])}, "
                                     f"got {t.dtype} {t.shape}")
         part = self._partial.get(run)
-        if part is None:
-            need = rows * (1 + 4 * sum(widths.values()))
-            if self.nbytes + need > self.cap:
-                raise ProtocolError(f"result block: staging is full ({self.nbytes >> 20} of {self.cap >> 20} MB)")
+        if part is None:  # np.empty and np.zeros only reserve pages: nothing is touched unless it fits
             part = _Partial({n: np.empty((rows, w), np.float32) for n, w in widths.items()}, np.zeros(rows, bool))
+            if self.nbytes + part.nbytes > self.cap:
+                raise ProtocolError(f"result block: staging is full ({self.nbytes >> 20} of {self.cap >> 20} MB)")
             self._partial[run] = part
             self.nbytes += part.nbytes
         if part.seen[lo:hi].any():

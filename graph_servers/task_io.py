@@ -116,7 +116,7 @@ def staging_cap(s: GraphState, copies: int = 4) -> int:
     widest per-row output (two layer-widths: GraphSAGE's forward sends ``Z`` and ``S``), at least 512 MB."""
     widest = max(max(sh.z_width, sh.out_width, sh.d_in) for sh in s.shapes)
     rows = int(np.diff(s.bounds).max(initial=0))
-    return max(MIN_CAP_BYTES, copies * len(s.bounds[:-1]) * rows * (1 + 2 * widest * 4))
+    return max(MIN_CAP_BYTES, copies * s.chunks * rows * (1 + 2 * widest * 4))
 
 
 def per_row_widths(s: GraphState, key: TaskKey) -> dict[str, int]:

@@ -263,19 +263,13 @@ def _request_all(requests: list[tuple[zmq.Socket, Message]], session: Session, c
 
 def _reply(ch: Channel, req: str, op: str, context) -> Message:
     wait_ms = _wait_ms(context)
-    reply = ch.reply(req, time.monotonic() + max(0, wait_ms) / 1000)
-    if reply is None:
-        raise TaskAborted(f"{op}: no reply within {max(0, wait_ms)} ms")
-    return _checked(reply, op)
+    return _checked(ch.reply(req, time.monotonic() + max(0, wait_ms) / 1000), op, wait_ms)
 
 
 def _request_direct(direct, msg: Message, context) -> Message:
     """A request to the graph server this worker runs inside (``graph_servers/direct.py``)."""
     wait_ms = _wait_ms(context)
-    reply = direct.request(msg, max(0, wait_ms) / 1000)
-    if reply is None:
-        raise TaskAborted(f"{msg.op}: no reply within {max(0, wait_ms)} ms")
-    return _checked(reply, msg.op)
+    return _checked(direct.request(msg, max(0, wait_ms) / 1000), msg.op, wait_ms)
 
 
 def _wait_ms(context) -> int:
@@ -285,7 +279,10 @@ def _wait_ms(context) -> int:
     return wait_ms
 
 
-def _checked(reply: Message, op: str) -> Message:
+def _checked(reply: Message | None, op: str, wait_ms: int) -> Message:
+    """The reply to ``op``, or the reason the task cannot go on: none came in ``wait_ms``, an error, a cancel."""
+    if reply is None:
+        raise TaskAborted(f"{op}: no reply within {max(0, wait_ms)} ms")
     if reply.op == "error":
         raise TaskAborted(f"{op} refused: {reply.get('reason')}")
     if reply.op == "cancel":
