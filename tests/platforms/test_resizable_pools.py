@@ -30,16 +30,19 @@ def bad_event(i):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def no_resource_tracker_left():
-    """Spawning workers in the test process starts multiprocessing's resource tracker there; stop it
-    afterwards (if this module started it), so that later tests counting this process's children see
-    nothing of ours. The workers themselves are checked gone by each test's close."""
-    from multiprocessing import resource_tracker
+def no_helper_process_left():
+    """Starting workers in the test process starts multiprocessing's resource tracker and the workers'
+    fork server there; stop them afterwards (those this module started), so that later tests counting
+    this process's children (tests/cluster's ``running_children``, in the same xdist worker) see nothing
+    of ours. The workers themselves are checked gone by each test's close."""
+    from multiprocessing import forkserver, resource_tracker
 
-    tracker = resource_tracker._resource_tracker
-    started_here = tracker._pid is None
+    tracker, server = resource_tracker._resource_tracker, forkserver._forkserver
+    tracker_here, server_here = tracker._pid is None, server._forkserver_pid is None
     yield
-    if started_here and tracker._pid is not None:
+    if server_here and server._forkserver_pid is not None:
+        server._stop()
+    if tracker_here and tracker._pid is not None:
         tracker._stop()
 
 
