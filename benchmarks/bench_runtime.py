@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--edges", type=int, default=4_000_000)
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--chunks", type=int, default=4, help="chunks per graph server (default 4)")
+    ap.add_argument("--chunks", default="auto", help="chunks per graph server (default auto, as `dorylus train`)")
     ap.add_argument("--worker", choices=("pyg", "reference"), help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -135,7 +135,7 @@ def main() -> None:
 
     pyg = rows[0][1]
     print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; {args.threads} threads; "
-          f"epoch = training step + evaluation forward; median of epochs 2..; {args.chunks} chunks per graph server")
+          f"epoch = training step + evaluation forward; median of epochs 2..; --chunks {args.chunks}")
     print(f"{'trainer':<24}{'epoch s':>9}{'x PyG':>8}  peak RSS MiB per process")
     for name, sec, peaks in rows:
         rss = ", ".join(f"{role} {mib:,.0f}" for role, mib in sorted(peaks.items()))

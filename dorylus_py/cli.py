@@ -291,8 +291,10 @@ def _run_prepare(args) -> int:
 
 
 def _add_train(sub, data) -> None:
-    from dorylus_py.cli_lambdas import add_lambda_pool
-    from dorylus_py.config import BACKENDS, FEATURE_NORMS, FUSE_CHOICES, MODELS, MODES, TrainConfig
+    from dorylus_py.cli_lambdas import add_lambda_pool, count_or_auto
+    from dorylus_py.config import (
+        ASYNC_CHUNKS, AUTO_CHUNK_ROWS, BACKENDS, FEATURE_NORMS, FUSE_CHOICES, MODELS, MODES, TrainConfig,
+    )
 
     d = TrainConfig()
     p = command(
@@ -338,7 +340,11 @@ def _add_train(sub, data) -> None:
     c.add_argument("--graph-servers", "-k", type=int, default=d.graph_servers, help=f"graph servers = partitions (default: the prepared store's partitions, else {d.graph_servers})")
     c.add_argument("--weight-servers", type=int, default=d.weight_servers,
                    help=f"weight servers; every weight tensor is cut into row blocks dealt over them, so M may exceed the layers (default {d.weight_servers})")
-    c.add_argument("--chunks", type=int, default=d.chunks, help=f"vertex intervals per graph server (default {d.chunks})")
+    c.add_argument("--chunks", type=count_or_auto, default=d.chunks, metavar="N|auto",
+                   help="vertex intervals per graph server, each a tensor task per stage (default auto: in sync mode one "
+                        "per tensor worker of a fixed --lambdas pool, and 1 on cpu/gpu, since every stage waits for all "
+                        f"chunks; {ASYNC_CHUNKS} in async mode or with --lambdas auto; at most {AUTO_CHUNK_ROWS:,} rows "
+                        "each)")
     c.add_argument("--mode", choices=MODES, default=d.mode,
                    help="sync: barriers per layer, equals full-batch training (default); async: bounded staleness; "
                         "gossip / allreduce: decentralised Cluster-GCN workers (see below)")
@@ -464,6 +470,10 @@ def _run_train(args) -> int:
         summary, source, norm = graph.summary(), graph.source, resolve_feature_norm(cfg, graph)
     if args.overwrite and cfg.data and not cli_train.is_s3(cfg.data) and Path(cfg.data).resolve().is_relative_to(run_dir.resolve()):
         raise ConfigError(f"--data {cfg.data} lies inside {run_dir}, which --overwrite would delete")
+    if distributed and cfg.chunks == "auto":  # the record keeps the count the run used
+        cfg = dataclasses.replace(cfg, chunks=cfg.resolved_chunks(summary["nodes"]))
+        status(f"--chunks auto: {cfg.chunks} a graph server ({cfg.mode}, {cfg.backend}"
+               f"{', --lambdas ' + str(cfg.lambdas) if cfg.backend in ('local', 'lambda') else ''})")
     config = cfg.to_dict() | {"feature_norm": norm, "graph": summary, "graph_source": source,
                               "sources": dataclasses.asdict(_sources(args)), "cluster": args.cluster,
                               "no_data_copy": args.no_data_copy, "store": None if copy and args.no_data_copy else store}

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dorylus_py.cli import command
-from dorylus_py.config import at_least
+from dorylus_py.cli_lambdas import count_or_auto
+from dorylus_py.config import TrainConfig, at_least
 from dorylus_py.errors import DorylusError
 
 
@@ -112,7 +113,9 @@ def add_cost(sub) -> None:
     c.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type of every server (default c5.2xlarge)")
     c.add_argument("--lambdas", type=int, default=32, help="Lambdas at once (default 32)")
     c.add_argument("--lambda-memory-mb", type=int, default=d.lambda_memory_mb, help=f"default {d.lambda_memory_mb}")
-    c.add_argument("--chunks", type=int, default=d.chunks, help=f"default {d.chunks}")
+    c.add_argument("--chunks", type=count_or_auto, default=d.chunks, metavar="N|auto",
+                   help="chunks per graph server (default auto: what `dorylus train --chunks auto` picks for this "
+                        "configuration in sync mode; --search keeps it for every configuration)")
     c.add_argument("--row-cache-mb", type=int, metavar="MB", help="local/lambda: each worker's feature-row cache; it "
                    "saves the feature pulls only where it holds a graph server's features (default a quarter of "
                    "--lambda-memory-mb)")
@@ -170,16 +173,19 @@ def _run_cost_estimate(args) -> int:
     if args.row_cache_mb is not None:
         at_least("--row-cache-mb", args.row_cache_mb, 0)
     for name, value in [*counts.items(), *((k, getattr(args, k)) for k in (
-            "layers", "hidden", "graph_servers", "weight_servers", "lambdas", "chunks", "epochs", "tensor_threads"))]:
+            "layers", "hidden", "graph_servers", "weight_servers", "lambdas", "epochs", "tensor_threads"))]:
         at_least(f"--{name.replace('_', '-')}", value, 1)
     if args.edge_cut is not None and not 0.0 <= args.edge_cut <= 1.0:
         raise DorylusError(f"--edge-cut must be a fraction between 0 and 1, not {args.edge_cut}")
+    chunks = TrainConfig(backend=args.backend, graph_servers=args.graph_servers, lambdas=args.lambdas,
+                         chunks=args.chunks).resolved_chunks(counts["nodes"])
+    at_least("--chunks", chunks, 1)
     dims = [counts["features"]] + [args.hidden] * (args.layers - 1) + [counts["classes"]]
     work = Workload(counts["nodes"], counts["edges"], dims, args.edge_cut, known_ghosts)
     cal = (Calibration.from_record(args.calibration, args.calibration_instance) if args.calibration
            else Calibration.default())
     setup = Setup(args.backend, args.graph_servers, args.weight_servers, args.as_instance, args.lambdas,
-                  args.lambda_memory_mb, args.chunks, args.epochs, args.tensor_threads, args.row_cache_mb)
+                  args.lambda_memory_mb, chunks, args.epochs, args.tensor_threads, args.row_cache_mb)
     print(f"graph: {work.nodes:,} vertices, {work.edges:,} edges, layers {work.dims}; {args.epochs} epochs; "
           f"prices {prices.region} ({prices.date}); calibration: {cal.source}")
     if not args.search:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 
 
-def lambdas_value(value: str) -> int | str:
-    """``--lambdas``: a count, or ``auto``."""
+def count_or_auto(value: str) -> int | str:
+    """``--lambdas``, ``--chunks``: a count, or ``auto``."""
     if value == "auto":
         return value
     try:
@@ -20,7 +20,7 @@ def lambdas_value(value: str) -> int | str:
 def add_lambda_pool(parser: argparse.ArgumentParser, d) -> None:
     """The flags, with ``d`` (a default ``TrainConfig``) giving their defaults."""
     g = parser.add_argument_group("Lambda pool (--backend local or lambda)")
-    g.add_argument("--lambdas", type=lambdas_value, default=d.lambdas, metavar="N|auto",
+    g.add_argument("--lambdas", type=count_or_auto, default=d.lambdas, metavar="N|auto",
                    help=f"tensor workers (emulated Lambdas, or concurrent AWS invocations) at once in all, shared "
                         f"out among the graph servers (default {d.lambdas}); auto: each graph server sizes its pool "
                         "as the run goes, growing while tasks wait for a worker and its graph stages idle (keeping "

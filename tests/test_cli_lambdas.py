@@ -72,3 +72,43 @@ def test_the_row_cache_is_on_for_lambda_containers_only_and_survives_the_wire():
     assert JobSpec.from_wire(spec.to_wire()).config.row_cache_mb == 64
     with pytest.raises(ProtocolError, match="row_cache_mb"):
         JobSpec.from_wire(spec.to_wire() | {"config": cfg.to_dict() | {"row_cache_mb": "64"}})
+
+
+def test_chunks_auto_is_one_wave_of_tasks_in_sync_mode_and_a_pipeline_in_async():
+    from dorylus_py.config import AUTO_CHUNK_ROWS, chunks_per_server
+
+    assert config_of().chunks == "auto"
+    assert config_of("--backend", "local").resolved_chunks(200_000) == 2  # 4 Lambdas over 2 servers
+    assert config_of("--backend", "lambda", "--lambdas", "32").resolved_chunks(200_000) == 16
+    assert config_of("--backend", "cpu").resolved_chunks(200_000) == 1  # torch spreads one task over the cores
+    assert config_of("--backend", "local", "--mode", "async").resolved_chunks(200_000) == 4
+    assert config_of("--backend", "local", "--lambdas", "auto").resolved_chunks(200_000) == 4  # the pool resizes
+    assert config_of("--backend", "local", "--chunks", "3").resolved_chunks(200_000) == 3
+    # rows cap, rounded up to whole waves; never more chunks than rows
+    assert chunks_per_server("local", "sync", 2, 5_000_000) == 34
+    assert chunks_per_server("local", "sync", 4, 5_000_000) == 36
+    assert chunks_per_server("cpu", "sync", None, AUTO_CHUNK_ROWS + 1) == 2
+    assert chunks_per_server("local", "sync", 8, 3) == 3
+    assert config_of("--backend", "local", "-k", "4").resolved_chunks(10) == 1  # 4 Lambdas over 4 servers
+
+
+def test_chunks_auto_is_resolved_into_the_record(graph_npz, tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", "--backend", "local", "--data", str(graph_npz), "-k", "2", "--lambdas", "6", "--epochs", "1",
+                 "--out", str(run)]) == 0
+    import json
+
+    assert json.loads((run / "config.json").read_text())["chunks"] == 3
+    chunks = {(t["server"], t["chunk"]) for t in map(json.loads, (run / "tasks.jsonl").read_text().splitlines())
+              if t["kind"] == "fwd"}
+    assert chunks == {(s, c) for s in (0, 1) for c in range(3)}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--chunks", "some"], "argument --chunks: expected a number or auto, got 'some'"),
+    (["--backend", "local", "--chunks", "-1"], "--chunks must be >= 1, got -1"),
+])
+def test_chunks_mistakes_are_one_line_exit_2(tmp_path, capsys, argv, message):
+    code = main(["train", "--out", str(tmp_path / "run"), "--epochs", "1", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err

@@ -61,6 +61,7 @@ class JobPlan:
         splits = np.array([m["summary"][s] for s in ("train", "val", "test")], dtype=np.int64)  # no partition read
         edges = np.concatenate([[0], np.cumsum([p["nnz"] for p in m["parts"]])]).astype(int).tolist()
         data_dir = str(parts_dir) if s3.is_s3(parts_dir) else str(Path(parts_dir).resolve())
+        cfg = replace(cfg, chunks=cfg.resolved_chunks(sum(sizes)))  # --chunks auto: a count from here on
         spec = JobSpec(config=cfg, data_dir=data_dir, feature_norm=feature_norm,
                        dims=[m["features"]] + [cfg.hidden] * (cfg.layers - 1) + [m["classes"]],
                        id_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist(),

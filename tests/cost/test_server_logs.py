@@ -9,7 +9,7 @@ def test_every_server_says_what_it_did(small_graph, tmp_path, capsys):
     write_npz(small_graph, tmp_path / "g.npz")
     out = tmp_path / "run"
     assert main(["train", "--data", str(tmp_path / "g.npz"), "--backend", "local", "-k", "2", "--lambdas", "2",
-                 "--epochs", "2", "--out", str(out), "--quiet"]) == 0
+                 "--chunks", "3", "--epochs", "2", "--out", str(out), "--quiet"]) == 0
     rows = {r["server"]: r for r in server_rows(out)}
     assert set(rows) == {"graph-server-0", "graph-server-1", "weight-server-0"}
     gs = [rows["graph-server-0"], rows["graph-server-1"]]
