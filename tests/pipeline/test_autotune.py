@@ -8,20 +8,27 @@ from dorylus_py.pipeline.autotune import PoolTuner, Resize, TunerPolicy
 
 
 def window(t: PoolTuner, start: float, *, ready=None, waiting=0, busy=0, graph=False, runs=(("fwd", 0.1),) * 8,
-           span=1.0):
-    """Feed one window, epoch ``int(start)``: a sample at ``start`` and one at ``start + span`` in the next
-    epoch, tasks finished between."""
+           span=1.0, epoch=None):
+    """Feed one window, epoch ``int(start)`` unless given: a sample at ``start`` and one at ``start + span``
+    in the next epoch, tasks finished between."""
     ready = t.size if ready is None else ready
-    epoch = int(start)
+    epoch = int(start) if epoch is None else epoch
     assert t.sample(start, ready, waiting, busy, graph, epoch) is None or start == 0
     for kind, s in runs:
         t.finished(kind, s)
     return t.sample(start + span, ready, waiting, busy, graph, epoch + 1)
 
 
-def test_the_warm_up_window_decides_nothing_and_a_growth_needs_one_window_of_waiting_tasks():
+def test_the_warm_up_windows_decide_nothing_and_a_growth_needs_one_window_of_waiting_tasks():
     t = PoolTuner(2, TunerPolicy(low=1, high=8))
-    assert window(t, 0.0, waiting=3, busy=2) is None  # the job's first epoch: warm-up
+    assert t.policy.warmup == 2
+    assert window(t, 0.0, waiting=3, busy=2) is None  # the job's first epochs: warm-up
+    assert window(t, 1.0, waiting=3, busy=2) is None
+    assert t.recent == []  # not set against a growth either
+    d = window(t, 2.0, waiting=3, busy=2)
+    assert d == Resize(4, d.reason) and "3.0 tasks waited" in d.reason and "at most 5 wanted" in d.reason
+    t = PoolTuner(2, TunerPolicy(warmup=1, low=1, high=8))
+    assert window(t, 0.0, waiting=3, busy=2) is None
     d = window(t, 1.0, waiting=3, busy=2)
     assert d == Resize(4, d.reason) and "3.0 tasks waited" in d.reason and "at most 5 wanted" in d.reason
     assert t.size == 4
@@ -29,27 +36,27 @@ def test_the_warm_up_window_decides_nothing_and_a_growth_needs_one_window_of_wai
 
 def test_grows_to_twice_its_size_but_never_past_the_tasks_wanted_at_once():
     for size, waiting, grown in ((4, 4, 8), (2, 14, 4), (3, 9, 6), (4, 1, 5), (1, 3, 2)):
-        t = PoolTuner(size, TunerPolicy(low=1, high=16))
+        t = PoolTuner(size, TunerPolicy(warmup=1, low=1, high=16))
         window(t, 0.0, waiting=waiting, busy=size)
         assert window(t, 1.0, waiting=waiting, busy=size).size == grown, (size, waiting)
-    t = PoolTuner(7, TunerPolicy(low=1, high=8))
+    t = PoolTuner(7, TunerPolicy(warmup=1, low=1, high=8))
     window(t, 0.0, waiting=9, busy=7)
     assert window(t, 1.0, waiting=9, busy=7).size == 8  # never past high
 
 
 def test_does_not_grow_while_the_graph_stages_are_the_bottleneck_nor_when_no_size_saves_a_round():
-    t = PoolTuner(2, TunerPolicy(low=1, high=8))
+    t = PoolTuner(2, TunerPolicy(warmup=1, low=1, high=8))
     for i in range(5):
         assert window(t, float(i), waiting=3, busy=2, graph=True) is None
     assert t.size == 2
-    t = PoolTuner(7, TunerPolicy(low=1, high=8))  # tasks waited (workers were slow to take them), but at
+    t = PoolTuner(7, TunerPolicy(warmup=1, low=1, high=8))  # tasks waited (workers were slow to take them), but at
     for i in range(2):  # most 5 were wanted at once: 7 workers take them all already
         assert window(t, float(i), waiting=1, busy=4) is None
     assert t.size == 7
 
 
 def test_a_growth_that_only_slowed_tasks_is_undone_and_not_retried_for_a_while():
-    t = PoolTuner(2, TunerPolicy(low=1, high=8, hold=3))
+    t = PoolTuner(2, TunerPolicy(warmup=1, low=1, high=8, hold=3))
     window(t, 0.0, waiting=2, busy=2)
     assert window(t, 1.0, waiting=2, busy=2).size == 4
     # twice the workers, twice the run time: as many tasks a second, for twice the billed seconds (the
@@ -63,7 +70,7 @@ def test_a_growth_that_only_slowed_tasks_is_undone_and_not_retried_for_a_while()
 
 
 def test_a_growth_that_paid_only_after_its_first_window_is_kept():
-    t = PoolTuner(2, TunerPolicy(low=1, high=8))
+    t = PoolTuner(2, TunerPolicy(warmup=1, low=1, high=8))
     window(t, 0.0, waiting=2, busy=2)
     assert window(t, 1.0, waiting=2, busy=2).size == 4
     assert window(t, 2.0, waiting=0, busy=4, runs=(("fwd", 0.3),) * 8) is None  # new workers warming: slow
@@ -71,7 +78,7 @@ def test_a_growth_that_paid_only_after_its_first_window_is_kept():
 
 
 def test_a_growth_that_paid_is_kept():
-    t = PoolTuner(2, TunerPolicy(low=1, high=8))
+    t = PoolTuner(2, TunerPolicy(warmup=1, low=1, high=8))
     window(t, 0.0, waiting=2, busy=2)
     assert window(t, 1.0, waiting=2, busy=2).size == 4
     # the epoch took half as long (though each task ran a little slower), and another kind ran too
@@ -80,24 +87,58 @@ def test_a_growth_that_paid_is_kept():
     assert t.size == 4
 
 
+def test_a_growth_is_kept_only_on_two_windows_but_undone_on_one_clearly_short():
+    t = PoolTuner(2, TunerPolicy(warmup=1, low=1, high=8, min_gain=0.1, margin=0.04, judge_windows=2))
+    window(t, 0.0, waiting=2, busy=2)
+    assert window(t, 1.0, waiting=2, busy=2).size == 4
+    window(t, 2.0, waiting=0, busy=4)  # settling
+    assert window(t, 3.0, waiting=0, busy=4, span=1 / 1.12) is None and t.size == 4  # 1.12x: one window is not enough
+    d = window(t, 3.0 + 1 / 1.12, waiting=0, busy=4, epoch=4)  # 1.00x: over both windows 1.06x
+    assert d.size == 2 and "raised throughput only 1.06x (over 2 windows)" in d.reason
+    t = PoolTuner(2, TunerPolicy(warmup=1, low=1, high=8, min_gain=0.1, margin=0.04, judge_windows=2))
+    window(t, 0.0, waiting=2, busy=2)
+    assert window(t, 1.0, waiting=2, busy=2).size == 4
+    window(t, 2.0, waiting=0, busy=4)
+    assert window(t, 3.0, waiting=0, busy=4, span=1 / 1.05).size == 2  # 1.05x: clearly short, undone at once
+    t = PoolTuner(2, TunerPolicy(warmup=1, low=1, high=8, min_gain=0.1, margin=0.04, judge_windows=2))
+    window(t, 0.0, waiting=2, busy=2)
+    assert window(t, 1.0, waiting=2, busy=2).size == 4
+    window(t, 2.0, waiting=0, busy=4)
+    assert window(t, 3.0, waiting=0, busy=4, span=1 / 1.12) is None
+    assert window(t, 3.0 + 1 / 1.12, waiting=0, busy=4, span=1 / 1.2, epoch=4) is None  # 1.16x over both: kept
+    assert t.trial is None and t.size == 4
+
+
+def test_a_growth_is_set_against_the_windows_before_it_pooled_not_one_slow_window():
+    t = PoolTuner(2, TunerPolicy(warmup=1, low=1, high=8, before_windows=3))
+    window(t, 0.0, busy=2)  # warm-up
+    window(t, 1.0, busy=2)
+    window(t, 2.0, busy=2)
+    assert window(t, 3.0, waiting=2, busy=2, span=1.6).size == 4  # a slow window, in which tasks waited
+    window(t, 4.6, waiting=0, busy=4, epoch=4)  # settling
+    # 1.3 s: faster than the slow window alone (1.23x), slower than the three before it (0.92x)
+    d = window(t, 5.6, waiting=0, busy=4, span=1.3, epoch=5)
+    assert d.size == 2 and "only 0.92x" in d.reason
+
+
 def test_shrinks_to_what_was_wanted_after_two_windows_of_idle_workers():
-    t = PoolTuner(8, TunerPolicy(low=2, high=8))
+    t = PoolTuner(8, TunerPolicy(warmup=1, low=2, high=8))
     window(t, 0.0, busy=3)
     assert window(t, 1.0, busy=3) is None
     d = window(t, 2.0, busy=3)
     assert d.size == 3 and "idle" in d.reason
-    t = PoolTuner(8, TunerPolicy(low=2, high=8))
+    t = PoolTuner(8, TunerPolicy(warmup=1, low=2, high=8))
     for i in range(2):
         window(t, float(i), busy=0)
     assert window(t, 2.0, busy=0).size == 2  # never below low
 
 
 def test_nothing_is_decided_while_workers_start_nor_before_a_window_is_full():
-    t = PoolTuner(2, TunerPolicy(low=1, high=8, min_tasks=8))
+    t = PoolTuner(2, TunerPolicy(warmup=1, low=1, high=8, min_tasks=8))
     window(t, 0.0, waiting=5, busy=1)
     for i in range(1, 4):
         assert window(t, float(i), ready=1, waiting=5, busy=1) is None  # one of two workers still starting
-    t = PoolTuner(2, TunerPolicy(low=1, high=8, min_tasks=8))
+    t = PoolTuner(2, TunerPolicy(warmup=1, low=1, high=8, min_tasks=8))
     window(t, 0.0, waiting=5, busy=2)
     # an epoch ended, but with 3 tasks the window goes on into the next one
     assert window(t, 1.0, waiting=5, busy=2, runs=(("fwd", 0.1),) * 3) is None
