@@ -343,7 +343,7 @@ def _add_train(sub, data) -> None:
     c.add_argument("--chunks", type=count_or_auto, default=d.chunks, metavar="N|auto",
                    help="vertex intervals per graph server, each a tensor task per stage (default auto: in sync mode one "
                         "per tensor worker of a fixed --lambdas pool, and 1 on cpu/gpu, since every stage waits for all "
-                        f"chunks; {ASYNC_CHUNKS} in async mode or with --lambdas auto; at most {AUTO_CHUNK_ROWS:,} rows "
+                        f"chunks; {ASYNC_CHUNKS} in async mode or with --lambdas auto; at most about {AUTO_CHUNK_ROWS:,} rows "
                         "each)")
     c.add_argument("--mode", choices=MODES, default=d.mode,
                    help="sync: barriers per layer, equals full-batch training (default); async: bounded staleness; "

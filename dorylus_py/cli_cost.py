@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dorylus_py.cli import command
 from dorylus_py.cli_lambdas import count_or_auto
-from dorylus_py.config import TrainConfig, at_least
+from dorylus_py.config import at_least
 from dorylus_py.errors import DorylusError
 
 
@@ -114,8 +114,8 @@ def add_cost(sub) -> None:
     c.add_argument("--lambdas", type=int, default=32, help="Lambdas at once (default 32)")
     c.add_argument("--lambda-memory-mb", type=int, default=d.lambda_memory_mb, help=f"default {d.lambda_memory_mb}")
     c.add_argument("--chunks", type=count_or_auto, default=d.chunks, metavar="N|auto",
-                   help="chunks per graph server (default auto: what `dorylus train --chunks auto` picks for this "
-                        "configuration in sync mode; --search keeps it for every configuration)")
+                   help="chunks per graph server (default auto: what `dorylus train --chunks auto` picks for each "
+                        "configuration in sync mode)")
     c.add_argument("--row-cache-mb", type=int, metavar="MB", help="local/lambda: each worker's feature-row cache; it "
                    "saves the feature pulls only where it holds a graph server's features (default a quarter of "
                    "--lambda-memory-mb)")
@@ -143,7 +143,7 @@ ESTIMATE_COLUMNS = [
 
 
 def _run_cost_estimate(args) -> int:
-    from dorylus_py.cost.estimate import Calibration, Setup, Workload, search
+    from dorylus_py.cost.estimate import Calibration, Setup, Workload, chunks_for, search
     from dorylus_py.cost.model import Prices
     from dorylus_py.cost.report import text_table
 
@@ -177,8 +177,7 @@ def _run_cost_estimate(args) -> int:
         at_least(f"--{name.replace('_', '-')}", value, 1)
     if args.edge_cut is not None and not 0.0 <= args.edge_cut <= 1.0:
         raise DorylusError(f"--edge-cut must be a fraction between 0 and 1, not {args.edge_cut}")
-    chunks = TrainConfig(backend=args.backend, graph_servers=args.graph_servers, lambdas=args.lambdas,
-                         chunks=args.chunks).resolved_chunks(counts["nodes"])
+    chunks = chunks_for(args.chunks, args.backend, args.graph_servers, args.lambdas, counts["nodes"])
     at_least("--chunks", chunks, 1)
     dims = [counts["features"]] + [args.hidden] * (args.layers - 1) + [counts["classes"]]
     work = Workload(counts["nodes"], counts["edges"], dims, args.edge_cut, known_ghosts)
@@ -193,7 +192,7 @@ def _run_cost_estimate(args) -> int:
         return 0
     instances = [i for i in ("c5.xlarge", "c5.2xlarge", "c5.4xlarge", "c5n.2xlarge", "c5n.4xlarge", "m5.2xlarge",
                              "r5.2xlarge") if i in prices.ec2_hourly]
-    rows = search(cal, work, setup, prices, instances)
+    rows = search(cal, work, setup, prices, instances, args.chunks)
     for title, key, reverse in (("cheapest", "total $", False), ("fastest", "wall s", False), ("best value", "value", True)):
         print(f"\n{title} of {len(rows)} configurations:")
         print(text_table(sorted(rows, key=lambda r: r[key], reverse=reverse)[:args.top], ESTIMATE_COLUMNS))

@@ -315,8 +315,9 @@ def chunks_per_server(backend: str, mode: str, workers: int | None, rows: int) -
     server: 2 chunks 1.31x the reference's epoch, 4 chunks 1.58x): one chunk per worker of a fixed Lambda
     pool (``workers``), and one on ``cpu``/``gpu``, whose tasks torch already spreads over the server's
     cores (``cpu``: 1 chunk 1.39x, 4 chunks 1.64x). Async mode, and a pool that resizes itself (``workers``
-    None), keep ``ASYNC_CHUNKS`` so chunks can be at different stages. Every chunk has at most
-    ``AUTO_CHUNK_ROWS`` rows; the count then rounds up to whole waves."""
+    None), keep ``ASYNC_CHUNKS`` so chunks can be at different stages. Chunks have at most
+    ``AUTO_CHUNK_ROWS`` rows of ``rows`` (an even split of the graph: partitions differ by a few per
+    cent); the count then rounds up to whole waves."""
     if mode == "sync" and backend in ("cpu", "gpu"):
         wave = 1
     elif mode == "sync" and workers is not None:

@@ -42,7 +42,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from importlib import resources
 
-from dorylus_py.config import row_cache_mb
+from dorylus_py.config import TrainConfig, row_cache_mb
 from dorylus_py.cost.model import Prices, read_record
 from dorylus_py.errors import ConfigError, DataError
 
@@ -213,12 +213,24 @@ class Calibration:
                 "lambda $": lambda_usd, "total $": total, "value": 1.0 / ((wall / 3600.0) * total) if total else float("nan")}
 
 
+def chunks_for(chunks: int | str, backend: str, graph_servers: int, lambdas: int | str, nodes: int,
+               mode: str = "sync") -> int:
+    """``--chunks`` as `dorylus train` resolves it (``auto``: :func:`dorylus_py.config.chunks_per_server`)."""
+    return TrainConfig(backend=backend, graph_servers=graph_servers, lambdas=lambdas, mode=mode,
+                       chunks=chunks).resolved_chunks(nodes)
+
+
 def setup_of(config: dict, instance: str) -> Setup:
     lambdas = config.get("lambdas", 1)
+    k = int(config.get("graph_servers", 1))
+    chunks = config.get("chunks", 1)  # a record written by `dorylus train` holds the count; one of the API may say auto
+    if chunks == "auto":
+        chunks = chunks_for(chunks, config.get("backend", "local"), k, lambdas, workload_of(config).nodes,
+                            config.get("mode", "sync"))
     lambdas = config.get("lambdas_max", 32) if lambdas == "auto" else lambdas  # an autotuned run: its bound
-    return Setup(config.get("backend", "local"), int(config.get("graph_servers", 1)), int(config.get("weight_servers", 1)),
+    return Setup(config.get("backend", "local"), k, int(config.get("weight_servers", 1)),
                  instance, int(lambdas), int(config.get("lambda_memory_mb", 3008)),
-                 int(config.get("chunks", 1)), int(config.get("epochs", 1)), int(config.get("tensor_threads", 2)),
+                 int(chunks), int(config.get("epochs", 1)), int(config.get("tensor_threads", 2)),
                  config.get("row_cache_mb"))
 
 
@@ -231,12 +243,15 @@ def workload_of(config: dict) -> Workload:
         raise DataError("config.json lacks the graph's counts (nodes, edges, features, classes)") from None
 
 
-def search(cal: Calibration, work: Workload, base: Setup, prices: Prices, instances: list[str]) -> list[dict]:
-    """Every configuration of a grid: backend x graph servers x instance x Lambdas."""
+def search(cal: Calibration, work: Workload, base: Setup, prices: Prices, instances: list[str],
+           chunks: int | str | None = None) -> list[dict]:
+    """Every configuration of a grid: backend x graph servers x instance x Lambdas; ``chunks`` (default
+    ``base.chunks``) as given to `dorylus train`, so ``auto`` is resolved for each configuration."""
     rows = []
     for backend, k, inst in itertools.product(("lambda", "cpu"), (1, 2, 4, 8, 16), instances):
         for lambdas in ((16, 32, 64, 128, 256) if backend == "lambda" else (0,)):
-            setup = Setup(backend, k, base.weight_servers, inst, lambdas, base.memory_mb, base.chunks, base.epochs,
+            n = base.chunks if chunks is None else chunks_for(chunks, backend, k, max(lambdas, 1), work.nodes)
+            setup = Setup(backend, k, base.weight_servers, inst, lambdas, base.memory_mb, n, base.epochs,
                           base.tensor_threads, base.row_cache_mb)
             rows.append(cal.estimate(work, setup, prices))
     return rows
