@@ -48,7 +48,7 @@ class TunerPolicy:
     patience: int = 2  # windows in a row workers must idle before the pool shrinks
     wait_threshold: float = 0.1  # tasks waiting for a worker, on average, that call for more workers
     graph_idle: float = 0.5  # ... while graph stages run less than this fraction of the time
-    min_gain: float = 0.08  # a growth is kept if the work rate rose by at least this fraction
+    min_gain: float = 0.06  # a growth is kept if the work rate rose by at least this fraction
     margin: float = 0.03  # ... undone after one window if short of min_gain by this much
     judge_windows: int = 2  # ... else judged on this many windows after the first one at the new size
     before_windows: int = 3  # windows at the old size, before a growth, whose work rate it is set against
