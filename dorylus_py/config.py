@@ -119,6 +119,10 @@ class TrainConfig:
         if self.fuse not in FUSE_CHOICES:
             raise ConfigError(f"--fuse must be one of {', '.join(FUSE_CHOICES)}, got {self.fuse!r}")
         self.check_lambdas()  # every backend: `auto` is refused where there is no Lambda pool to size
+        if self.chunks != "auto":  # every backend, as --lambdas: a bad count is an error even where unused
+            if not isinstance(self.chunks, int) or isinstance(self.chunks, bool):
+                raise ConfigError(f"--chunks must be a number or auto, got {self.chunks!r}")
+            at_least("--chunks", self.chunks, 1)
         if self.mode in DECENTRAL_MODES:
             self.check_decentral()
         elif self.backend != "reference":
@@ -133,10 +137,6 @@ class TrainConfig:
     def check_distributed(self) -> None:
         at_least("--graph-servers", self.graph_servers, 1)
         at_least("--weight-servers", self.weight_servers, 1)  # more than the layers is fine: weights go by row block
-        if self.chunks != "auto":
-            if not isinstance(self.chunks, int) or isinstance(self.chunks, bool):
-                raise ConfigError(f"--chunks must be a number or auto, got {self.chunks!r}")
-            at_least("--chunks", self.chunks, 1)
         if self.mode not in MODES:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.switch_threshold:

@@ -107,6 +107,7 @@ def test_chunks_auto_is_resolved_into_the_record(graph_npz, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--chunks", "some"], "argument --chunks: expected a number or auto, got 'some'"),
     (["--backend", "local", "--chunks", "-1"], "--chunks must be >= 1, got -1"),
+    (["--chunks", "0"], "--chunks must be >= 1, got 0"),  # the reference backend has no chunks, but 0 is wrong anywhere
 ])
 def test_chunks_mistakes_are_one_line_exit_2(tmp_path, capsys, argv, message):
     code = main(["train", "--out", str(tmp_path / "run"), "--epochs", "1", *argv])
