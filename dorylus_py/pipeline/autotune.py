@@ -178,14 +178,7 @@ class PoolTuner:
         if waiting >= p.wait_threshold and graph < p.graph_idle and self.size < limit:
             size = min(limit, w.wanted, 2 * self.size)
             if size > self.size:
-                windows = [*self.recent, (w.runs, span)][-p.before_windows:]
-                pooled = defaultdict(list)
-                for runs, _ in windows:
-                    for kind, times in runs.items():
-                        pooled[kind] += times
-                means = {k: sum(v) / len(v) for k, v in pooled.items()}
-                rate = sum(_work(runs, means) for runs, _ in windows) / sum(t for _, t in windows)
-                self.trial = _Trial(self.size, size, means, rate)
+                self.trial = _Trial(self.size, size, *_pooled([*self.recent, (w.runs, span)][-p.before_windows:]))
                 return Resize(size, f"{waiting:.1f} tasks waited for a worker (at most {w.wanted} wanted at once), "
                                     f"graph busy {graph:.0%}")
         if self.shrink_votes >= p.patience and self.size > p.low:
@@ -193,6 +186,16 @@ class PoolTuner:
             size = max(p.low, w.wanted)
             return Resize(size, f"{idle:.1f} workers idle, at most {w.wanted} wanted at once")
         return None
+
+
+def _pooled(windows: list[tuple[dict, float]]) -> tuple[dict[str, float], float]:
+    """Of ``(runs, span)`` windows taken together: each kind's mean run time, and the work rate at those means."""
+    pooled = defaultdict(list)
+    for runs, _ in windows:
+        for kind, times in runs.items():
+            pooled[kind] += times
+    means = {k: sum(v) / len(v) for k, v in pooled.items()}
+    return means, sum(_work(runs, means) for runs, _ in windows) / sum(span for _, span in windows)
 
 
 def _work(runs: dict[str, list[float]], means: dict[str, float]) -> float:
