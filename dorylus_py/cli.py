@@ -403,11 +403,15 @@ def _add_train(sub, data) -> None:
     c.add_argument("--resume", dest="resume_dir", metavar="RUN_DIR",
                    help="continue the distributed run recorded in RUN_DIR (interrupted, failed, or to go on to more "
                         "--epochs) from its newest checkpoint, in that record and with its configuration; only "
-                        "--epochs, --checkpoint-every, --target-acc, --max-restarts and the wait/relaunch timeouts "
+                        "--epochs, --checkpoint-every, --target-acc, --max-restarts and the wait/hang/relaunch timeouts "
                         "may change")
     c.add_argument("--relaunch-min-s", type=float, default=d.relaunch_min_s, help=f"relaunch a task after max(this, factor x average) (default {d.relaunch_min_s})")
     c.add_argument("--relaunch-factor", type=float, default=d.relaunch_factor, help=f"(default {d.relaunch_factor})")
     c.add_argument("--wait-timeout-s", type=float, default=d.wait_timeout_s, help=f"give up on any single wait after this (default {d.wait_timeout_s:.0f})")
+    c.add_argument("--hang-timeout-s", type=float, default=d.hang_timeout_s,
+                   help="a server whose serving loop has not turned for this long, or whose send to a peer has waited "
+                        "this long, is hung: it exits and is restarted like a dead one, within --max-restarts "
+                        f"(default {d.hang_timeout_s:.0f}; longer than any single step of the job)")
     add_lambda_pool(p, d)
     g = p.add_argument_group("decentralised modes (--mode gossip | allreduce): Cluster-GCN batches on data-parallel workers")
     g.add_argument("--workers", type=int, default=d.workers, help=f"worker processes (default {d.workers}; under torchrun: its world size)")
@@ -449,9 +453,10 @@ def _run_train(args) -> int:
         cfg = cli_train.with_deployed_memory(cfg, given)
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode if cfg.mode in DECENTRAL_MODES else cfg.backend}")
     checkpoints = cli_train.checkpoints_of(cfg, run_dir)
-    done = cli_train.checkpoint_epoch(checkpoints, cfg.epochs) if resumed is not None else None  # before any write
     store, copy = (cli_train.store_for(cfg, run_dir, reuse=resumed is not None) if distributed
                    else (None, cfg.mode in DECENTRAL_MODES))  # copy: the run writes the data into its record
+    done = (cli_train.checkpoint_epoch(cfg, checkpoints, None if copy else store) if resumed is not None
+            else None)  # before any write
     graph = None
     if distributed and not copy:  # the graph servers read the store; the driver needs only its manifest
         from dorylus_py.partition import PartitionStore
@@ -526,6 +531,8 @@ def _add_server(sub, role: str, help: str) -> None:
     p.add_argument("--rank", type=int, required=True, help="which graph/weight server of the file this is")
     p.add_argument("--bind", default="", help="interface to listen on (default: the host of this server's address in "
                    "the file; 0.0.0.0 for all); the file's address is what peers are told")
+    p.add_argument("--jobs", type=int, default=0, help="serve this many jobs, then exit (default 0: job after job "
+                   "until stopped by SIGTERM or Ctrl-C, as a service)")
     p.set_defaults(run=_run_server, role=role)
 
 
@@ -542,9 +549,15 @@ def _run_server(args) -> int:
         from graph_servers.server import GraphServer as build
     else:
         from dorylus_py.weights.server import WeightServer as build
+    if args.jobs < 0:
+        raise ConfigError(f"--jobs must be 0 (until stopped) or more, got {args.jobs}")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr,
+                        force=True)  # a server's log: when, and how bad
+    logging.getLogger("dorylus").setLevel(logging.INFO)  # each job's start and end lines, for the operator
     try:
-        serve(args.role, build, cluster.driver, args.rank, host, port, bind_host=args.bind or None, key=key, curve=curve)
-    except Stopped:
+        serve(args.role, build, cluster.driver, args.rank, host, port, bind_host=args.bind or None, key=key, curve=curve,
+              jobs=args.jobs or None)
+    except (Stopped, KeyboardInterrupt):
         pass
     return 0
 

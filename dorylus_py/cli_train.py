@@ -14,8 +14,8 @@ from dorylus_py.errors import ConfigError, DorylusError
 
 
 # What --resume RUN_DIR lets change; the rest of the configuration is the record's.
-RESUME_OVERRIDES = ("epochs", "checkpoint_every", "target_acc", "max_restarts", "wait_timeout_s", "relaunch_min_s",
-                    "relaunch_factor")
+RESUME_OVERRIDES = ("epochs", "checkpoint_every", "target_acc", "max_restarts", "wait_timeout_s", "hang_timeout_s",
+                    "relaunch_min_s", "relaunch_factor")
 
 
 def resume_args(args, given: set[str]) -> dict:
@@ -49,11 +49,17 @@ def checkpoints_of(cfg, run_dir: Path) -> str:
     return cfg.checkpoint_dir or str(run_dir / "checkpoints")
 
 
-def checkpoint_epoch(checkpoints: str, epochs: int) -> int:
-    """The epoch of the newest checkpoint, which --resume continues after (checked before anything is written)."""
-    from dorylus_py.checkpoint import load_checkpoint
+def checkpoint_epoch(cfg, checkpoints: str, store: str | None) -> int:
+    """The epoch of the newest intact checkpoint, which --resume continues after; checked before anything
+    is written, against the job's fingerprint when its partition ``store`` is there to read."""
+    from dorylus_py.checkpoint import fingerprint, load_checkpoint
+    from dorylus_py.partition import PartitionStore
 
-    done = int(load_checkpoint(checkpoints)["epoch"])
+    epochs, job = cfg.epochs, None
+    if store is not None:
+        m = PartitionStore.open(store).manifest
+        job = fingerprint(m, cfg.model, cfg.widths(m["features"], m["classes"]))
+    done = int(load_checkpoint(checkpoints, job)["epoch"])
     if done >= epochs:
         raise ConfigError(f"the newest checkpoint in {checkpoints} is at epoch {done}; --epochs {epochs} leaves "
                           "nothing to do (pass more)")

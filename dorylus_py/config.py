@@ -79,6 +79,7 @@ class TrainConfig:
     relaunch_min_s: float = 5.0  # relaunch a task after max(this, factor x its kind's average)
     relaunch_factor: float = 3.0
     wait_timeout_s: float = 300.0  # any single wait (a peer, a task, the driver) gives up after this
+    hang_timeout_s: float = 60.0  # distributed: a server whose loop stands still (or whose send waits) this long is hung
     checkpoint_every: int | None = None  # distributed: checkpoint every N epochs and at the end (None: 10; 0: never)
     checkpoint_dir: str = ""  # distributed: where checkpoints go, a folder or s3:// prefix ("": RUN_DIR/checkpoints)
     max_restarts: int = 3  # distributed: restart dead servers from the last checkpoint at most this often
@@ -185,6 +186,7 @@ class TrainConfig:
         above("--relaunch-min-s", self.relaunch_min_s, 0)
         at_least("--relaunch-factor", self.relaunch_factor, 1)
         above("--wait-timeout-s", self.wait_timeout_s, 0)
+        above("--hang-timeout-s", self.hang_timeout_s, 0)
 
     def check_lambdas(self) -> None:
         if self.lambdas != "auto":
@@ -209,6 +211,10 @@ class TrainConfig:
         if self.lambdas == "auto":
             return share(self.lambdas_min), share(self.lambdas_min), share(self.lambdas_max)
         return (share(self.lambdas),) * 3
+
+    def widths(self, features: int, classes: int) -> list[int]:
+        """The model's layer widths, input to output, for a graph of ``features`` and ``classes``."""
+        return [features] + [self.hidden] * (self.layers - 1) + [classes]
 
     def resolved_chunks(self, nodes: int) -> int:
         """``--chunks``, with ``auto`` worked out for a graph of ``nodes`` vertices (see :func:`chunks_per_server`)."""

@@ -8,7 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
-from dorylus_py.atomic import atomic_dir, atomic_file
+from dorylus_py.atomic import atomic_dir, atomic_file, check_replaceable
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.jsonfile import read_json
 
@@ -24,21 +24,22 @@ HANDLER_MODULES = ["__init__.py", "errors.py", "jobkey.py", "kernels/__init__.py
 
 
 def build_context(out: Path, overwrite: bool = False) -> list[Path]:
-    """Lay out ``docker build`` input in ``out``: the Dockerfile, the handler, the modules it imports."""
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"{out}: exists and is not empty (pass --overwrite)")
+    """Lay out ``docker build`` input in ``out``: the Dockerfile, the handler, the modules it imports.
+    ``overwrite``: replace an earlier build context there (and nothing else: a folder holding other
+    files is refused)."""
     handler = [REPO / "lambda_functions" / name
                for name in ("Dockerfile", "__init__.py", "channel.py", "handler.py", "link.py", "row_cache.py", "stream.py")]
     sources = handler + [REPO / "dorylus_py" / m for m in HANDLER_MODULES]
     missing = [str(p) for p in sources if not p.exists()]
     if missing:
         raise ConfigError(f"build-context needs a source checkout; missing {missing[0]}")
+    layout = {src: Path("Dockerfile") if src.name == "Dockerfile" else src.relative_to(REPO) for src in sources}
+    check_replaceable(out, {str(rel) for rel in layout.values()}, overwrite, "a Lambda build context")
     if not out.parent.exists():
         raise ConfigError(f"{out.parent}: folder does not exist")
     written = []
     with atomic_dir(out, overwrite=True) as staging:
-        for src in sources:
-            rel = Path("Dockerfile") if src.name == "Dockerfile" else src.relative_to(REPO)
+        for src, rel in layout.items():
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, staging / rel)
             written.append(out / rel)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dorylus_py.atomic import atomic_dir
+from dorylus_py.atomic import atomic_dir, check_replaceable
 from dorylus_py.errors import ConfigError
 from dorylus_py.jobkey import new_key
 
@@ -24,8 +24,7 @@ def generate(out: Path, overwrite: bool = False) -> bytes:
     """Write a server key pair and a job key into ``out`` (mode 0700, secrets 0600); return the public key."""
     import zmq.auth
 
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"{out}: exists and is not empty (pass --overwrite to replace its keys)")
+    check_replaceable(out, {PUBLIC, SECRET, JOB}, overwrite, "its keys")
     if not out.parent.exists():
         raise ConfigError(f"{out.parent}: folder does not exist")
     with atomic_dir(out, overwrite=True) as staging:  # mkdtemp: mode 0700 from the start

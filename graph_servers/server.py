@@ -24,7 +24,8 @@ import torch
 import zmq
 
 from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import REJECTED, Node, peak_rss_mb
+from dorylus_py.cluster.node import Node, peak_rss_mb
+from dorylus_py.cluster.rejections import REJECTED
 from dorylus_py.errors import DorylusError
 from dorylus_py.models import spec_of
 from dorylus_py.models.spec import fuses_last_layer
@@ -56,6 +57,7 @@ class GraphServer:
         self.node = node
         self.spec = spec = JobSpec.from_wire(start["spec"])
         cfg = spec.config
+        node.set_hang_timeout(cfg.hang_timeout_s)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)  # --threads: the sparse products' intra-op threads
         self.k = node.rank
@@ -114,10 +116,10 @@ class GraphServer:
             "structure_bytes_per_edge": round(self.state.structure_bytes / max(self.state.edges, 1), 2),
             "peers": len(self.peers), "chunks": self.state.chunks, "platform": self.platform.name,
             "fused_last_layer": fused is not None, "remat": cfg.remat, "buffer_bytes": self.state.buffer_bytes,
-            "first_epoch": spec.first_epoch, "restart": spec.restart}))
+            "first_epoch": spec.first_epoch, "restart": spec.restart, "job": node.session.job.hex()}))
 
     def _dealer(self, address: str) -> zmq.Socket:
-        return self.node.dealer(address)
+        return self.node.dealer(address, answered=True)  # peers and weight servers answer every message
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -158,8 +160,8 @@ class GraphServer:
             key = inst.key
             weighted = self.by_task[(key.kind, key.train, key.layer)].weights is not None
             servers = [self.spec.weight_servers[w] for w in self.layer_servers[key.layer]] if weighted else []
-            self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.curve, inst, servers,
-                                            chunk_rows(self.state, key.chunk) if streams(self.state, key) else 0))
+            self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.curve, self.node.session.job,
+                                            inst, servers, chunk_rows(self.state, key.chunk) if streams(self.state, key) else 0))
         elif kind is ev.Serve:
             key = inst.key
             token = self.static_tokens[key.chunk] if self.static_tokens and has_static(key) else None
@@ -231,6 +233,8 @@ class GraphServer:
                 self.staging.forget(key)  # accepted, or done before: no copy's blocks are wanted now
         elif msg.op == "ghosts":
             phase, src, epoch, layer, src_chunk, min_epoch = peer_rows(msg, s.layers)
+            self._check_peer_epoch(epoch, "ghosts")
+            self._check_peer_progress(min_epoch)
             s.store_peer_rows(phase, src, layer, src_chunk, msg.tensors)
             self.node.reply(identity, Message("ok", {}))
             covers = s.chunk_counts[src] if src_chunk == ALL_CHUNKS else 1  # a sync sum stands for all its chunks
@@ -241,10 +245,24 @@ class GraphServer:
             src = integer(msg["src"], "src")
             if src not in self.peers:
                 raise ProtocolError(f"progress from unexpected source {src}")
+            min_epoch = integer(msg["min_epoch"], "min_epoch", 1)
+            self._check_peer_progress(min_epoch)
             self.node.reply(identity, Message("ok", {}))
-            self.feed(ev.PeerProgress(src, integer(msg["min_epoch"], "min_epoch", 1)))
+            self.feed(ev.PeerProgress(src, min_epoch))
         else:
             raise ProtocolError(f"op {msg.op} is not served by a graph server")
+
+    def _check_peer_epoch(self, epoch: int, what: str) -> None:
+        """A peer's rows must be of an epoch this server can be at: rows of another would overwrite live ones."""
+        if not self.scheduler.expects_peer_epoch(epoch):
+            raise ProtocolError(f"{what} of epoch {epoch}: not an epoch near this server's {self.scheduler.pipe.min_epoch()}")
+
+    def _check_peer_progress(self, min_epoch: int) -> None:
+        """A peer's slowest epoch cannot be past the end of the job, nor further ahead than staleness allows."""
+        sched = self.scheduler
+        if min_epoch > min(sched.epochs + 1, sched.pipe.min_epoch() + sched.staleness + 2):
+            raise ProtocolError(f"a peer at epoch {min_epoch}: further ahead than this server's "
+                                f"{sched.pipe.min_epoch()} allows")
 
     def on_driver(self, msg: Message) -> None:
         """The switch back to sync mode, in two steps so that no server has started the switch epoch:
@@ -393,6 +411,7 @@ class GraphServer:
     def close(self) -> None:
         self._log_end()
         self.graph_pool.shutdown(wait=True, cancel_futures=True)
+        self.node.poller.unregister(self.wake_recv)  # the node serves the next job with its poller
         self.wake_send.close(0)
         self.wake_recv.close(0)
         self.platform.close()

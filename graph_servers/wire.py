@@ -19,15 +19,17 @@ MAX_TOKEN = 64  # characters of one token (ours are 32 hex digits)
 PHASES = ("fwd", "efwd", "bwd", "ebwd")  # what peers send: Z rows (training, evaluation), dZ and score-gradient parts
 
 
-def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, inv: Invoke, weight_servers: list[str],
-               stream_rows: int = 0) -> dict:
+def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, job: bytes, inv: Invoke,
+               weight_servers: list[str], stream_rows: int = 0) -> dict:
     """The event a tensor worker gets for a copy of a task (the same for every copy but ``attempt``);
-    ``weight_servers``: those holding the task's layer, its lead first (none for a task without weights);
-    ``stream_rows``: the chunk's rows when the task may be streamed (0: it may not).
-    No secret: the worker has the job key from its own environment; the CURVE key here is the public one."""
+    ``job``: the job's nonce, which the worker's requests are bound to; ``weight_servers``: those holding
+    the task's layer, its lead first (none for a task without weights); ``stream_rows``: the chunk's
+    rows when the task may be streamed (0: it may not). No secret: the worker has the job key from its
+    own environment; the CURVE key here is the public one, and the nonce is no secret either."""
     cfg = spec.config
     key = inv.key
     return {
+        "job": job.hex(),
         "curve_public_key": curve.server_public.decode() if curve else None,
         "graph_server": address,
         "weight_servers": weight_servers,
@@ -57,7 +59,7 @@ def task_of(task, layers: int, chunks: int, kinds: frozenset[str]) -> tuple[Task
     if not isinstance(task, dict):
         raise ProtocolError("task must be an object")
     kind, train = task.get("kind"), task.get("train")
-    if kind not in kinds or not isinstance(train, bool):
+    if not isinstance(kind, str) or kind not in kinds or not isinstance(train, bool):
         raise ProtocolError(f"malformed task {task!r:.200}")
     key = TaskKey(kind, train, integer(task.get("epoch"), "task epoch", 1), integer(task.get("layer"), "task layer", 0, layers),
                   integer(task.get("chunk"), "task chunk", 0, chunks))

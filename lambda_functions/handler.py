@@ -19,7 +19,7 @@ environment (``DORYLUS_KEY``; on AWS the Secrets Manager secret named by ``DORYL
 through the function's role), or is handed directly (``session``) when it runs inside a graph server.
 The event carries no secret.
 
-Event: ``{"curve_public_key", "graph_server", "weight_servers" (of the task's layer, its lead first; empty
+Event: ``{"job" (the job's nonce, hex: every request is bound to it), "curve_public_key", "graph_server", "weight_servers" (of the task's layer, its lead first; empty
 for tasks without weights), "model", "dropout", "attn_dropout", "negative_slope", "seed", "num_train",
 "row_cache_mb", "stream", "device", "task": {"kind", "epoch", "layer", "chunk", "server", "version", "train", "attempt"}}``.
 The weights of a layer are spread over several weight servers by row block: the task asks the lead
@@ -74,7 +74,8 @@ class TaskCancelled(Exception):
 def handler(event: dict, context=None, session: Session | None = None) -> dict:
     t0 = time.perf_counter()
     try:
-        return _run(event, context, session or _container_session()) | {"seconds": time.perf_counter() - t0}
+        job = bytes.fromhex(event["job"])
+        return _run(event, context, (session or _container_session()).for_job(job)) | {"seconds": time.perf_counter() - t0}
     except TaskCancelled as e:
         return {"status": "cancelled", "reason": str(e), "seconds": time.perf_counter() - t0}
 

@@ -14,6 +14,10 @@ from dorylus_py.data import Graph, SynthConfig, generate, load_graph
 DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or Path(__file__).resolve().parents[2] / "shared" / "datasets")
 
 
+# A bug met while handling a peer's message is logged and the message dropped in production; in the tests
+# (and every process they start) it is fatal, so that it fails a test instead of passing as a rejection.
+os.environ["DORYLUS_STRICT"] = "1"
+
 # A non-interactive shell starts `cmd &` with SIGINT ignored, and the ignoring passes to every child:
 # the Ctrl-C tests' jobs would then train on forever. Take Ctrl-C back, so their children get it.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

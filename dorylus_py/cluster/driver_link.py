@@ -1,12 +1,16 @@
 """The driver's end of a job: its ROUTER socket, the server processes it started, and their heartbeats.
 
-Servers bind any free port and say ``hello`` with their address; every message after that comes from
-an identity the driver knows, and a message from any other (a process of an earlier start of the
-job, or a stranger) is dropped. Servers beat every second on a socket of their own and the driver
-answers each beat; a server not heard from for ``SILENCE_S``, or a started process that exited, is
-:class:`ServerLost` within seconds. Nothing a peer sends can raise past :meth:`DriverLink.recv`:
-messages that fail the job key's MAC or replay earlier ones are dropped and counted, and so is anything
-from an identity that is not a server of this start.
+Each start of the job draws a nonce (:meth:`DriverLink.begin`) that every message of that start is
+bound to (``protocol/session.py``); only a server's ``hello`` comes unbound, since the server learns
+the nonce from its ``start``. Servers bind any free port and say ``hello`` with their address (again
+every second until started); every message after that comes from an identity the driver knows, and
+a message from any other (a process of an earlier start of the job, or a stranger) is dropped.
+Servers beat every second on a socket of their own, with the turns their serving loop has made, and
+the driver answers each beat; a server not heard from for ``SILENCE_S``, one whose loop has not turned
+for the hang timeout, or a started process that exited, is :class:`ServerLost` within seconds.
+Nothing a peer sends can raise past :meth:`DriverLink.recv`: messages that fail the job key's MAC or
+replay earlier ones are dropped and counted, and so is anything from an identity that is not a
+server of this start.
 
 The job key: a one-machine job makes a fresh one (or takes ``DORYLUS_KEY``) and hands it to the
 processes it starts in their environment; a ``--cluster`` job reads the one its servers read
@@ -27,7 +31,8 @@ from pathlib import Path
 
 import zmq
 
-from dorylus_py.cluster.node import SILENCE_S, Rejections
+from dorylus_py.cluster.heartbeat import SILENCE_S
+from dorylus_py.cluster.rejections import Rejections
 from dorylus_py.cluster.spec import ClusterSpec
 from dorylus_py.errors import DorylusError
 from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
@@ -46,9 +51,9 @@ class ServerLost(DorylusError):
 
 
 class DriverLink:
-    def __init__(self, run_dir: Path, cluster: ClusterSpec | None = None):
-        self.run_dir, self.cluster = run_dir, cluster
-        self.ctx = zmq.Context.instance()
+    def __init__(self, run_dir: Path, cluster: ClusterSpec | None = None, hang_timeout_s: float = 60.0):
+        self.run_dir, self.cluster, self.hang_timeout_s = run_dir, cluster, hang_timeout_s
+        self.ctx = zmq.Context()  # its own: stop() ends it, which is what makes the last stops go out
         self.curve = cluster_curve(cluster)
         if cluster is None:  # everything on this machine
             self._key = load_job_key() if os.environ.get(KEY_ENV) else new_key()
@@ -72,6 +77,7 @@ class DriverLink:
         self.names: dict[bytes, str] = {}
         self.senders: dict[bytes, bytes] = {}  # identity -> the session id it speaks with (replies are signed for it)
         self.heard: dict[str, float] = {}  # server name -> when its last heartbeat came
+        self.turned: dict[str, tuple[int, float]] = {}  # server name -> its loop's turns, and when they last moved
         self.expected: set[str] = set()  # names of the servers of this start
         self.retired: set[str] = set()  # servers whose work is done: their deaths no longer matter
         self._held: list = []  # messages that came while the driver waited on a request
@@ -99,13 +105,26 @@ class DriverLink:
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
                 raise ServerLost(f"{name} {how}{why} (log: {log_path})", deliberate=code == 2)
 
+    def begin(self) -> str:
+        """A new start of the job: a fresh nonce, which every message of this start is bound to from
+        now on (the servers learn it from ``start``); returned as hex for the ``start`` messages."""
+        nonce = secrets.token_bytes(16)
+        self.session = self.session.for_job(nonce)
+        return nonce.hex()
+
     def check_heartbeats(self) -> None:
         self.serve_heartbeats()  # beats queued while this process was starved of CPU are not silence
         now = time.monotonic()
         for name, when in self.heard.items():
-            if name in self.expected and name not in self.retired and now - when > SILENCE_S:
-                where = f" at {self.cluster.address(*_role_rank(name))}" if self.cluster else ""
+            if name not in self.expected or name in self.retired:
+                continue
+            where = f" at {self.cluster.address(*_role_rank(name))}" if self.cluster else ""
+            if now - when > SILENCE_S:
                 raise ServerLost(f"{name}{where} has not been heard from for {SILENCE_S:.0f} s (presumed dead)")
+            turns, moved = self.turned.get(name, (0, now))
+            if turns and now - moved > self.hang_timeout_s:
+                raise ServerLost(f"{name}{where} is hung: its serving loop has not turned for "
+                                 f"{self.hang_timeout_s:.0f} s (--hang-timeout-s)")
 
     def retire(self, names: list[str]) -> None:
         """Stop watching ``names`` (graph servers once training is over: the weights come from the weight
@@ -145,13 +164,16 @@ class DriverLink:
                     proc.kill()
                 proc.wait(timeout=10)
         self.procs.clear()
-        self.router.close(0)
+        # Ending the context waits (up to 2 s) until the stops still queued have left: a process that exits
+        # first loses them, and a server then waits out its 6 s of silence instead of serving the next job.
+        self.ctx.destroy(linger=2000)
 
     def _forget_servers(self) -> None:
         self.identities.clear()
         self.names.clear()
         self.senders.clear()
         self.heard.clear()
+        self.turned.clear()
         self.expected.clear()
         self.retired.clear()
         self._held.clear()
@@ -191,18 +213,24 @@ class DriverLink:
         frames = self.router.recv_multipart(copy=False)
         ident = frames[0].bytes
         try:
-            msg = self.session.decode(frames[1:], self.address)
+            msg = self.session.decode(frames[1:], self.address, unbound=frozenset({"hello"}))
         except ProtocolError as e:
             self.rejections.add("unauthenticated" if isinstance(e, AuthError) else "invalid", e)
             return None
         if msg.op == "heartbeat":
             name = f"{msg.get('role')}-{msg.get('rank')}"
-            if name in self.expected:
-                self.heard[name] = time.monotonic()
+            turns = msg.get("turns")
+            if name in self.expected and type(turns) is int:
+                now = time.monotonic()
+                self.heard[name] = now
+                if self.turned.get(name, (None,))[0] != turns:
+                    self.turned[name] = (turns, now)
                 self._to(ident, Message("heartbeat"), msg.sender)
                 return None
         elif msg.op == "hello":
             name = f"{msg.get('role')}-{msg.get('rank')}"
+            if self.identities.get(name) == ident and self.senders.get(ident) == msg.sender:
+                return None  # it says hello every second until started
             if name in self.expected and name not in self.identities and isinstance(msg.get("address"), str):
                 self.identities[name], self.names[ident], self.senders[ident] = ident, name, msg.sender
                 return name, msg

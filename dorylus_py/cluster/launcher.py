@@ -17,7 +17,6 @@ driver cannot start remote servers), with one line saying why.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -25,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dorylus_py.checkpoint import load_checkpoint, save_checkpoint
+from dorylus_py.checkpoint import fingerprint, load_checkpoint, save_checkpoint
+from dorylus_py.cluster import reports
 from dorylus_py.cluster.driver_link import DriverLink, ServerLost
 from dorylus_py.cluster.job import JobSpec
 from dorylus_py.cluster.spec import ClusterSpec
@@ -34,7 +34,7 @@ from dorylus_py.errors import DorylusError
 from dorylus_py.partition import s3
 from dorylus_py.partition.store import PartitionStore
 from dorylus_py.progress import progress_bar
-from dorylus_py.protocol import Message
+from dorylus_py.protocol import Message, ProtocolError
 from dorylus_py.training.record import BestTracker, RunRecord, run_summary
 from dorylus_py.training.reference import TrainResult
 from dorylus_py.models import spec_of
@@ -52,6 +52,7 @@ class JobPlan:
     splits: list[int]  # train, val, test vertex counts
     weight_servers: int
     blocks: list[Block]  # the model's weights, by row block and weight server
+    fingerprint: dict  # what its checkpoints belong to (checkpoint.py)
 
     @classmethod
     def of(cls, cfg: TrainConfig, parts_dir, feature_norm: str, weight_servers: int) -> "JobPlan":
@@ -63,7 +64,7 @@ class JobPlan:
         data_dir = str(parts_dir) if s3.is_s3(parts_dir) else str(Path(parts_dir).resolve())
         cfg = replace(cfg, chunks=cfg.resolved_chunks(sum(sizes)))  # --chunks auto: a count from here on
         spec = JobSpec(config=cfg, data_dir=data_dir, feature_norm=feature_norm,
-                       dims=[m["features"]] + [cfg.hidden] * (cfg.layers - 1) + [m["classes"]],
+                       dims=cfg.widths(m["features"], m["classes"]),
                        id_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist(),
                        chunk_counts=[max(1, min(cfg.chunks, s)) for s in sizes], edge_offsets=edges, num_train=int(splits[0]),
                        mode=cfg.mode)
@@ -71,7 +72,7 @@ class JobPlan:
         if len({b.server for b in blocks}) < weight_servers:
             raise DorylusError(f"--weight-servers {weight_servers}: the model's tensors have only {len(blocks)} row "
                                "blocks, so some weight servers would hold nothing")
-        return cls(spec, splits.tolist(), weight_servers, blocks)
+        return cls(spec, splits.tolist(), weight_servers, blocks, fingerprint(m, cfg.model, spec.dims))
 
     @property
     def graph_servers(self) -> int:
@@ -99,8 +100,8 @@ def train_distributed(cfg: TrainConfig, parts_dir, record: RunRecord, feature_no
         raise DorylusError(f"the cluster file lists {len(cluster.graph_servers)} graph servers but {parts_dir} "
                            f"has {plan.graph_servers} partitions")
     run = _Run(cfg, plan, record, checkpoint_dir or str(record.dir / "checkpoints"), cluster,
-               load_checkpoint(resume_from) if resume_from else None, show_progress)
-    link = DriverLink(record.dir, cluster)
+               load_checkpoint(resume_from, plan.fingerprint) if resume_from else None, show_progress)
+    link = DriverLink(record.dir, cluster, cfg.hang_timeout_s)
     try:
         run.go(link)
         summary_fields = run.finish(link)
@@ -164,6 +165,7 @@ class _Run:
 
     def start(self, link: DriverLink) -> None:
         names = self.names()
+        job = link.begin()  # this start's nonce: nothing of an earlier start or job is accepted in it
         if self.cluster is None:
             for name in names:
                 role, _, rank = name.rpartition("-")
@@ -181,9 +183,9 @@ class _Run:
                        weight_servers=[addresses[f"weight-server-{w}"] for w in range(self.plan.weight_servers)])
         for w in range(self.plan.weight_servers):
             state = {} if self.checkpoint is None else self.block_state([b for b in self.plan.blocks if b.server == w])
-            link.send(f"weight-server-{w}", Message("start", {"spec": spec.to_wire()}, state))
+            link.send(f"weight-server-{w}", Message("start", {"spec": spec.to_wire(), "job": job}, state))
         for k in range(self.plan.graph_servers):
-            link.send(f"graph-server-{k}", Message("start", {"spec": spec.to_wire()}))
+            link.send(f"graph-server-{k}", Message("start", {"spec": spec.to_wire(), "job": job}))
         self.spec = spec
 
     def restart(self, link: DriverLink, why: ServerLost) -> None:
@@ -213,24 +215,44 @@ class _Run:
         frozen: dict[str, int] = {}
         while len(finished) < k_parts:
             name, msg = link.recv(self.cfg.wait_timeout_s)
+            try:
+                report = self._checked(name, msg)
+            except ProtocolError as e:  # a graph server's report that does not add up: counted, not used
+                link.rejections.add("invalid", e)
+                continue
             if msg.op == "tasks":
-                self.record.log_tasks([json.loads(line) for line in bytes(msg.tensors["jsonl"]).decode().splitlines()])
-            elif msg.op == "epoch_stats" and msg.get("finished"):
+                self.record.log_tasks(report)
+            elif msg.op == "epoch_stats" and msg.get("finished") is True:
                 finished.add(name)
             elif msg.op == "epoch_stats":
-                epoch = int(msg["epoch"])
-                pending.setdefault(epoch, []).append(msg.fields)
+                epoch = report["epoch"]
+                if any(p["rank"] == report["rank"] for p in pending.get(epoch, [])):
+                    link.rejections.add("invalid", ProtocolError(f"a second epoch_stats of epoch {epoch} from {name}"))
+                    continue
+                pending.setdefault(epoch, []).append(report)
                 if len(pending[epoch]) == k_parts:
                     if self.epoch_done(link, epoch, pending.pop(epoch)):
                         return  # the target accuracy is reached
                     for w in range(self.plan.weight_servers):  # recorded: its snapshot may go
                         link.send(f"weight-server-{w}", Message("release", {"version": self.plan.version(epoch)}))
             elif msg.op == "switch":
-                frozen[name] = int(msg["frozen_at"])
+                frozen[name] = report
                 if len(frozen) == k_parts:
                     self.switched = max(frozen.values())
                     for k in range(k_parts):
                         link.send(f"graph-server-{k}", Message("switch", {"at_epoch": self.switched}))
+
+    def _checked(self, name: str, msg: Message):
+        """What a graph server reported, checked (``reports.py``); None for what needs no checking."""
+        if not name.startswith("graph-server-"):
+            raise ProtocolError(f"{msg.op} from {name}, which is no graph server")
+        if msg.op == "tasks":
+            return reports.task_rows(msg)
+        if msg.op == "epoch_stats" and msg.get("finished") is not True:
+            return reports.epoch_stats(msg, int(name.rpartition("-")[2]), self.cfg.epochs)
+        if msg.op == "switch":
+            return reports.frozen_at(msg, self.cfg.epochs)
+        return None
 
     def epoch_done(self, link: DriverLink, epoch: int, parts: list[dict]) -> bool:
         """Record an epoch every graph server finished; True when the run should stop here."""
@@ -293,7 +315,7 @@ class _Run:
 
     def take_checkpoint(self, link: DriverLink, epoch: int) -> None:
         arrays = self.state(link, epoch)
-        save_checkpoint(self.checkpoint_dir, epoch, arrays)
+        save_checkpoint(self.checkpoint_dir, epoch, arrays, self.plan.fingerprint)
         self.checkpoint = arrays | {"epoch": np.array(epoch, np.int64)}
 
     def finish(self, link: DriverLink) -> dict:

@@ -1,38 +1,50 @@
 """What every server process shares: a ROUTER that serves requests, a link to the driver, and a loop
 that rejects bad messages and keeps running.
 
-A server binds its ROUTER (port 0 = any free port), says ``hello`` to the driver with its address,
-and waits for ``start`` (the job spec and every peer's address). After that the driver may send it
-``stop`` at any time. Every wait has a timeout. From ``start`` on, a heartbeat thread tells the driver
-every second that the process lives, on a socket of its own (so a long computation in the main thread
-does not silence it); a server whose driver has not answered for ``SILENCE_S`` seconds, or whose parent
-process changed, exits rather than linger as an orphan, and the driver presumes a server that has
-been silent that long dead.
+A server binds its ROUTER (port 0 = any free port) once, then serves job after job: for each, it says
+``hello`` to the driver with its address (again every second until the driver answers, so a server
+started before its driver, or waiting between jobs, is found), and waits for ``start`` (the job spec,
+every peer's address and the job's nonce). After that the driver may send it ``stop`` at any time,
+which ends the job. Every wait has a timeout. From ``start`` on, a heartbeat thread tells the driver
+every second that the process lives and how many turns its main loop has made (so a loop stuck in a
+send is seen as hung, not alive), on a socket of its own; a server whose driver has not answered for
+``SILENCE_S`` seconds, or whose parent process changed, exits rather than linger as an orphan, and the
+driver presumes a server that has been silent that long dead.
 
 Every message is signed and checked (``protocol/session.py``): requests are signed for the address
-they go to, replies for the session that asked (the ``identity`` a handler gets is a :class:`Peer`).
-A message that fails its MAC or replays one seen before is dropped unanswered and counted; one that
-is authentic but wrong gets an ``error`` reply with its request id; nothing raises past the loop.
+they go to and the job's nonce, replies for the session that asked (the ``identity`` a handler gets is
+a :class:`Peer`). Each job gets a fresh session (a new id; nothing stamped before it is accepted), so
+nothing captured in an earlier job or process lifetime is accepted in this one. A message that fails
+its MAC or replays one seen before is dropped unanswered and counted; one that is authentic but wrong
+(a handler raises a :class:`DorylusError`, :class:`ProtocolError` included) gets an ``error`` reply
+with its request id; any other exception in a handler is a bug in this program, logged with the op and
+sender and the message dropped (``DORYLUS_STRICT=1``, as the tests set, makes it fatal instead);
+nothing raises past the loop.
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 import os
+import signal
 import sys
 import threading
 import time
 
 import zmq
 
+from dorylus_py.cluster.heartbeat import Heartbeat
+from dorylus_py.cluster.rejections import REJECTED, Rejections
 from dorylus_py.errors import DorylusError
 from dorylus_py.jobkey import load_job_key
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
 from dorylus_py.protocol.transport import Curve, dealer, router
 
 log = logging.getLogger(__name__)
-HEARTBEAT_S = 1.0  # a server says it lives this often
-SILENCE_S = 6.0  # a process not heard from for this long is presumed dead (well within 10 s)
+HELLO_EVERY_S = 1.0  # a server waiting for its job says hello this often
+PEER_CAP_BYTES = 4 * 2**30  # tensor bytes sent to one peer and not yet answered: more, and the peer is stuck
 
 
 def bind(sock: zmq.Socket, host: str, port: int, who: str) -> int:
@@ -70,8 +82,6 @@ class Stopped(Exception):
     """The driver asked this server to stop."""
 
 
-# What a hostile but authentic message can make a handler raise; all of it is answered, none kills.
-REJECTED = (DorylusError, LookupError, TypeError, ValueError, ArithmeticError, AttributeError, RecursionError)
 
 
 class Peer(tuple):
@@ -86,69 +96,16 @@ class Peer(tuple):
     sender = property(lambda self: self[1])
 
 
-class Rejections:
-    """Counts refused messages; logs the first few of each kind and then every thousandth."""
-
-    def __init__(self, who: str):
-        self.who, self.counts = who, {"unauthenticated": 0, "invalid": 0}
-
-    def add(self, kind: str, error: Exception) -> None:
-        self.counts[kind] += 1
-        n = self.counts[kind]
-        if n <= 5 or n % 1000 == 0:
-            log.warning("%s: %s message #%d refused: %s", self.who, kind, n, error)
-
-    def __str__(self) -> str:
-        return ", ".join(f"{n} {kind}" for kind, n in self.counts.items())
-
-
-class Heartbeat:
-    """Tell the driver every ``HEARTBEAT_S`` that this process lives; exit it (code 3, one log line)
-    once the driver has not answered for ``silence_s``. Runs on a thread with a socket of its own."""
-
-    def __init__(self, driver: str, session: Session, role: str, rank: int, silence_s: float = SILENCE_S,
-                 curve: Curve | None = None):
-        self.driver, self.session, self.role, self.rank, self.silence_s = driver, session, role, rank, silence_s
-        self.curve = curve
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        sock = dealer(zmq.Context.instance(), self.driver, self.curve)
-        beat = Message("heartbeat", {"role": self.role, "rank": self.rank})
-        heard = time.monotonic()
-        try:
-            while not self._stop.is_set():
-                sock.send_multipart(self.session.encode(beat, self.driver))  # a new sequence number each time
-                deadline = time.monotonic() + HEARTBEAT_S
-                while (left := deadline - time.monotonic()) > 0 and sock.poll(int(left * 1000) + 1):
-                    try:
-                        if self.session.decode(sock.recv_multipart(), self.session.id).op == "heartbeat":
-                            heard = time.monotonic()
-                    except ProtocolError:
-                        pass  # not from our driver: it proves nothing
-                if time.monotonic() - heard > self.silence_s and not self._stop.is_set():
-                    log.error("%s %d: the driver has not answered for %.0f s; exiting", self.role, self.rank,
-                              self.silence_s)
-                    logging.shutdown()
-                    os._exit(3)
-        finally:
-            sock.close(0)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2 * HEARTBEAT_S)
-
-
 class Node:
     def __init__(self, role: str, rank: int, driver: str, key: bytes, host: str = "127.0.0.1", port: int = 0,
-                 bind_host: str | None = None, curve: Curve | None = None):
+                 bind_host: str | None = None, curve: Curve | None = None, hang_timeout_s: float = 60.0):
         """Bind ``bind_host`` (default ``host``) on ``port`` (0 = any free one); advertise ``host``. ``key``:
-        the job key; ``curve``: the cluster's CurveZMQ keys (None: plain TCP)."""
+        the job key; ``curve``: the cluster's CurveZMQ keys (None: plain TCP); ``hang_timeout_s``: how long
+        a send may wait for a peer that does not read (then :class:`PeerStuck`), and the serving loop may
+        stand still, before this process gives up (each job sets its own: :meth:`set_hang_timeout`)."""
         self.role, self.rank, self.curve = role, rank, curve
         self.job_key = key  # for the platform's own workers; never sent
-        self.session = Session(key)
+        self.hang_timeout_s = hang_timeout_s
         self.ctx = zmq.Context.instance()
         self.router = router(self.ctx, curve)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -157,33 +114,77 @@ class Node:
         self.address = f"tcp://{host}:{port}"
         self.driver_address = driver
         self._audience: dict[zmq.Socket, str] = {}
-        self.driver = self.dealer(driver, linger_ms=1000)
+        self._unanswered: dict[zmq.Socket, _Unanswered] = {}  # request/reply links
         self.parent = os.getppid()
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
-        self.poller.register(self.driver, zmq.POLLIN)
         self.rejections = Rejections(f"{role} {rank}")
+        self.turns = 0  # of the serving loop: the heartbeat reports it, so a stuck loop is seen as hung
+        self.driver: zmq.Socket | None = None
+        self.new_job()
 
-    def dealer(self, address: str, linger_ms: int = 0) -> zmq.Socket:
-        """A DEALER to ``address`` (a peer, a weight server, the driver); what it sends is signed for it."""
-        sock = dealer(self.ctx, address, self.curve, linger_ms=linger_ms)
+    def new_job(self) -> None:
+        """Before each job: a fresh session (new id, nothing stamped earlier accepted, bound to no job
+        until ``start``) and a fresh link to the driver (a new driver process may listen there now)."""
+        self.session = Session(self.job_key)
+        if self.driver is not None:
+            self.poller.unregister(self.driver)
+            self.driver.close(0)
+        self._audience = {sock: a for sock, a in self._audience.items() if not sock.closed}  # the last job's are
+        self._unanswered = {sock: q for sock, q in self._unanswered.items() if not sock.closed}
+        # a short queue: of the hellos said while no driver listens, few wait to be refused as stale when one
+        # comes (ZMQ_IMMEDIATE would queue none, but lost the driver's last messages: its stop, 1 job in 3)
+        self.driver = self.dealer(self.driver_address, linger_ms=1000, queue=4)
+        self.poller.register(self.driver, zmq.POLLIN)
+
+    def set_hang_timeout(self, seconds: float) -> None:
+        """The job's hang timeout, for every send from now on (the driver link's too) and the loop."""
+        self.hang_timeout_s = seconds
+        for sock in self._audience:
+            sock.setsockopt(zmq.SNDTIMEO, self.send_timeout_ms)
+
+    @property
+    def send_timeout_ms(self) -> int:
+        return max(1, int(self.hang_timeout_s * 1000))
+
+    def dealer(self, address: str, linger_ms: int = 0, queue: int = 1000, answered: bool = False) -> zmq.Socket:
+        """A DEALER to ``address`` (a peer, a weight server, the driver); what it sends is signed for it.
+        ``answered``: the peer answers every message (peers, weight servers): the tensor bytes sent and
+        not yet answered are counted, and more than ``PEER_CAP_BYTES`` of them is :class:`PeerStuck`."""
+        sock = dealer(self.ctx, address, self.curve, linger_ms=linger_ms, queue=queue)
+        sock.setsockopt(zmq.SNDTIMEO, self.send_timeout_ms)
         self._audience[sock] = address
+        if answered:
+            self._unanswered[sock] = _Unanswered()
         return sock
 
     # --- driver link ---------------------------------------------------------------------------
 
-    def handshake(self, timeout_s: float = 120.0) -> Message:
-        """Say hello with our address; return the driver's ``start`` message."""
-        self.to_driver(Message("hello", {"role": self.role, "rank": self.rank, "address": self.address, "pid": os.getpid()}))
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.driver.poll(500):
+    def handshake(self, timeout_s: float | None = 120.0) -> Message:
+        """Say hello with our address (every second, until the driver answers); return the driver's
+        ``start`` message, with this session bound to its job from then on. ``timeout_s`` None: wait
+        for a job as long as it takes (a server that serves job after job)."""
+        hello = {"role": self.role, "rank": self.rank, "address": self.address, "pid": os.getpid()}
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        said = -HELLO_EVERY_S
+        while deadline is None or time.monotonic() < deadline:
+            if time.monotonic() - said >= HELLO_EVERY_S:
+                said = time.monotonic()
+                try:
+                    self.driver.send_multipart(self.session.encode(Message("hello", hello), self.driver_address),
+                                               zmq.NOBLOCK)
+                except zmq.Again:
+                    pass  # no driver there yet: the next hello goes when it is
+            if self.driver.poll(200):
                 msg = self._from_driver()
-                if msg is None:
-                    continue
-                if msg.op == "start":
+                if msg is not None and msg.op == "start":
+                    job = msg.get("job")
+                    if not (isinstance(job, str) and len(job) == 32 and _is_hex(job)):
+                        self.rejections.add("invalid", ProtocolError("start without a 16-byte job nonce"))
+                        continue
+                    self.session = self.session.for_job(bytes.fromhex(job))
                     return msg
-                if msg.op == "stop":
+                if msg is not None and msg.op == "stop":
                     raise Stopped()
             self.check_parent()
         raise DorylusError(f"{self.role} {self.rank}: no start from the driver within {timeout_s:.0f} s")
@@ -192,13 +193,28 @@ class Node:
         self.send(self.driver, msg)
 
     def send(self, sock: zmq.Socket, msg: Message) -> None:
-        """Send ``msg`` on one of this process's DEALERs (tensor frames without copies)."""
-        sock.send_multipart(self.session.encode(msg, self._audience[sock]), copy=False)
+        """Send ``msg`` on one of this process's DEALERs (tensor frames without copies); a peer that has
+        not taken it within the send timeout, or leaves too many bytes unanswered, is :class:`PeerStuck`."""
+        out = self._unanswered.get(sock)
+        if out is not None:
+            size = sum(t.nbytes for t in msg.tensors.values())
+            if out.sizes and out.total + size > PEER_CAP_BYTES:
+                raise PeerStuck(f"{self.role} {self.rank}: {self._audience[sock]} has not answered {len(out.sizes)} "
+                                f"messages of {out.total} bytes")
+            out.sent(size)
+        try:
+            sock.send_multipart(self.session.encode(msg, self._audience[sock]), copy=False)
+        except zmq.Again:
+            raise PeerStuck(f"{self.role} {self.rank}: {self._audience[sock]} has not read a {msg.op} for "
+                            f"{self.send_timeout_ms / 1000:.0f} s") from None
 
     def receive(self, sock: zmq.Socket) -> Message | None:
         """The next message on one of this process's DEALERs, checked; None (counted) if it is refused."""
+        frames = sock.recv_multipart(copy=False)
+        if sock in self._unanswered:  # an answer to the oldest message out (an answer refused here too)
+            self._unanswered[sock].answered()
         try:
-            return self.session.decode(sock.recv_multipart(copy=False), self.session.id)
+            return self.session.decode(frames, self.session.id)
         except ProtocolError as e:
             self.rejections.add("unauthenticated" if isinstance(e, AuthError) else "invalid", e)
             return None
@@ -219,6 +235,21 @@ class Node:
         except zmq.ZMQError as e:  # gone (EHOSTUNREACH), or not reading its replies (EAGAIN): never wait on it
             log.debug("reply to a gone peer dropped: %s", e)
 
+    def handled(self, handle, msg: Message, *args, answer=None) -> None:
+        """Run ``handle(*args, msg)`` for an authentic message: a refusal (:data:`REJECTED`) is counted and
+        answered through ``answer(reason)``; anything else is a bug (:meth:`Rejections.bug`), answered
+        with "internal error" so that the requester stops waiting."""
+        try:
+            handle(*args, msg)
+        except REJECTED as e:
+            self.rejections.add("invalid", e)
+            if answer is not None:
+                answer(str(e)[:300])
+        except Exception as e:  # noqa: BLE001  (a bug: logged, the message dropped, the loop goes on)
+            self.rejections.bug(msg.op, msg.sender, e)
+            if answer is not None:
+                answer("internal error")
+
     def serve_once(self, handle, timeout_ms: int = 100) -> bool:
         """Poll once; dispatch requests to ``handle(identity, msg)``. Returns True if anything came.
 
@@ -226,16 +257,14 @@ class Node:
         malformed, or that ``handle`` rejects, gets an ``error`` reply; both are counted, and the
         server keeps running.
         """
+        self.turns += 1
         events = dict(self.poller.poll(timeout_ms))
         if self.driver in events:
             msg = self._from_driver()
             if msg is not None and msg.op == "stop":
                 raise Stopped()
-            if msg is not None:
-                try:
-                    self.on_driver(msg)
-                except REJECTED as e:  # an authentic but malformed driver message: nobody to answer
-                    self.rejections.add("invalid", e)
+            if msg is not None:  # an authentic but malformed driver message: nobody to answer
+                self.handled(lambda m: self.on_driver(m), msg)
         if self.router not in events:
             self.check_parent()
             return bool(events)
@@ -254,13 +283,10 @@ class Node:
                 self.rejections.add("invalid", e)
                 self.reply(Peer(route, e.sender), Message("error", {"reason": str(e)[:300], "req": None}))
                 continue
-            try:
-                handle(Peer(route, msg.sender), msg)
-            except REJECTED as e:  # a malformed field surfaces as one of these inside a handler
-                self.rejections.add("invalid", e)
-                req = msg.get("req")  # the requester stops waiting at once
-                self.reply(Peer(route, msg.sender), Message("error", {"reason": str(e)[:300],
-                                                                      "req": req if isinstance(req, str) else None}))
+            peer, req = Peer(route, msg.sender), msg.get("req")
+            req = req if isinstance(req, str) else None  # the requester stops waiting at once
+            self.handled(handle, msg, peer, answer=lambda why: self.reply(peer, Message("error", {"reason": why,
+                                                                                                  "req": req})))
         return True
 
     def on_driver(self, msg: Message) -> None:
@@ -273,6 +299,30 @@ class Node:
         self.driver.close(1000)
 
 
+class _Unanswered:
+    """The tensor bytes of each message sent on a request/reply link and not answered yet, oldest first."""
+
+    def __init__(self):
+        self.sizes: collections.deque[int] = collections.deque()
+        self.total = 0
+
+    def sent(self, size: int) -> None:
+        self.sizes.append(size)
+        self.total += size
+
+    def answered(self) -> None:
+        if self.sizes:
+            self.total -= self.sizes.popleft()
+
+
+class PeerStuck(DorylusError):
+    """A peer has not taken what this process sends it for the send timeout: this process cannot go on."""
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
+
+
 def use_huge_pages() -> None:
     """Back torch's tensors of 2 MB and more with transparent huge pages, unless the environment says
     otherwise (``THP_MEM_ALLOC_ENABLE=0``). Servers allocate and free tensors of tens of MB each task;
@@ -283,24 +333,44 @@ def use_huge_pages() -> None:
 
 
 def serve(role: str, build, driver: str, rank: int, host: str = "127.0.0.1", port: int = 0,
-          bind_host: str | None = None, key: bytes | None = None, curve: Curve | None = None) -> None:
-    """Run one server: connect to the driver, get ``start`` (the job spec, and for a weight server the
-    state to restore), build the server with ``build(node, start)`` and run it until the driver says stop.
-    ``key``: the job key (default: from the environment, ``jobkey.py``)."""
+          bind_host: str | None = None, key: bytes | None = None, curve: Curve | None = None,
+          jobs: int | None = 1) -> None:
+    """Run one server for ``jobs`` jobs (None: job after job until SIGTERM or Ctrl-C): for each, connect
+    to the driver, get ``start`` (the job spec, and for a weight server the state to restore), build
+    the server with ``build(node, start)`` and run it until the driver says stop. ``key``: the job key
+    (default: from the environment, ``jobkey.py``)."""
     use_huge_pages()
     node = Node(role, rank, driver, key or load_job_key(), host, port, bind_host, curve)
+    if jobs is None:  # a service: `systemctl stop` (SIGTERM) ends it as Ctrl-C would
+        signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        for n in itertools.count() if jobs is None else range(jobs):
+            if n:
+                node.new_job()
+            _one_job(node, build, None if jobs is None else 120.0)
+    finally:
+        node.close()
+
+
+def _interrupted(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def _one_job(node: Node, build, timeout_s: float | None) -> None:
     server = heartbeat = None
     try:
-        start = node.handshake()
-        heartbeat = Heartbeat(driver, node.session, role, rank, curve=curve)
+        start = node.handshake(timeout_s)
+        heartbeat = Heartbeat(node)
         server = build(node, start)
         server.run()
+    except Stopped:
+        pass
     finally:
         if heartbeat is not None:
             heartbeat.stop()
         if server is not None and hasattr(server, "close"):
             server.close()
-        node.close()
+        log.info("%s %d: job over", node.role, node.rank)
 
 
 def serve_process(role: str, build, argv=None) -> int:
@@ -324,6 +394,9 @@ def run_main(main) -> int:
         main()
     except Stopped:
         return 0
+    except PeerStuck as e:  # a peer's fault, not this job's: the driver restarts the job
+        print(f"error: {e}", file=sys.stderr)
+        return 4
     except (DorylusError, ProtocolError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

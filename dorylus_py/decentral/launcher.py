@@ -6,7 +6,8 @@ writes it and the clusters into RUN_DIR (the workers read them), and starts W wo
 ``TCPStore`` where each worker publishes its address), follows ``metrics.jsonl`` for the progress bar,
 says when a worker dies, and reads the record the workers wrote. Under ``torchrun`` (``RANK`` and
 ``WORLD_SIZE`` set) every process runs one worker and the rendezvous is torchrun's store. In both, the
-record is written by the recorder, the lowest live rank (``node.py``).
+store's values are signed with the job key (``rendezvous.py``), and the record is written by the
+recorder, the lowest live rank (``node.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dorylus_py.data.graph import Graph
 from dorylus_py.decentral.batches import ClusterBatches
 from dorylus_py.decentral.node import Node
 from dorylus_py.decentral.recorder import Recorder
+from dorylus_py.decentral.rendezvous import SignedStore, loopback_store, rendezvous, run_id
 from dorylus_py.decentral.worker import Trainer
 from dorylus_py.errors import DorylusError
 from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
@@ -41,7 +43,7 @@ from dorylus_py.training.record import RunRecord, end_record, end_status
 from dorylus_py.training.reference import TrainResult, input_features, model_dims
 
 
-def run_worker(cfg: TrainConfig, graph: Graph, owner: np.ndarray | None, rank: int, world: int, store: dist.Store,
+def run_worker(cfg: TrainConfig, graph: Graph, owner: np.ndarray | None, rank: int, world: int, store: SignedStore,
                key: bytes, run_dir: Path, config: dict, host: str = "127.0.0.1", bind_host: str | None = None) -> dict | None:
     """One worker: set up, meet the others at ``store``, train until the recorder stops the job.
     Returns the run's summary if this worker wrote the final record, else None."""
@@ -51,7 +53,7 @@ def run_worker(cfg: TrainConfig, graph: Graph, owner: np.ndarray | None, rank: i
     if device == "cuda":
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank)) % torch.cuda.device_count()}"
     if cfg.mode == "allreduce":
-        dist.init_process_group(backend, store=dist.PrefixStore("allreduce", store), rank=rank, world_size=world,
+        dist.init_process_group(backend, store=dist.PrefixStore("allreduce", store.store), rank=rank, world_size=world,
                                 timeout=timedelta(seconds=cfg.wait_timeout_s))
     try:
         batches = ClusterBatches(graph, input_features(cfg, graph), cfg.clusters, cfg.clusters_per_batch,
@@ -71,21 +73,6 @@ def run_worker(cfg: TrainConfig, graph: Graph, owner: np.ndarray | None, rank: i
             dist.destroy_process_group()
 
 
-def rendezvous(store: dist.Store, rank: int, world: int, address: str, timeout_s: float) -> list[str]:
-    """Publish this worker's address; every worker's, once all are ready (the only moment all wait)."""
-    store.set(f"address/{rank}", address)
-    keys = [f"address/{r}" for r in range(world)]
-    deadline = time.monotonic() + timeout_s
-    while not store.check(keys):
-        if store.check(["abort"]):
-            raise DorylusError(f"the job was abandoned at its start: {store.get('abort').decode()}")
-        if time.monotonic() > deadline:
-            missing = [r for r in range(world) if not store.check([f"address/{r}"])]
-            raise DorylusError(f"workers {missing} did not start within {timeout_s:g} s")
-        time.sleep(0.05)  # polling a store at start-up, not synchronising a test
-    return [store.get(k).decode() for k in keys]
-
-
 def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict, overwrite: bool = False,
                     show_progress: bool = True) -> TrainResult | None:
     """Run ``cfg`` (mode gossip or allreduce); the result, or None in a torchrun process that did not
@@ -97,8 +84,7 @@ def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict,
     np.save(run_dir / "clusters.npy", assign(graph, cfg.clusters, "metis", cfg.seed))
     write_npz(graph, run_dir / "graph.npz")
     (run_dir / "logs").mkdir(exist_ok=True)
-    store = dist.TCPStore("127.0.0.1", 0, world_size=cfg.workers + 1, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=cfg.wait_timeout_s))
+    store = loopback_store(cfg.workers + 1, cfg.wait_timeout_s)
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.workers)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), **{KEY_ENV: new_key().hex()})
     procs: list[subprocess.Popen] = []
@@ -185,10 +171,12 @@ def worker_process(argv=None) -> int:
         cfg = TrainConfig(**{k: v for k, v in config.items() if k in TrainConfig.__dataclass_fields__})
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         host, port = args.store.rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=cfg.wait_timeout_s))
+        key = load_job_key()
+        store = SignedStore(dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=cfg.wait_timeout_s)),
+                            key, run_id())
         print(f"worker {args.rank}: pid {os.getpid()}", flush=True)
-        run_worker(cfg, read_npz(run / "graph.npz"), np.load(run / "clusters.npy"), args.rank, args.world, store,
-                   load_job_key(), run, config)
+        run_worker(cfg, read_npz(run / "graph.npz"), np.load(run / "clusters.npy"), args.rank, args.world, store, key,
+                   run, config)
 
     return run_main(main)
 
@@ -202,8 +190,9 @@ def _under_torchrun(cfg, graph, run_dir, config, overwrite) -> TrainResult | Non
     key = load_job_key()
     cfg = TrainConfig(**(cfg.to_dict() | {"workers": world}))
     config = config | {"workers": world}
-    store = dist.PrefixStore(f"dorylus/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", dist.TCPStore(
-        master, int(os.environ.get("MASTER_PORT", "29500")), is_master=False, timeout=timedelta(seconds=cfg.wait_timeout_s)))
+    store = SignedStore(dist.PrefixStore(f"dorylus/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", dist.TCPStore(
+        master, int(os.environ.get("MASTER_PORT", "29500")), is_master=False, timeout=timedelta(seconds=cfg.wait_timeout_s))),
+        key, run_id())
     if rank == 0:
         try:
             RunRecord(run_dir, config, overwrite=overwrite).close()

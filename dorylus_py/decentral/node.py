@@ -39,8 +39,10 @@ from dorylus_py.decentral.recorder import RecorderDuty
 from dorylus_py.decentral.pool import Report, Steal, WorkPool, watched
 from dorylus_py.errors import DorylusError
 from dorylus_py.protocol import Message, ProtocolError, require
+from dorylus_py.protocol.bounded_json import parse
 
 log = logging.getLogger(__name__)
+MAX_REPORT_BYTES = 64 * 2**20  # a worker's task rows of one epoch, as JSON
 
 
 class Node:
@@ -312,7 +314,7 @@ class Node:
         if not 1 <= epoch <= self.cfg.epochs or not isinstance(batches, list) or not all(
                 0 <= _int(b) < self.per_epoch for b in batches):
             raise ProtocolError(f"report from worker {sender}: bad epoch or batches")
-        tasks = json.loads(bytes(msg.tensors["tasks"]))
+        tasks = parse(bytes(msg.tensors["tasks"]), MAX_REPORT_BYTES, f"report from worker {sender}: tasks")
         if not isinstance(tasks, list):
             raise ProtocolError(f"report from worker {sender}: tasks is not a list")
         with self.lock:

@@ -21,7 +21,8 @@ from typing import Callable
 
 import zmq
 
-from dorylus_py.cluster.node import REJECTED, bind
+from dorylus_py.cluster.node import bind
+from dorylus_py.cluster.rejections import REJECTED, report_bug
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
 from dorylus_py.protocol.transport import dealer, router
 
@@ -73,9 +74,9 @@ class Inbox:
             self.rejected += 1
             log.warning("worker %d rejected a message: %s", self.rank, e)
             reply = Message("error", {"reason": str(e)})
-        except Exception:  # a bug here must not take the receive thread down with it
+        except Exception as e:  # noqa: BLE001  (a bug must not take the receive thread down with it)
             self.rejected += 1
-            log.exception("worker %d: error while handling a message", self.rank)
+            report_bug(f"worker {self.rank}", msg.op if msg else "a message", msg.sender if msg else b"", e)
             reply = Message("error", {"reason": "internal error"})
         request_id = msg.get("id") if msg is not None else None
         if reply is None or request_id is None:  # notices are not answered

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -26,11 +27,18 @@ def is_s3(uri) -> bool:
 
 
 def split(uri: str) -> tuple[str, str]:
-    """``s3://bucket/a/b`` -> (``bucket``, ``a/b``), without a trailing slash."""
+    """``s3://bucket/a/b`` -> (``bucket``, ``a/b``), without a trailing slash. Checked so that the
+    address can name a local cache folder too: a bucket name as S3 allows it, and a prefix of plain
+    path segments (no ``.``, ``..`` or empty ones), so that no cache path leaves its folder."""
     bucket, _, prefix = str(uri)[len(SCHEME):].partition("/")
     if not bucket:
         raise DataError(f"{uri}: no bucket name (expected s3://BUCKET/PREFIX)")
-    return bucket, prefix.strip("/")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket) or ".." in bucket:
+        raise DataError(f"{uri}: {bucket[:70]!r} is not an S3 bucket name")
+    prefix = prefix.strip("/")
+    if prefix and any(seg in ("", ".", "..") or "\\" in seg or "\0" in seg for seg in prefix.split("/")):
+        raise DataError(f"{uri}: the prefix has empty, '.' or '..' segments")
+    return bucket, prefix
 
 
 def client():

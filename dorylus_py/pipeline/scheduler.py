@@ -122,6 +122,13 @@ class Scheduler:
         self.tracker.ended(e.key, e.attempt, e.ok, e.error)
         return []
 
+    def expects_peer_epoch(self, epoch: int) -> bool:
+        """Whether a peer's rows or progress may be of ``epoch``: within the staleness bound (and a little
+        slack) of where this server is, and an epoch the job runs. A peer's message of any other epoch
+        is malformed and refused before it is stored (rows of no such epoch would overwrite live ones)."""
+        slack = self.staleness + 2
+        return max(self.first_epoch, self.pipe.min_epoch() - slack) <= epoch <= min(self.epochs, self.pipe.min_epoch() + slack)
+
     def _on_RowsArrived(self, e: RowsArrived) -> list:
         self.arrived[(e.phase, e.epoch, e.layer)] += e.chunks
         return []

@@ -61,16 +61,22 @@ def _constant(name: str):
 
 def parse_header(raw: bytes) -> dict:
     """The JSON object in ``raw``, or :class:`ProtocolError` naming what is wrong with it."""
-    if len(raw) > MAX_HEADER_BYTES:
-        raise ProtocolError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
-    # Every opening bracket bounds the depth from above: most headers have a few and skip the scan.
-    depth = raw.count(b"[") + raw.count(b"{")
-    if depth > MAX_DEPTH and (depth := nesting_depth(raw)) > MAX_DEPTH:
-        raise ProtocolError(f"header nested {depth} deep (at most {MAX_DEPTH})")
-    try:
-        header = json.loads(raw, parse_int=_int, parse_float=_float, parse_constant=_constant)
-    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ProtocolError("header is not valid JSON") from None
+    header = parse(raw, MAX_HEADER_BYTES, "header")
     if not isinstance(header, dict):
         raise ProtocolError("header is not a JSON object")
     return header
+
+
+def parse(raw: bytes, max_bytes: int, what: str = "JSON") -> object:
+    """The JSON value in ``raw`` (at most ``max_bytes``; nesting and numbers within the limits above),
+    or :class:`ProtocolError` naming ``what`` is wrong."""
+    if len(raw) > max_bytes:
+        raise ProtocolError(f"{what} of {len(raw)} bytes exceeds {max_bytes}")
+    # Every opening bracket bounds the depth from above: most values have a few and skip the scan.
+    depth = raw.count(b"[") + raw.count(b"{")
+    if depth > MAX_DEPTH and (depth := nesting_depth(raw)) > MAX_DEPTH:
+        raise ProtocolError(f"{what} nested {depth} deep (at most {MAX_DEPTH})")
+    try:
+        return json.loads(raw, parse_int=_int, parse_float=_float, parse_constant=_constant)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ProtocolError(f"{what} is not valid JSON") from None

@@ -49,6 +49,7 @@ class Message:
     fields: dict = field(default_factory=dict)
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     sender: bytes = b""  # the verified sender's session id (set by Session.decode); a reply goes to it
+    size: int = 0  # bytes it came in (header and tensors; set by Session.decode): what keeping it costs
 
     def __getitem__(self, key):
         return self.fields[key]

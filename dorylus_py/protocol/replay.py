@@ -12,6 +12,10 @@ remembered is accepted only if it is newer than ``floor``, which every message a
 ever sent us is not, so forgetting never re-opens a replay. Timestamps must lie within ``max_skew_s``
 of this machine's clock; with ``max_age_s >= 2 * max_skew_s`` senders forgotten for being idle never
 push ``floor`` past a correct clock, so new senders are not refused.
+
+``floor`` starts at ``since_us``, the moment the guard's session was made: a process (or a server's
+session for one job) accepts nothing stamped before it existed, so what was captured before a restart,
+or in an earlier job, cannot be replayed into it, though its sequence windows start empty.
 """
 
 from __future__ import annotations
@@ -36,12 +40,12 @@ class _Sender:
 
 
 class ReplayGuard:
-    def __init__(self, capacity: int = 65536, max_age_s: float = 300.0, max_skew_s: float = 120.0):
+    def __init__(self, capacity: int = 65536, max_age_s: float = 300.0, max_skew_s: float = 120.0, since_us: int = 0):
         if max_age_s < 2 * max_skew_s:
             raise ValueError("max_age_s must be at least twice max_skew_s (see the module docstring)")
         self.capacity, self.max_age_s, self.max_skew_s = capacity, max_age_s, max_skew_s
         self.senders: OrderedDict[bytes, _Sender] = OrderedDict()  # least recently active first
-        self.floor = 0  # newest timestamp (us) of any forgotten sender
+        self.floor = since_us  # newest timestamp (us) of any forgotten sender, or when this guard began
         self._lock = threading.Lock()  # a session may be shared by threads
 
     def accept(self, sender: bytes, seq: int, ts_us: int, now: float | None = None) -> None:
@@ -56,7 +60,7 @@ class ReplayGuard:
             state = self.senders.get(sender)
             if state is None:
                 if ts_us <= self.floor:
-                    raise AuthError("message from a sender forgotten for inactivity is older than what was forgotten")
+                    raise AuthError("message older than this session, or than what a sender forgotten for inactivity sent")
                 self.senders[sender] = _Sender(seq, 1, ts_us, now)
                 if len(self.senders) > self.capacity:
                     self._forget(next(iter(self.senders)))

@@ -4,14 +4,18 @@ Frames: ``[envelope, header, *tensors]``. The envelope is 68 fixed bytes: magic 
 16-byte id, its sequence number and clock (u64 each, big-endian), and the MAC:
 
     MAC = HMAC-SHA256(job key, envelope[:36] | audience | header | (length, tag) of each tensor frame)
+    audience = the address sent to and the job's nonce (a request), or the session id replied to
     tag = AES-256-GMAC(HMAC-SHA256(job key, "frames" | envelope[:36]), nonce = frame index, frame)
 
 Tensor frames enter the MAC through GMAC tags under a key derived per message (unique: the sender id
 is random and its sequence number never repeats): GMAC runs at about 25 GB/s here, SHA-256 at 1-1.7,
 and with SHA-256 over the tensors an epoch of the 200 k-vertex benchmark took 1.6-2x as long
 (docs/architecture.md). The *audience* is bound into the MAC but never sent: a request is signed for
-the address it is sent to, a reply for the session that asked, so a message captured on the way to
-one process is refused by every other. The key itself never travels.
+the address it is sent to and the job it belongs to (the driver's nonce, drawn per start of a job),
+a reply for the session that asked, so a message captured on the way to one process is refused by
+every other, and one captured in an earlier job or start by the next. Session ids are random per
+process and job, and a session accepts nothing stamped before it was made (:mod:`replay`), so a
+restarted process refuses what was captured before it started. The key itself never travels.
 
 A receiver (:meth:`Session.decode`) checks, in order: frame count and sizes, the magic, the MAC
 (``hmac.compare_digest``), the sequence (:mod:`replay`), and only then parses the header JSON within
@@ -22,9 +26,11 @@ be trusted with even an error); later ones raise :class:`ProtocolError`.
 
 from __future__ import annotations
 
+import copy
 import hmac
 import itertools
 import json
+import math
 import os
 import struct
 import time
@@ -53,34 +59,44 @@ class Limits:
     max_message_bytes: int = 2**32
 
 
-def _audience(who: str | bytes) -> bytes:
-    """An address (``tcp://...``) or a session id, as bound into a MAC."""
-    raw = b"@" + who.encode() if isinstance(who, str) else b"#" + bytes(who)
+def _audience(who: str | bytes, job: bytes) -> bytes:
+    """An address (``tcp://...``) with the job's nonce, or a session id (random per process and job, so
+    it needs no nonce), as bound into a MAC."""
+    raw = b"@" + who.encode() + b"|" + job if isinstance(who, str) else b"#" + bytes(who)
     return struct.pack(">H", len(raw)) + raw
 
 
 class Session:
-    """One party's signing identity: the job key, a random sender id, a sequence counter, and the
-    replay state of what it has received. Safe to share between threads."""
+    """One party's signing identity: the job key, a random sender id, a sequence counter, the replay
+    state of what it has received, and the job its requests belong to (``job``: the driver's nonce;
+    empty before a server has its ``start``). Safe to share between threads."""
 
-    def __init__(self, key: bytes, limits: Limits = Limits(), replay: ReplayGuard | None = None):
+    def __init__(self, key: bytes, limits: Limits = Limits(), replay: ReplayGuard | None = None, job: bytes = b""):
         if not isinstance(key, bytes) or len(key) < MIN_KEY_BYTES:
             raise ValueError(f"the job key must be at least {MIN_KEY_BYTES} bytes")
         self._key = key
         self.id = os.urandom(16)
         self.limits = limits
-        self.replay = replay or ReplayGuard()
+        self.replay = replay or ReplayGuard(since_us=time.time_ns() // 1000)  # nothing from before this session
+        self.job = job
         self._seq = itertools.count(1)  # next() is atomic under the GIL
 
     def __repr__(self) -> str:  # never the key
         return f"Session(id={self.id.hex()})"
 
     def sibling(self) -> "Session":
-        """Another party with the same key (a worker thread of this process), without exposing the key."""
-        return Session(self._key, self.limits)
+        """Another party with the same key and job (a worker thread of this process), without exposing the key."""
+        return Session(self._key, self.limits, job=self.job)
 
-    def _mac(self, fixed: bytes, audience: str | bytes, header, frames: list) -> bytes:
-        parts = [fixed, _audience(audience), struct.pack(">IH", len(header), len(frames)), header]
+    def for_job(self, job: bytes) -> "Session":
+        """This same party (id, sequence, replay state) with its requests bound to ``job``."""
+        view = copy.copy(self)
+        view.job = job
+        return view
+
+    def _mac(self, fixed: bytes, audience: str | bytes, header, frames: list, job: bytes | None = None) -> bytes:
+        aud = _audience(audience, self.job if job is None else job)
+        parts = [fixed, aud, struct.pack(">IH", len(header), len(frames)), header]
         gmac = AESGCM(hmac.digest(self._key, b"frames" + fixed, "sha256")) if frames else None
         for i, frame in enumerate(frames):
             parts += [struct.pack(">Q", len(frame)), gmac.encrypt(i.to_bytes(12, "big"), b"", frame)]
@@ -104,9 +120,10 @@ class Session:
         fixed = _FIXED.pack(MAGIC, self.id, next(self._seq), time.time_ns() // 1000)
         return [fixed + self._mac(fixed, to, header, frames), header, *frames]
 
-    def decode(self, frames: list, me: str | bytes) -> Message:
+    def decode(self, frames: list, me: str | bytes, unbound: frozenset[str] = frozenset()) -> Message:
         """Check and parse ``frames`` (bytes or zmq Frames) meant for ``me`` (this process's address
-        for requests, this session's id for replies); raise :class:`ProtocolError` on any problem."""
+        for requests, this session's id for replies); raise :class:`ProtocolError` on any problem.
+        ``unbound``: ops also accepted when signed for no job (a server's ``hello``, before it has one)."""
         lim = self.limits
         if not 2 <= len(frames) <= 2 + lim.max_tensors:
             raise AuthError(f"{len(frames)} frames (expected 2 to {2 + lim.max_tensors})")
@@ -121,15 +138,19 @@ class Session:
         magic, sender, seq, ts_us = _FIXED.unpack(fixed)
         if magic != MAGIC:
             raise AuthError("not a signed dorylus message (bad magic)")
-        expected = self._mac(fixed, me, bufs[1], bufs[2:])
-        if not hmac.compare_digest(expected, mac):
-            raise AuthError("bad MAC: not signed with this job's key, not meant for this process, or altered")
+        bound = hmac.compare_digest(self._mac(fixed, me, bufs[1], bufs[2:]), mac)
+        if not bound and not (unbound and self.job and isinstance(me, str)
+                              and hmac.compare_digest(self._mac(fixed, me, bufs[1], bufs[2:], b""), mac)):
+            raise AuthError("bad MAC: not signed with this job's key, not meant for this process and job, or altered")
         self.replay.accept(sender, seq, ts_us)
         try:
-            return _parse(bufs, sender)
+            msg = _parse(bufs, sender)
         except ProtocolError as e:
             e.sender = sender  # authentic: an error reply may go back to it
             raise
+        if not bound and msg.op not in unbound:
+            raise AuthError(f"op {msg.op} signed for no job")
+        return msg
 
 
 def _parse(bufs: list[memoryview], sender: bytes) -> Message:
@@ -145,11 +166,11 @@ def _parse(bufs: list[memoryview], sender: bytes) -> Message:
         name, dtype, shape = _spec(spec)
         if name in tensors:
             raise ProtocolError(f"op {op}: tensor {name!r} named twice")
-        expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[dtype]).itemsize
+        expected = math.prod(shape) * np.dtype(DTYPES[dtype]).itemsize  # Python integers: no wrap-around
         if len(buf) != expected:
             raise ProtocolError(f"tensor {name!r}: {len(buf)} bytes, but shape {shape} of {dtype} needs {expected}")
         tensors[name] = np.frombuffer(buf, dtype=DTYPES[dtype]).reshape(shape)
-    return Message(op, header, tensors, sender)
+    return Message(op, header, tensors, sender, sum(len(b) for b in bufs[1:]))
 
 
 def _spec(spec) -> tuple[str, str, list[int]]:

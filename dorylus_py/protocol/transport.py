@@ -38,10 +38,12 @@ def router(ctx: zmq.Context, curve: Curve | None = None, limits: Limits = Limits
 
 
 def dealer(ctx: zmq.Context, address: str, curve: Curve | None = None, limits: Limits = Limits(),
-           linger_ms: int = 0) -> zmq.Socket:
-    """A DEALER connected to ``address``: a tensor worker, a peer, or a server's link to the driver."""
+           linger_ms: int = 0, queue: int = 1000) -> zmq.Socket:
+    """A DEALER connected to ``address``: a tensor worker, a peer, or a server's link to the driver.
+    ``queue``: messages it holds for the peer before a send waits (ZeroMQ's SNDHWM)."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, linger_ms)
+    sock.setsockopt(zmq.SNDHWM, queue)
     sock.setsockopt(zmq.MAXMSGSIZE, max(limits.max_frame_bytes, ENVELOPE_BYTES))
     if curve is not None:
         public, secret = zmq.curve_keypair()

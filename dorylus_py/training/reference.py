@@ -25,7 +25,7 @@ from dorylus_py.training.record import BestTracker, RunRecord, end_status, run_s
 
 
 def model_dims(cfg: TrainConfig, graph: Graph) -> list[int]:
-    return [graph.num_features] + [cfg.hidden] * (cfg.layers - 1) + [graph.num_classes]
+    return cfg.widths(graph.num_features, graph.num_classes)
 
 
 def resolve_feature_norm(cfg: TrainConfig, graph: Graph) -> str:

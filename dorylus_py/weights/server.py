@@ -3,8 +3,13 @@
 Requests (``protocol/messages.py``); tensors are named by block (``W0.1``: rows of ``W0``):
 - ``pull_weights {layer, version|null, hold|null}`` -> ``weights {layer, version}`` + this server's
   blocks of the layer. A pull of a version that does not exist yet waits (the reply is deferred)
-  until an update makes it.
-- ``push_grad {layer, version, key}`` + one gradient per block of the layer here -> ``ok`` or ``duplicate``.
+  until an update makes it: at most ``MAX_WAITING`` pulls of at most ``MAX_WAITING_BYTES`` in all.
+  ``hold`` is a task key of this job whose gradient has not come yet; a sender holds at most
+  ``holds_per_sender`` of them at once, so no peer can pin versions without end.
+- ``push_grad {layer, version, key}`` + one gradient per block of the layer here -> ``ok`` or ``duplicate``;
+  ``key`` is ``[epoch, server, chunk]`` of a task of this job (an epoch it runs, a graph server and
+  chunk it has).
+- Pulls carry no tensors.
 - ``pull_state {version|null}`` -> ``state`` + ``BLOCK:FIELD`` for every block here and each of
   ``W``, ``adam_m``, ``adam_v``, ``adam_step``, ``version``: what a checkpoint keeps, every layer at
   the same epoch boundary (deferred like a pull).
@@ -29,13 +34,15 @@ import numpy as np
 import torch
 
 from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import REJECTED, Node, Peer, peak_rss_mb, serve_process
+from dorylus_py.cluster.node import Node, Peer, peak_rss_mb, serve_process
+from dorylus_py.cluster.rejections import REJECTED
 from dorylus_py.models import ModelSpec, build_module, spec_of
 from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.weights.blocks import split, weight_blocks
 from dorylus_py.weights.store import STATE_FIELDS, WeightError, WeightStore
 
 MAX_WAITING = 4096  # deferred pulls: far more than tasks in flight
+MAX_WAITING_BYTES = 64 * 2**20  # and the bytes they came in (a pull is a header of at most 64 KB)
 log = logging.getLogger("dorylus.weight_server")
 
 
@@ -49,6 +56,7 @@ class WeightServer:
         self.node = node
         spec = JobSpec.from_wire(start["spec"])
         cfg = spec.config
+        node.set_hang_timeout(cfg.hang_timeout_s)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         model = spec_of(cfg, spec.dims)
@@ -68,6 +76,10 @@ class WeightServer:
                 self.store.restore(layer, {f"{b.name}:{f}": start.tensors[f"{b.name}:{f}"] for b in mine if b.layer == layer
                                            for f in STATE_FIELDS if f"{b.name}:{f}" in start.tensors})
         self.waiting: list[tuple[Peer, Message]] = []
+        self.waiting_bytes = 0
+        self.chunk_counts, self.epochs = spec.chunk_counts, cfg.epochs
+        self.holds: dict[bytes, set[tuple[int, tuple]]] = {}  # sender -> (layer, key) it holds
+        self.holds_per_sender = spec.total_chunks * (cfg.staleness + 2)  # every chunk's tasks in flight, and more
         self.duplicates = 0
         self.bytes = {"sent": 0, "received": 0}
         node.on_driver = self.on_driver
@@ -77,21 +89,29 @@ class WeightServer:
 
     def handle(self, identity: Peer, msg: Message) -> None:
         self.bytes["received"] += sum(t.nbytes for t in msg.tensors.values())
+        if msg.op in ("pull_weights", "pull_state", "ping") and msg.tensors:
+            raise ProtocolError(f"{msg.op} carries no tensors")
         if msg.op == "pull_weights":
             require(msg, "layer", "version")
-            _check_hold(msg.get("hold"))
+            _integer(msg["layer"], "layer")
+            _version(msg["version"], optional=True)
+            if msg.get("hold") is not None:
+                self._hold(msg.sender, msg["layer"], self._key(msg["hold"], "hold"))
             if not self._try_pull(identity, msg):
                 self._wait(identity, msg)
         elif msg.op == "push_grad":
             require(msg, "layer", "version", "key")
             _check_gradient(msg)
-            applied = self.store.push(int(msg["layer"]), int(msg["version"]), tuple(msg["key"]), dict(msg.tensors))
+            key = self._key(msg["key"], "key")
+            layer, version = _integer(msg["layer"], "layer"), _version(msg["version"])
+            applied = self.store.push(layer, version, key, dict(msg.tensors))
             self.duplicates += not applied
             self.node.reply(identity, Message("ok" if applied else "duplicate", {"req": msg.get("req")}))
             if applied and self.waiting:
                 self._retry_waiting()
         elif msg.op == "pull_state":
             require(msg, "version")
+            _version(msg["version"], optional=True)
             if not self._try_pull(identity, msg):
                 self._wait(identity, msg)
         elif msg.op == "ping":
@@ -103,10 +123,7 @@ class WeightServer:
     def on_driver(self, msg: Message) -> None:
         if msg.op != "release":
             raise ProtocolError(f"op {msg.op} from the driver is not for a weight server")
-        version = msg["version"]
-        if type(version) is not int or version < 0:
-            raise ProtocolError("release: version must be a non-negative integer")
-        self.store.release(version)
+        self.store.release(_integer(msg.get("version"), "release: version"))
 
     def run(self) -> None:
         while True:
@@ -132,12 +149,34 @@ class WeightServer:
             except REJECTED as e:
                 self.node.reply(identity, Message("error", {"reason": str(e), "req": msg.get("req")}))
         self.waiting = still
+        self.waiting_bytes = sum(msg.size for _, msg in still)
 
     def _wait(self, identity: Peer, msg: Message) -> None:
-        """Defer a pull of a version still to come; a bounded number, so no peer can pile them up."""
-        if len(self.waiting) >= MAX_WAITING:
-            raise WeightError(f"{MAX_WAITING} pulls are already waiting for versions to come")
+        """Defer a pull of a version still to come; bounded in number and bytes, so no peer can pile them up."""
+        if len(self.waiting) >= MAX_WAITING or self.waiting_bytes + msg.size > MAX_WAITING_BYTES:
+            raise WeightError(f"{len(self.waiting)} pulls of {self.waiting_bytes} bytes are already waiting for "
+                              "versions to come")
         self.waiting.append((identity, msg))
+        self.waiting_bytes += msg.size
+
+    def _key(self, value, name: str) -> tuple[int, int, int]:
+        """A task key ``[epoch, server, chunk]`` of this job."""
+        if not (isinstance(value, list) and len(value) == 3 and all(type(x) is int for x in value)):
+            raise ProtocolError(f"{name} must be [epoch, server, chunk]")
+        epoch, server, chunk = value
+        if not (1 <= epoch <= self.epochs and 0 <= server < len(self.chunk_counts)
+                and 0 <= chunk < self.chunk_counts[server]):
+            raise ProtocolError(f"{name} {value} names no task of this job")
+        return epoch, server, chunk
+
+    def _hold(self, sender: bytes, layer: int, key: tuple) -> None:
+        """Count a hold against its sender: at most ``holds_per_sender`` whose gradients have not come."""
+        if self.store.pushed(layer, key):  # nothing would ever release it
+            raise WeightError(f"layer {layer}: hold {list(key)} names a task whose gradient came already")
+        held = {(l, k) for l, k in self.holds.get(sender, ()) if not self.store.pushed(l, k)}
+        if (layer, key) not in held and len(held) >= self.holds_per_sender:
+            raise WeightError(f"a sender holds {len(held)} versions already (at most {self.holds_per_sender})")
+        self.holds[sender] = held | {(layer, key)}
 
     def _try_pull(self, identity: Peer, msg: Message) -> bool:
         """Answer a pull of weights or state; False while the version asked for is still to come."""
@@ -149,7 +188,7 @@ class WeightServer:
                 return False
             self._reply(identity, Message("state", {"req": msg.get("req")}, {k: v for s in states for k, v in s.items()}))
             return True
-        layer = int(msg["layer"])
+        layer = msg["layer"]
         got = self.store.pull(layer, version, msg.get("hold"))
         if got is None:
             return False
@@ -158,18 +197,21 @@ class WeightServer:
         return True
 
 
-def _check_hold(hold) -> None:
-    if hold is not None and not (isinstance(hold, list) and len(hold) == 3 and all(type(x) is int for x in hold)):
-        raise ProtocolError("hold must be null or [epoch, server, chunk]")
+def _integer(value, name: str) -> int:
+    if type(value) is not int or not 0 <= value < 2**53:
+        raise ProtocolError(f"{name} must be a non-negative integer, got {str(value)[:40]!r}")
+    return value
+
+
+def _version(value, optional: bool = False) -> int | None:
+    """A version: a non-negative integer, or (``optional``) null for the newest."""
+    return None if value is None and optional else _integer(value, "version")
 
 
 def _check_gradient(msg: Message) -> None:
     """Names and shapes are the store's to check; here what any gradient must be."""
-    key = msg["key"]
     if not msg.tensors or any(g.dtype != np.float32 or not np.isfinite(g).all() for g in msg.tensors.values()):
         raise ProtocolError("gradients must be finite float32 tensors")
-    if not (isinstance(key, list) and len(key) == 3 and all(type(x) is int for x in key)):
-        raise ProtocolError("key must be [epoch, server, chunk]")
 
 
 def main(argv=None) -> int:

@@ -95,6 +95,8 @@ class WeightStore:
                 return v, {name: st.snapshots[v][f"{name}:W"] for name in st.params}
             raise WeightError(f"layer {layer} version {v} was freed (newest is {st.version})")
         if hold is not None:
+            if tuple(hold) in st.seen:  # its gradient is in: nothing would ever release the hold
+                raise WeightError(f"layer {layer}: hold {list(hold)} names a task whose gradient came already")
             st.holds[v].add(tuple(hold))
         return v, st.versions[v]
 
@@ -126,6 +128,10 @@ class WeightStore:
                 self._step(layer, total)
                 st.pending.clear()
         return True
+
+    def pushed(self, layer: int, key: tuple) -> bool:
+        """Whether the gradient of ``key`` has come for ``layer`` (its holds are released)."""
+        return tuple(key) in self._layer(layer).seen
 
     def state(self, layer: int, version: int | None = None) -> dict[str, np.ndarray] | None:
         """What a checkpoint keeps of ``layer`` at ``version`` (an epoch boundary; None: the newest

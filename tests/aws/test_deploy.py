@@ -26,9 +26,10 @@ def test_build_context_holds_everything_the_handler_imports(tmp_path):
              "assert callable(h.handler) and not bad, bad; print(len(mods))")
     proc = subprocess.run([sys.executable, "-c", probe, str(ctx)], capture_output=True, text=True, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-1500:]
-    (ctx / "extra").write_text("x")
     assert main(["aws", "build-context", str(ctx)]) == 2  # not empty, no --overwrite
-    assert main(["aws", "build-context", str(ctx), "--overwrite"]) == 0 and not (ctx / "extra").exists()
+    assert main(["aws", "build-context", str(ctx), "--overwrite"]) == 0  # an earlier context: replaced
+    (ctx / "extra").write_text("x")  # anything else: --overwrite replaces only what the command writes
+    assert main(["aws", "build-context", str(ctx), "--overwrite"]) == 2 and (ctx / "extra").read_text() == "x"
 
 
 TF_OUTPUT = {

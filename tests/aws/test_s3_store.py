@@ -117,3 +117,25 @@ def test_overwrite_in_s3_keeps_checkpoints_unless_told(small_graph, tmp_path, mo
     assert main([*prepare, "--overwrite", "--delete-checkpoints"]) == 0
     keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="bkt")["Contents"]]
     assert not [k for k in keys if "/checkpoints/" in k]
+
+
+def test_an_s3_checkpoint_index_cannot_write_outside_its_folder(bucket, tmp_path):
+    """Whoever can write the checkpoint prefix controls latest.json: its file name was used as a local
+    path (a `--resume` downloaded the object to wherever '../..' or '/abs' pointed, then failed)."""
+    root = f"s3://{bucket}/run/checkpoints"
+    save_checkpoint(root, 3, {"W0": np.ones((2, 2), np.float32)})
+    s3 = boto3.client("s3")
+    latest = json.loads(s3.get_object(Bucket=bucket, Key="run/checkpoints/latest.json")["Body"].read())
+    target = tmp_path / "escaped-by-resume.pth"
+    s3.put_object(Bucket=bucket, Key="run/checkpoints/" + f"../../../../../../..{target}", Body=b"import os")
+    for name in [f"../../../../../../..{target}", str(target), "x/../epoch-000003.npz"]:
+        s3.put_object(Bucket=bucket, Key="run/checkpoints/latest.json", Body=json.dumps(latest | {"file": name}).encode())
+        with pytest.raises(DataError, match="is not a checkpoint file name"):
+            load_checkpoint(root)
+        assert not target.exists()
+
+
+def test_s3_addresses_cannot_lead_the_cache_outside_its_folder(bucket, tmp_path):
+    for uri in [f"s3://{bucket}/../../etc", f"s3://{bucket}/a/./b", "s3://../x", "s3://Not_A_Bucket/x"]:
+        with pytest.raises(DataError, match="segments|bucket name"):
+            PartitionStore.open(uri)

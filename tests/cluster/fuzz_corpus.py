@@ -1,13 +1,17 @@
-"""Hostile messages for one receiving role, made up front so that sending them costs the job nothing.
+"""Hostile messages for one receiving role of a live job, made by an insider: it has the job key and the
+job's nonce (a Lambda container has both), and knows the job's shapes.
 
 Kinds (about equal shares): random bytes; valid messages cut short; valid messages with one bit
-flipped; messages signed with another key or for another process; replays of valid messages; and,
-with a valid MAC, hostile bodies: nesting past the limit, huge and non-finite numbers, non-objects,
-wrong field types (values drawn by hypothesis), tensors of wrong dtypes and shapes, unknown ops.
+flipped; messages signed with another key, for another process, or for another job; replays of valid
+messages; and, with a valid MAC for this job, hostile bodies: nesting past the limit, huge and
+non-finite numbers, non-objects, tensor specs whose sizes overflow or are negative, and the role's own
+ops with realistic values (true task kinds, layers and chunks, tensors of the job's true widths, ghost
+rows of a real peer, gradients of the model's true block shapes, streamed blocks) in which one thing is
+wrong: an epoch no job reaches, a key that names no task, a position out of range, a row too many.
 
-Every authentic message is malformed for its role by construction (wrong shapes, epochs no job
-reaches, sources that are not peers), so none can change what the job computes: a key holder who
-sends well-formed results is not what a MAC can stop (docs/architecture.md, threat model).
+Every authentic message is malformed for its role by construction, so none can change what the job
+computes: a key holder who sends well-formed results is not what a MAC can stop (docs/architecture.md,
+threat model). The corpus is a function of its seed, which the test prints, so a failure replays.
 """
 
 from __future__ import annotations
@@ -15,25 +19,53 @@ from __future__ import annotations
 import functools
 import json
 import random
+from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dorylus_py.config import TrainConfig
+from dorylus_py.models import spec_of
 from dorylus_py.protocol import Message, ProtocolError, Session
+from dorylus_py.weights.blocks import weight_blocks
 from tests.protocol.forge import signed
 
 FAR = 10**6  # an epoch no test job reaches
 OPS = {
-    "graph-server": ["pull_rows", "push_result", "ghosts", "progress"],
+    "graph-server": ["pull_rows", "push_result", "push_block", "ghosts", "progress"],
     "weight-server": ["pull_weights", "push_grad", "pull_state", "ping"],
     "driver": ["hello", "heartbeat", "epoch_stats", "tasks", "switch"],
     "worker": ["steal", "mix", "snapshot", "ping", "report", "row", "average", "dead"],  # decentral peers
 }
 NOT_AN_INDEX = [-1, 99, FAR, 1.5, "1", None, [1], {"a": 1}, True]  # no epoch, batch or rank of a small job
+BAD_EPOCHS = [FAR, 0, -1, 2**53, 1.5, "1", None]
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
                     max_leaves=12)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What an insider knows of the job it attacks: its model, widths and layout, its nonce."""
+
+    model: str = "gcn"
+    widths: tuple = (1433, 16, 7)  # Cora, 2 layers
+    rows: tuple = (677, 677)  # a chunk's rows at each graph server (about)
+    ghosts: int = 400  # ghost rows a graph server holds of a peer (about)
+    chunks: int = 2
+    servers: int = 2
+    nonce: bytes = b""
+
+    @functools.cached_property
+    def grad_blocks(self) -> dict[int, dict[str, tuple]]:
+        """Layer -> the weight server's block names and true shapes (one weight server)."""
+        tensors = spec_of(TrainConfig(model=self.model, layers=len(self.widths) - 1), list(self.widths)).tensors()
+        out: dict[int, dict[str, tuple]] = {}
+        for b in weight_blocks(tensors, 1):
+            shape = next(t.shape for t in tensors if t.name == b.tensor)
+            out.setdefault(b.layer, {})[b.name] = (b.stop - b.start, *shape[1:])
+        return out
 
 
 @functools.lru_cache(maxsize=2)
@@ -50,18 +82,7 @@ def hypothesis_values(count: int) -> list:
     return values
 
 
-def _task(rng: random.Random, values: list):
-    """A task no job runs: a far epoch, a wrong type somewhere, or a hypothesis value."""
-    task = {"kind": rng.choice(["fwd", "bwd", "loss", "fused", "eval", "rm", 7]), "train": rng.choice([True, False, 1, None]),
-            "epoch": rng.choice([FAR + rng.randrange(1000), 0, -1, 1.5, "1", None, 2**53]),
-            "layer": rng.choice([0, 1, 2, 99, -1, None]), "chunk": rng.choice([0, 1, 5, -3, "x"]),
-            "attempt": rng.choice([1, 0, 2**53, None])}
-    if rng.random() < 0.3:
-        task[rng.choice(list(task))] = rng.choice(values)
-    return rng.choice([task, task, rng.choice(values)])
-
-
-def _array(rng: random.Random, forbidden: set) -> np.ndarray:
+def _array(rng: random.Random, forbidden: set = frozenset()) -> np.ndarray:
     """A tensor of a shape the role does not expect, or of a dtype it must refuse."""
     while True:
         shape = tuple(rng.choice([0, 1, 3, 5, 13]) for _ in range(rng.choice([0, 1, 2, 2, 3])))
@@ -74,44 +95,122 @@ def _array(rng: random.Random, forbidden: set) -> np.ndarray:
     return arr
 
 
-def _authentic(role: str, rng: random.Random, values: list) -> Message:
-    """A message of the role's own ops, malformed for it."""
-    op = rng.choice(OPS[role])
+def _true(rng: random.Random, shape: tuple, finite: bool = True) -> np.ndarray:
+    """float32 values of a true shape; one of them NaN or infinite unless ``finite``."""
+    arr = np.full(shape, rng.random(), np.float32)
+    if not finite and arr.size:
+        arr.flat[rng.randrange(arr.size)] = rng.choice([np.nan, np.inf, -np.inf])
+    return arr
+
+
+def _task(rng: random.Random, job: Job, values: list) -> dict:
+    """A task of a true kind, layer and chunk whose epoch no job reaches (or, now and then, another field wrong)."""
+    task = {"kind": rng.choice(["fwd", "bwd", "loss", "fused", "eval"]), "train": rng.choice([True, False]),
+            "epoch": rng.choice(BAD_EPOCHS) if rng.random() < 0.3 else FAR + rng.randrange(1000),
+            "layer": rng.randrange(len(job.widths) - 1), "chunk": rng.randrange(job.chunks), "attempt": 1}
+    if rng.random() < 0.2:  # another field wrong too; the epoch stays one no job reaches
+        task[rng.choice(["kind", "train", "layer", "chunk", "attempt"])] = rng.choice([*NOT_AN_INDEX, rng.choice(values), "rm"])
+    return task
+
+
+def _graph_server(op: str, rng: random.Random, job: Job, values: list) -> Message:
     v = lambda: rng.choice(values)  # noqa: E731
-    fields = {"req": rng.choice(["r", None, 5, v()])}
-    tensors: dict = {}
-    if op in ("pull_rows", "push_result"):
-        fields |= {"task": _task(rng, values), "version": rng.choice([0, -1, None, v()]), "loss_sum": v(), "correct": v(),
-                   "have": rng.choice([None, ["f" * 32], v(), [v()], ["t" * 65], ["t"] * 9])}  # static-row tokens
-        tensors = {rng.choice(["Z", "dW", "dG"]): _array(rng, set())} if op == "push_result" else {}
-    elif op == "ghosts":  # never a peer's well-formed rows: a source that is no peer, or rows that do not fit
-        fields |= {"phase": rng.choice(["fwd", "efwd", "bwd", "up", v()]), "epoch": rng.choice([1, FAR, v()]),
-                   "layer": rng.choice([0, 1, 5]), "src": rng.choice([0, 2, 99, -1, v()]), "chunk": rng.choice([0, 1, 9]),
-                   "min_epoch": rng.choice([1, v()])}
-        tensors = {"positions": _array(rng, set()), "rows": _array(rng, set())}
-    elif op == "progress":
-        fields |= {"src": rng.choice([0, 2, 99, "1", None]), "min_epoch": v()}
-    elif op in ("pull_weights", "pull_state"):
-        fields |= {"layer": rng.choice([2, 9, -1, "0", None, v()]), "version": rng.choice([0, None, FAR, v()]),
-                   "hold": rng.choice([None, [1, 2], [[1], 0, 0], v()])}
-    elif op == "push_grad":  # a gradient of no layer's shape, or not finite float32, or a malformed key
-        fields |= {"layer": rng.choice([0, 1, v()]), "version": rng.choice([0, v()]), "key": rng.choice([[1, 0, 0], v()])}
-        tensors = {"grad": _array(rng, {(1433, 16), (16, 7)})}
-    elif role == "worker":  # a peer's rank (so the handler sees it), every other field unusable
-        bad = lambda: rng.choice(NOT_AN_INDEX + [x for x in values if type(x) is not int])  # noqa: E731
-        fields = {"rank": rng.choice([0, 2, 2, 7, "0"]), "id": rng.choice([1, 2, None]), "epoch": bad(), "cycle": bad(),
-                  "dead": bad(), "batches": rng.choice([[99], [bad()], bad()]), "row": rng.choice([{"epoch": "1"}, bad()]),
-                  "left": v(), "loss_sum": v(), "count": bad(), "exchanges": bad(), "keep": v()}
-        tensors = {name: _array(rng, {(4,)}) for name in rng.sample(["params", "grad", "tasks", "best"], rng.randrange(3))}
-        if op == "report" and rng.random() < 0.3:
-            tensors["tasks"] = np.frombuffer(b"[" * rng.choice([10, 100_000]), np.uint8)  # deep JSON in a tensor
-    elif op in ("hello", "heartbeat"):  # the servers of the job said hello before the fuzzing starts
-        fields |= {"role": rng.choice(["graph-server", "weight-server", "x", v()]), "rank": rng.choice([0, 1, 7, v()]),
-                   "address": v()}
+    rows, (_, hidden, classes) = rng.choice(job.rows), job.widths
+    if op in ("pull_rows", "push_result", "push_block"):
+        fields = {"req": rng.choice(["r", None, v()]), "task": _task(rng, job, values), "version": rng.choice([0, 3, v()])}
+        if rng.random() < 0.3:
+            fields["have"] = rng.choice([["f" * 32], ["t" * 65], ["t"] * 9, v()])
+        if op == "pull_rows":
+            return Message(op, fields)
+        span = rng.choice([[0, rows], [0, 64], [64, 128], [-1, 5], [5, 5], [0, rows + 1], [rows, rows + 64], None, v()])
+        fields |= {"block": span, "run": rng.choice(["r" * 16, "", "x" * 65, None, 7]), "streamed": rng.choice([True, 1]),
+                   "loss_sum": rng.choice([1.0, float("nan"), v()]), "correct": rng.choice([[1, 2, 3], [-1, 0, 0], v()])}
+        whole = not (isinstance(span, list) and len(span) == 2 and all(type(x) is int for x in span))
+        n = rows if whole else max(0, min(rows, span[1] - span[0]))
+        tensors = rng.choice([{"Z": _true(rng, (n, hidden), rng.random() < 0.5)}, {"dG": _true(rng, (n, classes))},
+                              {"Z": _true(rng, (n + 1, hidden))}, {"grad:W0": _true(rng, job.grad_blocks[0]["W0.0"])},
+                              {"Z": _array(rng)}])
+        return Message(op, fields, tensors)
+    src = rng.choice([1, 1, 1, 0, 2, 99, -1, "1", None])  # the real peer of graph server 0, mostly
+    if op == "progress":
+        return Message(op, {"src": src, "min_epoch": rng.choice([FAR, 2**53, 0, -1, v()]), "req": None})
+    # ghosts: rows of a true width and a true count, and one thing wrong
+    phase = rng.choice(["fwd", "efwd", "bwd", "ebwd", "up", v()])
+    count = rng.choice([job.ghosts, 50, 2])
+    positions = np.arange(count, dtype=np.int64)
+    epoch, chunk, rows_n = rng.choice([3, 4, 5]), rng.randrange(job.chunks), count
+    wrong = rng.randrange(6)
+    if wrong == 0:
+        epoch = rng.choice(BAD_EPOCHS)
+    elif wrong == 1:
+        positions[rng.randrange(count)] = rng.choice([-1, -2**40, 10**9, 2**62])
+    elif wrong == 2:  # a repeated contribution (forward rows may repeat a position: they are only written)
+        positions[-1], phase = positions[0], rng.choice(["bwd", "ebwd"])
+    elif wrong == 3:
+        rows_n = count + rng.choice([1, -1 if count else 1])
+    elif wrong == 4:
+        chunk = rng.choice([99, -5, "0", None])
     else:
-        fields |= {"rank": v(), "epoch": v(), "finished": v()}
+        positions = positions.astype(rng.choice([np.int32, np.float64, np.uint8]))
+    width = rng.choice([hidden, classes])
+    tensors = {"positions": positions, "rows": _true(rng, (max(rows_n, 0), width))}
+    return Message(op, {"phase": phase, "epoch": epoch, "layer": rng.randrange(2), "src": src, "chunk": chunk,
+                        "min_epoch": rng.choice([1, 2, FAR]), "req": None}, tensors)
+
+
+def _weight_server(op: str, rng: random.Random, job: Job, values: list) -> Message:
+    v = lambda: rng.choice(values)  # noqa: E731
+    layer = rng.choice([0, 1, 0, 1, 2, 9, -1, "0", None, v()])
+    bad_key = rng.choice([[FAR, 0, 0], [0, 0, 0], [2, job.servers, 0], [2, 0, job.chunks], [2, -1, 0], [1, 0, 0],
+                          [2, 0], ["2", 0, 0], None])
+    if op in ("pull_weights", "pull_state", "ping"):
+        fields = {"layer": layer, "version": rng.choice([None, 0, FAR, -1, 1.5, v()]), "req": "r",
+                  "hold": rng.choice([None, bad_key, [[1], 0, 0], v()])}
+        tensors = {"g": _array(rng)} if rng.random() < 0.2 else {}  # a pull carries no tensors
+        return Message(op, fields, tensors)
+    true_layer = layer if type(layer) is int and layer in job.grad_blocks else 0
+    grads = {name: _true(rng, shape, finite=rng.random() < 0.7) for name, shape in job.grad_blocks[true_layer].items()}
+    if rng.random() < 0.2:
+        grads = {rng.choice(["W0.0", "W1.0", "x"]): _array(rng, {(1433, 16), (16, 7)})}
+    # a true-shaped finite gradient only ever under a key of no task, or of epoch 1, whose gradients came already
+    return Message(op, {"layer": true_layer if rng.random() < 0.7 else layer, "version": rng.choice([0, 1, v()]),
+                        "key": bad_key, "req": "r"}, grads)
+
+
+def _driver(op: str, rng: random.Random, job: Job, values: list) -> Message:
+    v = lambda: rng.choice(values)  # noqa: E731
+    fields = {"role": rng.choice(["graph-server", "weight-server", "x", v()]), "rank": rng.choice([0, 1, 7, v()]),
+              "address": v(), "turns": v(), "epoch": rng.choice([*BAD_EPOCHS, 2, v()]), "loss_sum": v(),
+              "correct": rng.choice([[1, 2, 3], v()]), "counts": v(), "finished": v(), "frozen_at": v()}
+    tensors = {"jsonl": np.frombuffer(rng.choice([b"{}\n", b"[" * 100_000, b'{"kind": 1}\n' * 100]), np.uint8)} \
+        if op == "tasks" else {}
+    return Message(op, fields, tensors)
+
+
+def _authentic(role: str, rng: random.Random, job: Job, values: list) -> Message:
+    """A message of the role's own ops, malformed for it (or, now and then, an op it does not serve)."""
+    op = rng.choice(OPS[role])
     if rng.random() < 0.1:
-        op = rng.choice(["format_disk", "start", "rows", "weights", "ok"] + (["stop"] if role != "worker" else []))
+        return Message(rng.choice(["format_disk", "start", "rows", "weights", "ok", "stop"]), {"req": "r"})
+    if role == "graph-server":
+        return _graph_server(op, rng, job, values)
+    if role == "weight-server":
+        return _weight_server(op, rng, job, values)
+    if role == "driver":
+        return _driver(op, rng, job, values)
+    return _worker(op, rng, values)
+
+
+def _worker(op: str, rng: random.Random, values: list) -> Message:
+    """A decentralised peer's message: a peer's rank (so the handler sees it), every other field unusable."""
+    v = lambda: rng.choice(values)  # noqa: E731
+    bad = lambda: rng.choice(NOT_AN_INDEX + [x for x in values if type(x) is not int])  # noqa: E731
+    fields = {"rank": rng.choice([0, 2, 2, 7, "0"]), "id": rng.choice([1, 2, None]), "epoch": bad(), "cycle": bad(),
+              "dead": bad(), "batches": rng.choice([[99], [bad()], bad()]), "row": rng.choice([{"epoch": "1"}, bad()]),
+              "left": v(), "loss_sum": v(), "count": bad(), "exchanges": bad(), "keep": v()}
+    tensors = {name: _array(rng, {(4,)}) for name in rng.sample(["params", "grad", "tasks", "best"], rng.randrange(3))}
+    if op == "report" and rng.random() < 0.3:
+        tensors["tasks"] = np.frombuffer(b"[" * rng.choice([10, 100_000]), np.uint8)  # deep JSON in a tensor
     return Message(op, fields, tensors)
 
 
@@ -127,12 +226,12 @@ def _hostile_header(rng: random.Random, values: list) -> bytes:
         return rng.choice([b"[1, 2]", b'"op"', b"null", b"\xff\xfe\x00", b"{", b'{"op": "ping"'])
     if choice == 3:
         return b'{"op": "ping", "s": "' + b"a" * rng.choice([1000, 60000]) + b'"}'
-    if choice == 4:  # tensor specs that do not match the frames
-        specs = rng.choice([[{"name": "grad", "dtype": "float32", "shape": [2, 2]}],
-                            [{"name": "grad", "dtype": "object", "shape": [1]}],
-                            [{"name": "grad", "dtype": "float32", "shape": [-1]}],
-                            [{"name": "Z", "dtype": "float32", "shape": [2**40, 2**40]}], {"Z": 1}])
-        return json.dumps({"op": "push_grad", "tensors": specs}).encode()
+    if choice == 4:  # tensor specs that do not match the frames: sizes that overflow int64, negative, zero
+        shape = rng.choice([[2, 2], [-1], [65536] * 4, [2**31 - 1] * 4, [2**16, 2**16, 2**16, 2**16 + 1], [0, 7],
+                            [2**40, 2**40], [3, -5], [1] * 5])
+        specs = rng.choice([[{"name": "grad", "dtype": "float32", "shape": shape}],
+                            [{"name": "grad", "dtype": "object", "shape": [1]}], {"Z": 1}])
+        return json.dumps({"op": rng.choice(["push_grad", "ghosts", "push_result"]), "tensors": specs}).encode()
     return json.dumps({"op": "ping", **{f"k{i}": rng.choice(values) for i in range(3)}}, allow_nan=True).encode()
 
 
@@ -146,11 +245,13 @@ def _sign(session: Session, msg: Message, to: str) -> list[bytes]:
         return signed(session, header, *[a.tobytes() for a in msg.tensors.values()], to=to)
 
 
-def corpus(role: str, key: bytes, to: str, count: int, seed: int = 0) -> list[list[bytes]]:
-    """``count`` hostile messages for the process of ``role`` listening at ``to``."""
+def corpus(role: str, key: bytes, to: str, count: int, seed: int = 0, job: Job = Job()) -> list[list[bytes]]:
+    """``count`` hostile messages for the process of ``role`` listening at ``to`` (made now: a receiver
+    accepts nothing stamped before it started)."""
     rng = random.Random(seed)
     values = hypothesis_values(300)
-    me, stranger = Session(key), Session(b"a key that is not the job's key.")
+    me = Session(key, job=job.nonce)
+    strangers = [Session(b"a key that is not the job's key.", job=job.nonce), Session(key, job=b"\x00" * 16)]
     sent: list[list[bytes]] = []
     out: list[list[bytes]] = []
     for i in range(count):
@@ -160,7 +261,7 @@ def corpus(role: str, key: bytes, to: str, count: int, seed: int = 0) -> list[li
             if rng.random() < 0.5 and frames:
                 frames[0] = b"DRY1" + frames[0][4:]
         elif kind in (1, 2):
-            frames = _sign(me, _authentic(role, rng, values), to)
+            frames = _sign(me, _authentic(role, rng, job, values), to)
             if kind == 1:
                 frames = frames[: rng.randrange(len(frames))] or [frames[0][: rng.randrange(68)]]
             else:
@@ -169,16 +270,16 @@ def corpus(role: str, key: bytes, to: str, count: int, seed: int = 0) -> list[li
                     b = bytearray(frames[j])
                     b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
                     frames[j] = bytes(b)
-        elif kind == 3:
-            frames = _sign(stranger, _authentic(role, rng, values), to) if rng.random() < 0.5 else \
-                _sign(me, _authentic(role, rng, values), "tcp://10.9.9.9:1")
+        elif kind == 3:  # another key, another job's nonce, or another process's address
+            frames = _sign(rng.choice(strangers), _authentic(role, rng, job, values), to) if rng.random() < 0.67 else \
+                _sign(me, _authentic(role, rng, job, values), "tcp://10.9.9.9:1")
         elif kind == 4 and sent:
             frames = rng.choice(sent)  # replayed: its sequence number was used already
         elif kind == 5:
             frames = signed(me, _hostile_header(rng, values), *[rng.randbytes(rng.choice([0, 4, 16])) for _ in
                                                                 range(rng.randrange(3))], to=to)
         else:
-            frames = _sign(me, _authentic(role, rng, values), to)
+            frames = _sign(me, _authentic(role, rng, job, values), to)
             if rng.random() < 0.2:
                 sent.append(frames)
         out.append([bytes(f) for f in frames])

@@ -77,3 +77,73 @@ def test_every_checkpoint_holds_all_layers_at_one_epoch(small_graph, tmp_path, m
     assert len(list(folder.glob("epoch-*.npz"))) == 7
     for log in (tmp_path / "r" / "logs").glob("*.log"):  # the driver's releases of recorded epochs were taken
         assert "refused" not in log.read_text(), log.name
+
+
+def test_latest_json_cannot_point_outside_its_folder(tmp_path):
+    """A checkpoint folder someone else can write must not make a resume read or write elsewhere."""
+    root = tmp_path / "ck"
+    save_checkpoint(str(root), 2, {"W0": np.ones((2, 2), np.float32)})
+    latest = json.loads((root / "latest.json").read_text())
+    secret = tmp_path / "elsewhere.npz"
+    np.savez(secret, epoch=np.array(2), W0=np.zeros((2, 2), np.float32))
+    for name in ["../elsewhere.npz", str(secret), "epoch-000002.npz/../../elsewhere.npz", "epoch-2.npz", "latest.json"]:
+        (root / "latest.json").write_text(json.dumps(latest | {"file": name}))
+        with pytest.raises(DataError, match="is not a checkpoint file name"):
+            load_checkpoint(str(root))
+    (root / "latest.json").write_text(json.dumps(latest | {"previous": [latest | {"file": "../elsewhere.npz"}]}))
+    assert int(load_checkpoint(str(root))["epoch"]) == 2  # a bad earlier entry is never reached, nor trusted
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, caplog):
+    """After a crash the newest file can be cut short or corrupt: the one before it is used, and said."""
+    root = str(tmp_path / "ck")
+    for epoch in (1, 2, 3):
+        save_checkpoint(root, epoch, {"W0": np.full((2, 2), epoch, np.float32)})
+    (tmp_path / "ck" / "epoch-000003.npz").write_bytes(b"cut short")
+    got = load_checkpoint(root)
+    assert int(got["epoch"]) == 2 and got["W0"][0, 0] == 2
+    assert "epoch-000003.npz: missing or does not match latest.json; resuming from epoch-000002.npz" in caplog.text
+    (tmp_path / "ck" / "epoch-000002.npz").unlink()
+    assert int(load_checkpoint(root)["epoch"]) == 1
+    (tmp_path / "ck" / "epoch-000001.npz").write_bytes(b"")
+    with pytest.raises(DataError, match="no intact checkpoint"):
+        load_checkpoint(root)
+
+
+def test_checkpoints_are_flushed_to_disk_before_they_are_named(tmp_path, monkeypatch):
+    """A rename without fsync can survive a power loss while the file's blocks do not: latest.json would
+    then name a truncated file. The file is fsynced before its rename, and the folder after it."""
+    import os
+
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(("replace", str(b))) or replace(a, b))
+    root = tmp_path / "ck"
+    save_checkpoint(str(root), 4, {"W0": np.ones(3, np.float32)})
+    for name in ("epoch-000004.npz", "latest.json"):
+        at = events.index(("replace", str(root / name)))
+        assert events[at - 1][0] == "fsync" and events[at - 1][1].startswith(str(root / f".{name}."))  # its temp file
+        assert events[at + 1] == ("fsync", str(root))  # then the folder's entry
+
+
+def test_resume_refuses_checkpoints_of_other_data(small_graph, tmp_path, capsys):
+    """A dataset re-prepared with the same dimensions (or a shared --checkpoint-dir) must not resume
+    silently from someone else's weights: one line, exit 2, the record untouched."""
+    from dorylus_py.data import SynthConfig, generate
+
+    store = tmp_path / "parts"
+    prepare(small_graph, store, 2)
+    out = tmp_path / "run"
+    train = ["train", "--backend", "cpu", "--data", str(store), "--checkpoint-every", "1", "--quiet", "--out", str(out)]
+    assert main([*train, "--epochs", "2"]) == 0
+    metrics = (out / "metrics.jsonl").read_text()
+    other = generate(SynthConfig(nodes=600, edges=6_000, features=16, classes=4, seed=4))  # same shape, other data
+    prepare(other, store, 2, overwrite=True)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--epochs", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "belong to another job (the prepared data differs" in err and "\n" not in err
+    assert (out / "metrics.jsonl").read_text() == metrics
+    prepare(small_graph, store, 2, overwrite=True)  # the data it was made with: resumed
+    assert main(["train", "--resume", str(out), "--epochs", "3"]) == 0

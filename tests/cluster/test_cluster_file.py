@@ -28,9 +28,10 @@ def free_ports(n):
     return ports
 
 
-def test_servers_from_a_cluster_file_with_curve(small_graph, tmp_path, capsys):
+def test_servers_from_a_cluster_file_with_curve_serve_job_after_job(small_graph, tmp_path, capsys):
     """The whole CLI path of a multi-machine job: keys from `dorylus keys gen`, CurveZMQ on every socket,
-    each process bound to its own address from the file."""
+    each process bound to its own address from the file; the servers serve a second job (the same
+    losses: nothing of the first is left in them) and stop cleanly on SIGTERM, as under systemd."""
     write_npz(small_graph, tmp_path / "g.npz")
     assert main(["prepare", str(tmp_path / "g.npz"), "-k", "2", "--out", str(tmp_path / "parts")]) == 0
     assert main(["keys", "gen", str(tmp_path / "keys")]) == 0
@@ -45,19 +46,26 @@ def test_servers_from_a_cluster_file_with_curve(small_graph, tmp_path, capsys):
     servers = [subprocess.Popen([sys.executable, "-m", "dorylus_py", role, "--cluster", str(tmp_path / "cluster.json"),
                                  "--rank", str(rank)], env=env, stderr=subprocess.PIPE, text=True)
                for role, rank in [("graph-server", 0), ("graph-server", 1), ("weight-server", 0)]]
+    runs = []
     try:
         os.environ["DORYLUS_KEY"] = key
-        code = main(["train", "--data", str(tmp_path / "parts"), "--backend", "cpu", "--cluster", str(tmp_path / "cluster.json"),
-                     "--epochs", "3", "--out", str(tmp_path / "run"), "--quiet", "--dropout", "0"])
-        assert code == 0, capsys.readouterr().err
+        for job in ("run1", "run2"):
+            code = main(["train", "--data", str(tmp_path / "parts"), "--backend", "cpu", "--cluster",
+                         str(tmp_path / "cluster.json"), "--epochs", "3", "--out", str(tmp_path / job), "--quiet",
+                         "--dropout", "0"])
+            assert code == 0, capsys.readouterr().err
+            runs.append([json.loads(line) for line in (tmp_path / job / "metrics.jsonl").read_text().splitlines()])
+            assert all(p.poll() is None for p in servers)  # still serving
+        for p in servers:
+            p.terminate()
         for p in servers:
             assert p.wait(timeout=30) == 0, p.stderr.read()
     finally:
         os.environ.pop("DORYLUS_KEY", None)
         for p in servers:
             p.kill()
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 3 and np.isfinite(rows[-1]["loss"])
+    assert len(runs[0]) == 3 and np.isfinite(runs[0][-1]["loss"])
+    assert [r["loss"] for r in runs[1]] == [r["loss"] for r in runs[0]]
 
 
 def test_the_driver_binds_its_own_address_only(tmp_path, monkeypatch):
@@ -121,6 +129,14 @@ def test_keys_gen_and_curve_settings_in_the_cluster_file(tmp_path, capsys):
     with pytest.raises(ConfigError, match="no secret key"):
         load_curve_secret(str(keys / "server.key"), public)
     assert main(["keys", "gen", str(keys)]) == 2  # never overwritten by accident
+    old = (keys / "job.key").read_text()
+    assert main(["keys", "gen", str(keys), "--overwrite"]) == 0 and (keys / "job.key").read_text() != old
+    (keys / "notes.txt").write_text("mine")  # --overwrite of a folder holding anything else (a home folder)
+    capsys.readouterr()
+    assert main(["keys", "gen", str(keys), "--overwrite"]) == 2
+    assert "holds 1 file(s) that are not its keys (such as notes.txt)" in capsys.readouterr().err
+    assert (keys / "notes.txt").read_text() == "mine" and (keys / "job.key").exists()
+    (keys / "notes.txt").unlink()
     base = {"driver": "tcp://10.0.0.1:7000", "graph_servers": ["tcp://10.0.0.2:7100"], "weight_servers": ["tcp://10.0.0.3:7200"]}
     path = tmp_path / "c.json"
     path.write_text(json.dumps(base | {"curve_public_key": public, "curve_secret_key_file": str(keys / "server.key_secret"),
@@ -145,7 +161,7 @@ def start_cluster_job(small_graph, tmp_path):
     env = dict(os.environ, DORYLUS_KEY="ab" * 32)
     servers = {f"{role}-{rank}": subprocess.Popen(
         [sys.executable, "-m", "dorylus_py", role, "--cluster", str(tmp_path / "cluster.json"), "--rank", str(rank),
-         "--bind", "127.0.0.1"], env=env, stderr=subprocess.PIPE, text=True)
+         "--bind", "127.0.0.1", "--jobs", "1"], env=env, stderr=subprocess.PIPE, text=True)
         for role, rank in [("graph-server", 0), ("graph-server", 1), ("weight-server", 0)]}
     driver = subprocess.Popen([sys.executable, "-m", "dorylus_py", "train", "--data", str(tmp_path / "parts"), "--backend",
                                "cpu", "--cluster", str(tmp_path / "cluster.json"), "--epochs", "100000", "--out",

@@ -126,7 +126,7 @@ def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_pa
         assert "expected" in client.ask(gs.handle, wrong_shape)["reason"]
         for bad_task in ["x", {"kind": "fwd"}, dict(task, chunk=99), dict(task, kind="rm")]:
             assert client.ask(gs.handle, Message("pull_rows", {"task": bad_task})).op == "error"
-        assert node.rejections.counts == {"unauthenticated": 7, "invalid": 9}
+        assert node.rejections.counts == {"unauthenticated": 7, "invalid": 9, "bugs": 0}
         not_running = dict(task, layer=1)  # a copy nobody wants (any more) is told to stop, and why
         cancel = client.ask(gs.handle, Message("pull_rows", {"task": not_running, "req": "r1"}))
         assert cancel.op == "cancel" and cancel["req"] == "r1" and "not running" in cancel["reason"]
@@ -179,8 +179,47 @@ def test_weight_server_rejects_bad_messages_and_keeps_serving(driver):
         ws.on_driver(Message("release", {"version": 1}))  # the driver recorded epoch 1: older snapshots may go
         assert ws.store.released == 1
         for bad in ({"version": -1}, {"version": "1"}, {"version": True}, {}):
-            with pytest.raises((ProtocolError, KeyError)):
+            with pytest.raises(ProtocolError):
                 ws.on_driver(Message("release", bad))
+    finally:
+        client.close()
+        node.close()
+
+
+def test_a_weight_server_bounds_what_one_peer_can_make_it_keep(driver, monkeypatch):
+    """Pulls carry no tensors; a gradient or a hold must name a task of this job; a sender holds at most
+    total_chunks x (S + 2) versions; deferred pulls are capped in bytes, not only in number."""
+    from dorylus_py.weights import server as weight_server
+
+    node = Node("weight-server", 0, driver, KEY)
+    spec = JobSpec(config=TrainConfig(lr=0.01, epochs=20, staleness=1), data_dir="", feature_norm="none", dims=[6, 4, 3],
+                   id_offsets=[0, 1], chunk_counts=[1], weight_servers=["x"])
+    ws = WeightServer(node, Message("start", {"spec": spec.to_wire()}))
+    client = Client(node)
+    grad = np.ones((4, 3), np.float32)
+    try:
+        big = np.zeros(2**20, np.float32)
+        assert "carries no tensors" in client.ask(ws.handle, Message("pull_weights", {"layer": 1, "version": 9, "req": "r"},
+                                                                      {"x": big}))["reason"]
+        for key in ([0, 0, 0], [21, 0, 0], [1, 1, 0], [1, 0, 1], [1, -1, 0], [2**40, 0, 0]):
+            push = Message("push_grad", {"layer": 1, "version": 0, "key": key}, {"W1.0": grad})
+            assert "names no task of this job" in client.ask(ws.handle, push)["reason"], key
+        assert ws.store.latest(1) == 0 and not ws.store.layers[1].pending  # nothing taken
+        assert ws.holds_per_sender == 3
+        for epoch in (1, 2, 3):
+            assert client.ask(ws.handle, Message("pull_weights", {"layer": 1, "version": 0, "hold": [epoch, 0, 0]})).op == "weights"
+        refused = client.ask(ws.handle, Message("pull_weights", {"layer": 1, "version": 0, "hold": [4, 0, 0]}))
+        assert "holds 3 versions already" in refused["reason"]
+        assert client.ask(ws.handle, Message("push_grad", {"layer": 1, "version": 0, "key": [1, 0, 0]}, {"W1.0": grad})).op == "ok"
+        assert client.ask(ws.handle, Message("pull_weights", {"layer": 1, "version": 0, "hold": [4, 0, 0]})).op == "weights"
+        stale = client.ask(ws.handle, Message("pull_weights", {"layer": 1, "version": 1, "hold": [1, 0, 0]}))
+        assert "whose gradient came already" in stale["reason"]  # nothing would ever release that hold
+        monkeypatch.setattr(weight_server, "MAX_WAITING_BYTES", 2_000)
+        client.sock.send_multipart(client.frames(Message("pull_weights", {"layer": 1, "version": 5, "req": "p", "pad": "x" * 900})))
+        client.sock.send_multipart(client.frames(Message("pull_weights", {"layer": 1, "version": 5, "req": "q", "pad": "x" * 900})))
+        full = client.ask(ws.handle, Message("pull_weights", {"layer": 1, "version": 5, "req": "z", "pad": "x" * 900}))
+        assert full.op == "error" and "already waiting" in full["reason"] and len(ws.waiting) == 2
+        assert 1_800 < ws.waiting_bytes <= 2_000
     finally:
         client.close()
         node.close()

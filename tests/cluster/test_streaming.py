@@ -153,9 +153,9 @@ def test_a_reply_that_came_while_the_worker_computed_is_timed_from_before_its_co
     sock = ctx.socket(zmq.DEALER)
     sock.connect(address)
     payload = np.zeros(25_000, np.float32)  # 100 kB
+    server_session = Session(KEY)  # made before anything is sent to it: it refuses what is older
 
     def serve():
-        server_session = Session(KEY)
         for _ in range(2):
             route, *body = server.recv_multipart()
             msg = server_session.decode(body, address)

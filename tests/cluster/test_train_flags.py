@@ -113,7 +113,7 @@ def test_server_counts_come_from_the_cluster_file(graph_npz, tmp_path, capsys, m
 
     monkeypatch.setenv("DORYLUS_KEY", "ab" * 32)
     servers = [subprocess.Popen([sys.executable, "-m", "dorylus_py", role, "--cluster", str(cluster), "--rank", "0",
-                                 "--bind", "127.0.0.1"], stderr=subprocess.PIPE, text=True)
+                                 "--bind", "127.0.0.1", "--jobs", "1"], stderr=subprocess.PIPE, text=True)
                for role in ("graph-server", "weight-server")]
     try:
         assert main([*train, "--data", str(tmp_path / "p1"), "--out", str(tmp_path / "run")]) == 0, capsys.readouterr().err

@@ -162,3 +162,52 @@ def test_short_keys_are_refused_and_sending_non_finite_numbers_fails_clearly():
         Session(KEY).encode(Message("epoch_stats", {"loss_sum": float("nan")}), ADDR)
     with pytest.raises(ProtocolError, match="cannot be sent"):
         Session(KEY).encode(Message("rows", {}, {"P": np.array(["a"])}), ADDR)
+
+
+def test_a_shape_whose_size_overflows_is_refused_by_name():
+    """np.prod in int64 wraps: [65536] * 4 is 2**64 elements, "0" bytes; a reshape then raised ValueError,
+    which no receive loop caught (it killed every role of a live job)."""
+    a, b = pair()
+    for shape in ([65536, 65536, 65536, 65536], [2**31 - 1] * 4, [2**16, 2**16, 2**16, 2**16 + 1], [3, -1]):
+        header = json.dumps({"op": "push_grad", "tensors": [{"name": "g", "dtype": "float32", "shape": shape}]})
+        with pytest.raises(ProtocolError, match="bad shape|needs") as e:
+            b.decode(forge.signed(a, header.encode(), b"", to=ADDR), ADDR)
+        assert type(e.value) is ProtocolError  # authentic, malformed: never a ValueError
+
+
+def test_requests_are_bound_to_their_job():
+    """A request signed for one job's nonce is refused in another job at the same address; a server's
+    hello, sent before it knows the job, is accepted only where the receiver allows it unbound."""
+    job1, job2 = b"\x01" * 16, b"\x02" * 16
+    sender = Session(KEY, job=job1)
+    in_job2 = Session(KEY, job=job2)
+    with pytest.raises(AuthError, match="bad MAC"):
+        in_job2.decode(sender.encode(Message("push_grad", {}), ADDR), ADDR)
+    assert Session(KEY, job=job1).decode(sender.encode(Message("push_grad", {}), ADDR), ADDR).op == "push_grad"
+    server = Session(KEY)  # before its start: bound to no job
+    driver = Session(KEY).for_job(job2)
+    assert driver.decode(server.encode(Message("hello", {}), ADDR), ADDR, unbound=frozenset({"hello"})).op == "hello"
+    with pytest.raises(AuthError, match="signed for no job"):
+        driver.decode(server.encode(Message("epoch_stats", {}), ADDR), ADDR, unbound=frozenset({"hello"}))
+    with pytest.raises(AuthError, match="bad MAC"):
+        driver.decode(server.encode(Message("hello", {}), ADDR), ADDR)
+
+
+def test_a_new_session_refuses_what_was_sent_before_it_began():
+    """A restarted process (or a server's session for its next job) starts with empty sequence windows,
+    but nothing stamped before it began is accepted: a captured message cannot be replayed into it."""
+    sender = Session(KEY)
+    captured = sender.encode(Message("hello", {}), ADDR)
+    later = Session(KEY)
+    with pytest.raises(AuthError, match="older than this session"):
+        later.decode(captured, ADDR)
+    assert later.decode(sender.encode(Message("hello", {}), ADDR), ADDR).op == "hello"
+
+
+def test_for_job_shares_the_sender_identity():
+    base = Session(KEY)
+    view = base.for_job(b"\x07" * 16)
+    assert view.id == base.id and view.replay is base.replay and base.job == b""
+    first, second = base.encode(Message("ok"), ADDR), view.encode(Message("ok"), ADDR)
+    seqs = [_FIXED.unpack(bytes(f[0][: _FIXED.size]))[2] for f in (first, second)]
+    assert seqs[1] == seqs[0] + 1  # one sequence: no number is used twice by the same sender id

@@ -1,0 +1,78 @@
+"""A server's heartbeat: it tells the driver every second that the process lives and that its serving
+loop turns, on a thread and a socket of its own, and ends the process when the driver is gone or the
+loop has stood still for the job's hang timeout (so a loop stuck in a send is not kept alive by its
+heartbeat)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import zmq
+
+from dorylus_py.protocol import Message, ProtocolError
+from dorylus_py.protocol.transport import dealer
+
+if TYPE_CHECKING:
+    from dorylus_py.cluster.node import Node
+
+log = logging.getLogger("dorylus_py.cluster.node")
+HEARTBEAT_S = 1.0  # a server says it lives this often
+SILENCE_S = 6.0  # a process not heard from for this long is presumed dead (well within 10 s)
+
+
+class Heartbeat:
+    """Tell the driver every ``HEARTBEAT_S`` that this process lives, and how many turns its serving loop
+    has made; exit (one log line) once the driver has not answered for ``silence_s`` (code 3), or once
+    the loop has not turned for the node's hang timeout (code 4: a loop stuck in a send or a bug; the
+    driver or the supervisor starts a new process). Runs on a thread with a socket of its own."""
+
+    def __init__(self, node: "Node", silence_s: float = SILENCE_S):
+        self.node, self.silence_s = node, silence_s
+        self.session = node.session  # this job's
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        node = self.node
+        sock = dealer(zmq.Context.instance(), node.driver_address, node.curve)
+        heard = turned = time.monotonic()
+        last = 0  # no turn yet: a server still building its state is not hung
+        try:
+            while not self._stop.is_set():
+                turns = node.turns
+                if turns != last:
+                    last, turned = turns, time.monotonic()
+                beat = Message("heartbeat", {"role": node.role, "rank": node.rank, "turns": turns})
+                try:
+                    sock.send_multipart(self.session.encode(beat, node.driver_address), zmq.NOBLOCK)
+                except zmq.Again:
+                    pass  # the driver is not reading: its silence is counted below
+                deadline = time.monotonic() + HEARTBEAT_S
+                while (left := deadline - time.monotonic()) > 0 and sock.poll(int(left * 1000) + 1):
+                    try:
+                        if self.session.decode(sock.recv_multipart(), self.session.id).op == "heartbeat":
+                            heard = time.monotonic()
+                    except ProtocolError:
+                        pass  # not from our driver: it proves nothing
+                if self._stop.is_set():
+                    return
+                if time.monotonic() - heard > self.silence_s:
+                    self._exit(3, f"the driver has not answered for {self.silence_s:.0f} s")
+                if last and time.monotonic() - turned > node.hang_timeout_s:
+                    self._exit(4, f"the serving loop has not turned for {node.hang_timeout_s:.0f} s (hung)")
+        finally:
+            sock.close(0)
+
+    def _exit(self, code: int, why: str) -> None:
+        log.error("%s %d: %s; exiting", self.node.role, self.node.rank, why)
+        logging.shutdown()
+        os._exit(code)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2 * HEARTBEAT_S)

@@ -1,0 +1,52 @@
+"""What a server does with a message it will not use: count it, log the first few, and tell bugs apart.
+
+A handler refuses an authentic message it cannot use by raising a :data:`REJECTED` error (a
+:class:`~dorylus_py.protocol.ProtocolError` from a named check, a ``WeightError``, ...): the message
+is answered with an ``error`` and counted. Anything else a handler raises is a bug in this program:
+logged with the op and the sender, the message dropped, the loop kept; ``DORYLUS_STRICT=1`` (the tests
+set it for every process they start) makes it fatal, so that a bug fails a test instead of passing as
+a rejection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from dorylus_py.errors import DorylusError
+
+log = logging.getLogger("dorylus_py.cluster.node")
+STRICT_ENV = "DORYLUS_STRICT"  # "1": a bug met while handling a peer's message is fatal (tests), not logged and dropped
+
+# What a handler raises for an authentic message it refuses (ProtocolError, WeightError, ...): answered, counted.
+REJECTED = (DorylusError,)
+
+
+class Rejections:
+    """Counts refused messages; logs the first few of each kind and then every thousandth. ``bugs``:
+    messages whose handling raised something no check names, which is this program's fault."""
+
+    def __init__(self, who: str):
+        self.who, self.counts = who, {"unauthenticated": 0, "invalid": 0, "bugs": 0}
+
+    def add(self, kind: str, error: Exception) -> None:
+        self.counts[kind] += 1
+        n = self.counts[kind]
+        if n <= 5 or n % 1000 == 0:
+            log.warning("%s: %s message #%d refused: %s", self.who, kind, n, error)
+
+    def bug(self, op: str, sender: bytes, error: Exception) -> None:
+        self.counts["bugs"] += 1
+        report_bug(self.who, op, sender, error)
+
+    def __str__(self) -> str:
+        return ", ".join(f"{n} {kind}" for kind, n in self.counts.items())
+
+
+def report_bug(who: str, op: str, sender: bytes, error: Exception) -> None:
+    """A handler failed on a message in a way no check names: log it (op, sender) so that the message
+    can be dropped; under ``DORYLUS_STRICT=1`` re-raise, so that a test fails instead of counting it."""
+    log.error("%s: bug while handling %s from %s (message dropped): %r", who, op, sender.hex()[:12], error,
+              exc_info=error)
+    if os.environ.get(STRICT_ENV) == "1":
+        raise error
