@@ -19,7 +19,7 @@ from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord
-from tests.cluster import running_children
+from tests.cluster import assert_gradients_once, running_children
 
 EPOCHS = 8
 
@@ -111,6 +111,7 @@ def test_a_killed_lambda_worker_is_replaced_and_the_run_is_unchanged(parts, undi
     got = job.join()
     assert got.summary["restarts"] == 0
     np.testing.assert_allclose(losses(got), losses(undisturbed), rtol=1e-6)
+    assert_gradients_once(got.summary, EPOCHS * 2 * 2 * 3)  # the dead worker's task ran again, its gradient went once
     end = [json.loads(line.split(" end ", 1)[1]) for line in (tmp_path / "run" / "logs" / "graph-server-1.log")
            .read_text().splitlines() if " end {" in line]
     assert end and end[-1]["workers_replaced"] == 1
@@ -133,6 +134,7 @@ def test_a_killed_server_is_restarted_from_the_checkpoint(parts, undisturbed, tm
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in metrics] == list(range(1, EPOCHS + 1))  # redone epochs are not written twice
     np.testing.assert_allclose(losses(got), losses(undisturbed), rtol=1e-5)
+    assert_gradients_once(got.summary)  # per start: the epochs after the checkpoint are sent again, by new servers
     assert not running_children()  # nothing left behind
 
 

@@ -18,6 +18,7 @@ from dorylus_py.protocol import Message, ProtocolError, Session
 from graph_servers.staging import BlockStaging
 from lambda_functions.channel import Channel
 from lambda_functions.stream import MAX_BLOCKS, Totals, stream_spans
+from tests.cluster import assert_gradients_once
 from tests.cluster.test_fused import losses, run
 from tests.cluster.test_row_cache import TASK, pull, served  # noqa: F401  (a fixture)
 from tests.cluster.test_servers import KEY, driver  # noqa: F401  (a fixture)
@@ -40,6 +41,7 @@ def test_a_streamed_job_equals_whole_chunks(small_graph, tmp_path, kw, faults):
     streamed = run(small_graph, tmp_path, "streamed", backend="local", dropout=0.5, stream_rows=37, **kw, **faults)
     np.testing.assert_allclose(losses(streamed), losses(plain), rtol=1e-6)
     assert [r["val_acc"] for r in streamed.history] == [r["val_acc"] for r in plain.history]
+    assert_gradients_once(streamed.summary, 3 * 2 * 2 * 3)  # a failed copy's staged blocks never commit
     before, after = end_stats(tmp_path, "plain"), end_stats(tmp_path, "streamed")
     assert all(s["result_blocks"] == 0 for s in before) and all(s["result_blocks"] >= 3 * 3 * 3 for s in after)
     if faults:
