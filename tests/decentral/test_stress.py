@@ -145,10 +145,12 @@ class Job:
 def jobs(graph, tmp_path_factory) -> dict:
     """Every seed's job, ten at a time (they mostly wait: on the network's delays, and on the timeout
     that finds the killed worker): seed -> the job, or the error its run raised."""
+    root = tmp_path_factory.mktemp("stress")  # made here: pytest's mktemp is not for threads
+
     def one(seed):
         job = Job.of(seed)
         try:
-            job.run(*graph, tmp_path_factory.mktemp(f"seed{seed}"))
+            job.run(*graph, root / f"seed{seed}")
         except Exception as e:  # noqa: BLE001  (its test raises it)
             return e
         return job
