@@ -134,10 +134,12 @@ def test_random_real_jobs_end(graph_npz, tmp_path, seed):
     in test_stress.py."""
     rng = random.Random(seed)
     workers = rng.randint(2, 6)
-    kill = (rng.randrange(workers), rng.randint(1, 8))
+    kill = (rng.randrange(workers), rng.randint(1, 5))
     extra = ["--straggler", f"{rng.randrange(workers)}:{rng.choice([1.5, 3, 5])}", "--seed", str(seed)]
-    summary, rows, tasks, _, _ = _job(graph_npz, tmp_path / "j", workers, 20, kill=kill, extra=extra,
+    summary, rows, tasks, _, _ = _job(graph_npz, tmp_path / "j", workers, 30, kill=kill, extra=extra,
                                       before_kill=_peer_to_peer)
-    assert [r["epoch"] for r in rows] == list(range(1, 21))
-    assert summary["worker_deaths"] == [kill[0]] and summary["workers_at_end"] == workers - 1
+    assert [r["epoch"] for r in rows] == list(range(1, 31))
+    # the workers run ahead of the record: a worker that had reported all its batches may die after the last
+    # one was trained, and the job end before its death is noticed (it needs --peer-timeout-s)
+    assert summary["worker_deaths"] in ([], [kill[0]]) and summary["workers_at_end"] == workers - len(summary["worker_deaths"])
     _every_batch_trained(rows, tasks)
