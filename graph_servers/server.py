@@ -107,6 +107,7 @@ class GraphServer:
         self.epoch_start: dict[int, float] = {}
         self.task_rows: list[dict] = []  # the loop thread's alone
         self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "blocks": 0}
+        self.gradients_sent: dict[tuple, int] = {}  # (epoch, layer, chunk) -> times forwarded (once)
         self.usage = Usage()
         self.staging = BlockStaging(staging_cap(self.state))  # streamed tasks' result blocks until their commit
         self.finished = False
@@ -310,6 +311,8 @@ class GraphServer:
         tensors = {t.name: msg.tensors[f"grad:{t.name}"] for t in self.model.layer_tensors(key.layer)}
         grads = split([b for b in self.blocks if b.layer == key.layer], tensors)
         fields = {"layer": key.layer, "version": inst.version, "key": [key.epoch, self.k, key.chunk]}
+        sent = (key.epoch, key.layer, key.chunk)
+        self.gradients_sent[sent] = self.gradients_sent.get(sent, 0) + 1
         for w in self.layer_servers[key.layer]:
             mine = {b.name: grads[b.name] for b in self.blocks if b.layer == key.layer and b.server == w}
             self._send(self.weight_servers[w], Message("push_grad", fields, mine))
@@ -383,8 +386,13 @@ class GraphServer:
             "correct": self.correct.pop(epoch, np.zeros(3, np.int64)).tolist(),
             "counts": self.state.masks.sum(axis=1).tolist(),
             "epoch_s": time.perf_counter() - self.epoch_start.pop(epoch, time.perf_counter()),
-            "relaunches": t.relaunches, "duplicates": t.refused, "usage": self.usage.epoch()}))
+            "relaunches": t.relaunches, "duplicates": t.refused, **self._gradient_counts(), "usage": self.usage.epoch()}))
         self._send_task_rows()
+
+    def _gradient_counts(self) -> dict:
+        """Gradients forwarded to the weight servers so far (one per key), and sends of a key beyond its first."""
+        return {"gradients_sent": sum(self.gradients_sent.values()),
+                "gradients_resent": sum(n - 1 for n in self.gradients_sent.values())}
 
     def _send_task_rows(self) -> None:
         rows = "".join(json.dumps(r) + "\n" for r in self.task_rows).encode()
@@ -404,7 +412,8 @@ class GraphServer:
         log.info("graph server %d end %s", self.k, json.dumps({
             "rank": self.k, "epochs": self.scheduler.reported - self.spec.first_epoch + 1, "tasks": self.stats["invoked"],
             "completed": self.stats["completed"], "result_blocks": self.stats["blocks"],
-            "relaunches": t.relaunches, "duplicates": t.refused, "bytes_sent": self.usage.totals["bytes_sent"],
+            "relaunches": t.relaunches, "duplicates": t.refused, **self._gradient_counts(),
+            "bytes_sent": self.usage.totals["bytes_sent"],
             "bytes_received": self.usage.totals["bytes_received"], "workers_replaced": getattr(self.platform, "replaced", 0),
             "peak_rss_mb": peak_rss_mb()}))
 

@@ -42,6 +42,9 @@ from dorylus_py.weights.blocks import Block, join, split, weight_blocks
 from dorylus_py.weights.store import STATE_FIELDS
 
 log = logging.getLogger(__name__)
+# the graph servers' running totals in every epoch_stats, summed into summary.json: copies relaunched,
+# duplicate results refused, weight gradients forwarded and forwards of a key already sent (exactly once: 0)
+COUNTS = ("relaunches", "duplicates", "gradients_sent", "gradients_resent")
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ class _Run:
         self.best = BestTracker()
         self.restarts = 0
         self.switched: int | None = None
-        self.counts = {"relaunches": 0, "duplicates": 0}  # of finished starts
+        self.counts = dict.fromkeys(COUNTS, 0)  # of finished starts
         self.current = dict(self.counts)  # of the running start
         self.t0 = self.last = time.perf_counter()
         self.stopped_early = False
@@ -265,7 +268,7 @@ class _Run:
                "train_acc": acc[0], "val_acc": acc[1], "test_acc": acc[2], "epoch_s": now - self.last, "wall_s": now - self.t0,
                "servers": [p.get("usage", {}) for p in sorted(parts, key=lambda p: p["rank"])]}
         self.last = now
-        self.current = {"relaunches": sum(p["relaunches"] for p in parts), "duplicates": sum(p["duplicates"] for p in parts)}
+        self.current = {c: sum(p[c] for p in parts) for c in COUNTS}
         self.history.append(row)
         self.best.update(epoch, acc[1], acc[2])
         if self.record.log_epoch(row):  # the best of the whole record (a resumed run's earlier epochs too)
@@ -330,8 +333,7 @@ class _Run:
         if self.cfg.checkpoint_interval() and (self.checkpoint is None or int(self.checkpoint["epoch"]) != last):
             self.take_checkpoint(link, last)
         replies = [link.ask(a, Message("ping"), "statistics") for a in self.spec.weight_servers]
-        return {"relaunches": self.counts["relaunches"] + self.current["relaunches"],
-                "duplicates": self.counts["duplicates"] + self.current["duplicates"],
+        return {**{c: self.counts[c] + self.current[c] for c in COUNTS},
                 "weight_updates": sum(r["updates"] for r in replies),
                 "duplicate_gradients": sum(r["duplicates"] for r in replies),
                 "switched_to_sync_at": self.switched, "restarts": self.restarts}

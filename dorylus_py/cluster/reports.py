@@ -46,8 +46,8 @@ def epoch_stats(msg: Message, rank: int, epochs: int) -> dict:
     out = {"rank": rank, "epoch": _count(msg.get("epoch"), "epoch", 1, epochs + 1),
            "loss_sum": _finite(msg.get("loss_sum"), "loss_sum"), "correct": _counts(msg.get("correct"), "correct"),
            "counts": _counts(msg.get("counts"), "counts"), "epoch_s": _finite(msg.get("epoch_s"), "epoch_s"),
-           "relaunches": _count(msg.get("relaunches"), "relaunches"),
-           "duplicates": _count(msg.get("duplicates"), "duplicates")}
+           **{name: _count(msg.get(name), name) for name in ("relaunches", "duplicates", "gradients_sent",
+                                                              "gradients_resent")}}
     usage = msg.get("usage", {})
     if not isinstance(usage, dict) or len(usage) > 16:
         raise ProtocolError("epoch_stats: usage must be an object of at most 16 numbers")

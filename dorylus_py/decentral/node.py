@@ -48,11 +48,12 @@ MAX_REPORT_BYTES = 64 * 2**20  # a worker's task rows of one epoch, as JSON
 class Node:
     def __init__(self, cfg: TrainConfig, rank: int, world: int, key: bytes, params: Callable[[], np.ndarray],
                  share: Callable[[], tuple[dict[str, np.ndarray], dict]], make_recorder: Callable[[], object],
-                 host: str = "127.0.0.1", bind_host: str | None = None):
+                 host: str = "127.0.0.1", bind_host: str | None = None, transport: tuple = (Inbox, Links)):
         """``params()``: a copy of this worker's parameters; ``share()``: what it sends a gossip partner
         (its parameters, maybe its last gradient); both called with :attr:`lock` held;
         ``make_recorder()``: this worker's ``Recorder``, made now in rank 0 (the first recorder), or when
-        this worker becomes the recorder."""
+        this worker becomes the recorder; ``transport``: the classes of its inbox and links (ZeroMQ's,
+        ``peers.py``; tests put an in-memory network in their place)."""
         self.cfg, self.rank, self.world, self.key = cfg, rank, world, key
         self.per_epoch = batch_count(cfg.clusters, cfg.clusters_per_batch)
         self.timeout = cfg.peer_timeout_s
@@ -75,7 +76,8 @@ class Node:
         self.summary: dict | None = None  # set in the worker that wrote the final record
         self.recorder = make_recorder() if rank == 0 else None  # ready before the start: the first recorder
         self.duty: RecorderDuty | None = None
-        self.inbox = Inbox(rank, world, key, host, bind_host)
+        self._links = transport[1]
+        self.inbox = transport[0](rank, world, key, host, bind_host)
         self.address = self.inbox.address
         self._outbox: queue.Queue = queue.Queue()  # notices the receive thread wants sent (it has no links)
         self._poked = threading.Event()
@@ -88,8 +90,8 @@ class Node:
         """Every worker is ready (the rendezvous gave their addresses): the clock starts."""
         self.start_time = time.perf_counter()
         stopping = lambda: self.pool.stopped  # noqa: E731
-        self.main_links = Links(self.rank, self.key, addresses, give_up=stopping)
-        self.service_links = Links(self.rank, self.key, addresses, give_up=lambda: self._closing.is_set())
+        self.main_links = self._links(self.rank, self.key, addresses, give_up=stopping)
+        self.service_links = self._links(self.rank, self.key, addresses, give_up=lambda: self._closing.is_set())
         self.inbox.start(self._handle)
         self._service.start()
 

@@ -1,8 +1,8 @@
 """One gossip worker's share of the work pool, as a pure state machine: events in, instructions out.
 
 No sockets, clocks or threads: the worker's shell (``node.py``) calls it under one lock and carries out
-what :meth:`WorkPool.next_action` returns; ``tests/decentral/test_stress.py`` runs many of them against
-each other through a simulated network, with random delays and deaths.
+what :meth:`WorkPool.next_action` returns; ``tests/decentral/test_stress.py`` runs whole workers against
+each other on an in-memory network, with random delays and deaths.
 
 Epoch ``e``'s batches ``0 .. B-1`` (already shuffled from the shared seed by ``ClusterBatches.epoch_plan``)
 are dealt round-robin among the workers alive, as this worker knows them, when it first touches the

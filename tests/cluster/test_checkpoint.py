@@ -12,6 +12,7 @@ from dorylus_py.config import TrainConfig
 from dorylus_py.errors import DataError
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord
+from tests.cluster import assert_gradients_once
 
 
 def test_checkpoints_land_in_the_run_record(small_graph, tmp_path):
@@ -55,6 +56,7 @@ def test_resume_continues_exactly(small_graph, tmp_path):
     b = train_distributed(cfg, parts, RunRecord(tmp_path / "b2", cfg.to_dict()), "none", show_progress=False,
                           resume_from=str(tmp_path / "b1" / "checkpoints"))
     assert [r["epoch"] for r in b.history] == [3, 4]
+    assert_gradients_once(b.summary, 2 * 2 * 2 * 3)  # epochs 3 and 4 x layers x chunks of 2 servers
     np.testing.assert_allclose([r["loss"] for r in b.history], [r["loss"] for r in a.history[2:]], rtol=1e-5)
     wa, wb = np.load(tmp_path / "a" / "weights.npz"), np.load(tmp_path / "b2" / "weights.npz")
     for k in wa.files:

@@ -10,7 +10,7 @@ from dorylus_py.config import TrainConfig
 from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord, train_reference
-from tests.cluster import running_children
+from tests.cluster import assert_gradients_once, running_children
 
 
 def run(graph, tmp_path, name, **kw):
@@ -34,6 +34,7 @@ def test_sync_equals_full_batch_reference(small_graph, tmp_path, backend, k):
     assert_same_losses(got, ref)
     assert [r["val_acc"] for r in got.history] == pytest.approx([r["val_acc"] for r in ref.history], abs=1e-6)
     assert got.summary["weight_updates"] == 3 * 2  # one per layer per epoch, no more
+    assert_gradients_once(got.summary, 3 * 2 * 3 * k)  # epochs x layers x chunks
     assert not running_children()  # no orphans
 
 
@@ -44,6 +45,7 @@ def test_three_layers_two_weight_servers(small_graph, tmp_path):
     assert_same_losses(got, ref)
     weights = np.load(tmp_path / "run" / "weights.npz")
     assert [weights[f"W{i}"].shape for i in range(3)] == [(16, 8), (8, 8), (8, 4)]
+    assert_gradients_once(got.summary, 2 * 3 * 2 * 3)
 
 
 def test_dropout_masks_keyed_by_vertex_reproduce_the_reference(small_graph, tmp_path):
@@ -51,6 +53,7 @@ def test_dropout_masks_keyed_by_vertex_reproduce_the_reference(small_graph, tmp_
     ref = train_reference(small_graph, TrainConfig(epochs=3, dropout=0.5, feature_norm="none"), show_progress=False)
     got = run(small_graph, tmp_path, "run", backend="cpu", graph_servers=1, dropout=0.5, chunks=4)
     assert_same_losses(got, ref)
+    assert_gradients_once(got.summary, 3 * 2 * 4)
 
 
 def test_failing_lambdas_no_gradient_applied_twice(small_graph, tmp_path):
@@ -60,10 +63,32 @@ def test_failing_lambdas_no_gradient_applied_twice(small_graph, tmp_path):
     assert got.summary["relaunches"] > 0
     assert got.summary["weight_updates"] == 4 * 2  # every update from exactly the full set of chunks
     assert_same_losses(got, ref)  # a double-counted gradient would change the loss
+    assert_gradients_once(got.summary, 4 * 2 * 2 * 3)  # relaunched copies' results are refused before it
     rows = [json.loads(line) for line in (tmp_path / "run" / "tasks.jsonl").read_text().splitlines()]
     failed = [r for r in rows if not r["ok"]]
     assert failed and all(r["where"] == "local-lambda" for r in failed)
     assert all(r["billed_ms"] >= 1 for r in rows if r["where"] == "local-lambda")
+
+
+def test_a_gradient_sent_twice_is_counted_at_both_ends_and_applied_once(small_graph, tmp_path, monkeypatch):
+    """Graph servers that forward each gradient again after its epoch's update (``resending_graph_server.py``,
+    started in place of ``python -m graph_servers``): their own count shows each second send, the weight
+    server counts each as a duplicate and drops it, and the weights end bit for bit as an undisturbed run's."""
+    from dorylus_py.cluster.driver_link import DriverLink
+
+    plain = run(small_graph, tmp_path, "plain", backend="cpu", graph_servers=2)
+    spawn = DriverLink.spawn
+    monkeypatch.setattr(DriverLink, "spawn", lambda link, name, module, rank: spawn(
+        link, name, "tests.cluster.resending_graph_server" if module == "graph_servers" else module, rank))
+    twice = run(small_graph, tmp_path, "twice", backend="cpu", graph_servers=2)
+    assert [r["loss"] for r in twice.history] == [r["loss"] for r in plain.history]
+    a, b = np.load(tmp_path / "plain" / "weights.npz"), np.load(tmp_path / "twice" / "weights.npz")
+    assert sorted(a.files) == sorted(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)
+    per_epoch = 2 * 2 * 3  # layers x chunks of both servers
+    assert_gradients_once(plain.summary, 3 * per_epoch)
+    again = 2 * per_epoch  # the gradients of epochs 1 and 2, sent again during the next epoch
+    assert twice.summary["gradients_sent"] == 3 * per_epoch + again and twice.summary["gradients_resent"] == again
+    assert twice.summary["duplicate_gradients"] == again and twice.summary["weight_updates"] == 3 * 2
 
 
 @pytest.mark.parametrize("update", ["epoch", "chunk"])
@@ -74,6 +99,7 @@ def test_async_bounded_staleness_learns_and_applies_each_gradient_once(small_gra
     chunks = 2 * 3
     steps_per_layer = 6 * chunks if update == "chunk" else 6  # every gradient exactly once
     assert got.summary["weight_updates"] == steps_per_layer * 2
+    assert_gradients_once(got.summary, 6 * 2 * chunks)
     assert got.summary["relaunches"] > 0
     assert [r["epoch"] for r in got.history] == list(range(1, 7))
     assert got.history[-1]["loss"] < got.history[0]["loss"]
@@ -89,6 +115,7 @@ def test_async_switches_back_to_sync_near_the_target(small_graph, tmp_path):
     assert at is not None and 2 <= at <= 12
     assert [r["epoch"] for r in got.history] == list(range(1, 13))
     assert got.summary["weight_updates"] == 12 * 2  # epoch updates before and after the switch
+    assert_gradients_once(got.summary, 12 * 2 * 2 * 3)
 
 
 def test_gpu_backend_honours_device_cpu(small_graph, tmp_path):
@@ -98,6 +125,7 @@ def test_gpu_backend_honours_device_cpu(small_graph, tmp_path):
     ref = train_reference(small_graph, TrainConfig(epochs=2, dropout=0.0, feature_norm="none"), show_progress=False)
     got = run(small_graph, tmp_path, "run", backend="gpu", device="cpu", graph_servers=2, epochs=2)
     assert_same_losses(got, ref)
+    assert_gradients_once(got.summary, 2 * 2 * 2 * 3)
     rows = [json.loads(line) for line in (tmp_path / "run" / "tasks.jsonl").read_text().splitlines()]
     assert {r["where"] for r in rows if r["where"] != "graph-server"} == {"inproc-cpu"}
 

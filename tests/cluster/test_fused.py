@@ -15,6 +15,7 @@ from dorylus_py.errors import ConfigError
 from dorylus_py.models.spec import fuses_last_layer
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord, train_reference
+from tests.cluster import assert_gradients_once
 
 
 def run(graph, tmp_path, name, **kw):
@@ -47,6 +48,8 @@ def test_fused_sync_run_equals_unfused_with_fewer_invocations_per_epoch(small_gr
     np.testing.assert_allclose(losses(fused), losses(plain), rtol=1e-6)
     assert [r["val_acc"] for r in fused.history] == [r["val_acc"] for r in plain.history]
     assert fused.summary["weight_updates"] == plain.summary["weight_updates"] == 3 * 2
+    assert_gradients_once(fused.summary, 3 * 2 * 2 * 3)  # the fused task carries the last layer's
+    assert_gradients_once(plain.summary, 3 * 2 * 2 * 3)
     chunks = 2 * 3
     for epoch in (2, 3):
         got, before = tensor_tasks(tmp_path, "fused", epoch), tensor_tasks(tmp_path, "plain", epoch)
@@ -62,6 +65,7 @@ def test_fused_sync_run_equals_the_reference(small_graph, tmp_path):
     got = run(small_graph, tmp_path, "run", backend="cpu", graph_servers=3, fuse="on")  # auto: unfused on cpu
     np.testing.assert_allclose(losses(got), losses(ref), rtol=1e-6)
     assert [r["val_acc"] for r in got.history] == pytest.approx([r["val_acc"] for r in ref.history], abs=1e-6)
+    assert_gradients_once(got.summary, 3 * 2 * 3 * 3)
     logs = "".join(p.read_text() for p in (tmp_path / "run" / "logs").glob("graph-server-*"))
     assert '"fused_last_layer": true' in logs
 
@@ -70,6 +74,7 @@ def test_async_fused_run_trains_and_applies_every_gradient_once(small_graph, tmp
     got = run(small_graph, tmp_path, "run", backend="cpu", epochs=6, mode="async", staleness=1, dropout=0.5, fuse="on")
     assert [r["epoch"] for r in got.history] == list(range(1, 7))
     assert got.summary["weight_updates"] == 6 * 2
+    assert_gradients_once(got.summary, 6 * 2 * 2 * 3)
     assert got.history[-1]["loss"] < got.history[0]["loss"]
     assert set(tensor_tasks(tmp_path, "run", 6)) == {("fwd", True, 0), ("fused", True, 1), ("bwd", True, 0),
                                                       ("fwd", False, 0), ("fwd", False, 1), ("eval", False, 1)}

@@ -11,6 +11,7 @@ from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord, train_reference
+from tests.cluster import assert_gradients_once
 
 
 def run(graph, tmp_path, name, **kw):
@@ -36,6 +37,7 @@ def test_an_autotuned_pool_stays_in_its_bounds_and_changes_no_result(small_graph
     got = run(small_graph, tmp_path, "auto", epochs=5, lambdas="auto", lambdas_min=2, lambdas_max=8, chunks=4,
               lambda_latency_ms=30)
     np.testing.assert_allclose(losses(got), losses(ref), rtol=1e-4)
+    assert_gradients_once(got.summary, 5 * 2 * 2 * 4)  # epochs x layers x chunks of 2 servers
     resizes = [r for r in rows(tmp_path, "auto") if r["kind"] == "resize"]
     assert resizes, "30 ms of latency and 4 chunks per server on one worker each: the pool should grow"
     assert all(1 <= r["size"] <= 4 and r["reason"] and r["billed_ms"] == 0 for r in resizes)
@@ -47,6 +49,7 @@ def test_a_capped_link_changes_no_result_and_makes_tasks_take_the_time_their_byt
     ref = train_reference(small_graph, TrainConfig(epochs=2, dropout=0.0, feature_norm="none"), show_progress=False)
     got = run(small_graph, tmp_path, "slow", epochs=2, lambdas=4, lambda_bandwidth_mbps=1)
     np.testing.assert_allclose(losses(got), losses(ref), rtol=1e-4)
+    assert_gradients_once(got.summary, 2 * 2 * 2 * 3)
     rows_per_chunk = small_graph.num_nodes / 2 / 3
     need_s = rows_per_chunk * small_graph.features.shape[1] * 4 * 8 / 1e6  # a chunk's features, at 1 Mbps
     fwd0 = [r for r in rows(tmp_path, "slow") if r["kind"] == "fwd" and r["train"] and r["layer"] == 0 and r["ok"]]

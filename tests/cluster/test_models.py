@@ -10,6 +10,7 @@ from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord, train_reference
+from tests.cluster import assert_gradients_once
 
 GAT = dict(model="gat", hidden=4, heads=2)
 
@@ -38,6 +39,7 @@ def test_sync_equals_the_reference(small_graph, tmp_path, model, backend, k):
     got = run(small_graph, tmp_path, "run", backend=backend, graph_servers=k, **kw)
     np.testing.assert_allclose(losses(got), losses(ref), rtol=1e-4)
     assert [r["val_acc"] for r in got.history] == pytest.approx([r["val_acc"] for r in ref.history], abs=1e-6)
+    assert_gradients_once(got.summary, 3 * 2 * 3 * k)  # epochs x layers x chunks
     weights = np.load(tmp_path / "run" / "weights.npz")
     assert sorted(weights.files) == sorted(ref_tensor_names(model))
     if model == "gat":
@@ -62,6 +64,8 @@ def test_weights_spread_by_block_over_more_servers_than_layers_train_identically
         other = np.load(tmp_path / f"m{m}" / "weights.npz")
         assert all(np.array_equal(first[k], other[k]) for k in first.files)
     assert runs[2].summary["weight_updates"] == 2 * 2 * 3  # each of 3 servers steps its blocks of 2 layers per epoch
+    for r in runs:
+        assert_gradients_once(r.summary, 2 * 2 * 2 * 3)
 
 
 def test_attention_dropout_keyed_by_edge_reproduces_the_reference(small_graph, tmp_path):
@@ -71,6 +75,7 @@ def test_attention_dropout_keyed_by_edge_reproduces_the_reference(small_graph, t
     ref = train_reference(small_graph, config(**kw), show_progress=False)
     got = run(small_graph, tmp_path, "run", backend="cpu", graph_servers=1, chunks=4, **kw)
     np.testing.assert_allclose(losses(got), losses(ref), rtol=1e-4)
+    assert_gradients_once(got.summary, 3 * 2 * 4)
 
 
 def test_gat_async_with_failing_lambdas_applies_each_gradient_once(small_graph, tmp_path):
@@ -78,6 +83,7 @@ def test_gat_async_with_failing_lambdas_applies_each_gradient_once(small_graph, 
               lambda_fail_rate=0.2, relaunch_min_s=2.0, **GAT)
     assert got.summary["relaunches"] > 0
     assert got.summary["weight_updates"] == 5 * 2  # one per layer per epoch: every chunk gradient exactly once
+    assert_gradients_once(got.summary, 5 * 2 * 2 * 3)
     assert [r["epoch"] for r in got.history] == list(range(1, 6))
     assert got.history[-1]["loss"] < got.history[0]["loss"]
 
@@ -90,3 +96,4 @@ def test_gat_checkpoint_resumes_on_another_number_of_weight_servers(small_graph,
     resumed = train_distributed(cfg, tmp_path / "parts-1", RunRecord(tmp_path / "b2", cfg.to_dict()), "none",
                                 show_progress=False, resume_from=str(tmp_path / "b1" / "checkpoints"))
     np.testing.assert_allclose(losses(resumed), losses(straight)[2:], rtol=1e-5)
+    assert_gradients_once(resumed.summary, 2 * 2 * 3)  # the two epochs after the checkpoint

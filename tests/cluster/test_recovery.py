@@ -6,6 +6,7 @@ until the job is well under way, then kills one of its processes with SIGKILL.""
 
 import json
 import os
+import platform
 import signal
 import threading
 import time
@@ -19,7 +20,7 @@ from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord
-from tests.cluster import running_children
+from tests.cluster import assert_gradients_once, running_children
 
 EPOCHS = 8
 
@@ -82,15 +83,29 @@ def server(role_module, rank):
     return next(p for cmd, p in servers().items() if f"-m {role_module} " in cmd and cmd.endswith(f"--rank {rank}"))
 
 
-def in_latency_sleep(pid: int) -> bool:
-    """Whether the worker's main thread sleeps in ``time.sleep`` (the emulated invoke latency, at the
-    start of every invocation; an idle worker waits on its pipe instead). Linux's ``wchan``; elsewhere,
-    or where the kernel hides it, True: kill at once, as before."""
-    try:
-        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
-    except OSError:
-        return True
-    return wchan in ("hrtimer_nanosleep", "do_nanosleep", "0", "")
+SLEEPS = {"x86_64": {35, 230}, "aarch64": {101, 115}}  # nanosleep, clock_nanosleep: time.sleep's system calls
+
+
+def stop_in_latency_sleep(pid: int, timeout_s: float = 60.0) -> None:
+    """Freeze the worker (SIGSTOP) at a moment it sleeps the emulated invoke latency, which it does only
+    inside an invocation (``platforms/local.py``): frozen, it cannot finish that task, so a kill fails it.
+    Each try stops it, waits until the kernel says it is stopped, reads the system call it was stopped
+    in (``/proc/PID/syscall``), and lets it go on if that was not the sleep; the deadline is a hang guard."""
+    sleeps = SLEEPS.get(platform.machine())
+    if sleeps is None or not Path(f"/proc/{pid}/syscall").exists():
+        pytest.skip("needs Linux's /proc/PID/syscall on x86_64 or aarch64")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        os.kill(pid, signal.SIGSTOP)
+        while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "Tt":
+            assert time.monotonic() < deadline, "the worker did not stop"
+            time.sleep(0.001)  # the kernel delivers SIGSTOP asynchronously
+        call = Path(f"/proc/{pid}/syscall").read_text().split()[0]
+        if call.isdigit() and int(call) in sleeps:
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.005)  # let it run on to its next invocation
+    raise AssertionError(f"worker {pid} was never caught in its latency sleep")
 
 
 def losses(result):
@@ -104,13 +119,12 @@ def test_a_killed_lambda_worker_is_replaced_and_the_run_is_unchanged(parts, undi
                for w in fs.children()]  # forked by the server's fork server (platforms/local.py)
     assert len(workers) == 2  # --lambdas 4 shared by 2 graph servers
     assert all(w.environ().get("THP_MEM_ALLOC_ENABLE") == "1" for w in workers)  # huge pages, from their server
-    deadline = time.monotonic() + 30  # kill it while it holds a task: in the latency sleep that starts one
-    while time.monotonic() < deadline and not in_latency_sleep(workers[0].pid):
-        time.sleep(0.001)
+    stop_in_latency_sleep(workers[0].pid)  # frozen while it holds a task
     os.kill(workers[0].pid, signal.SIGKILL)
     got = job.join()
     assert got.summary["restarts"] == 0
     np.testing.assert_allclose(losses(got), losses(undisturbed), rtol=1e-6)
+    assert_gradients_once(got.summary, EPOCHS * 2 * 2 * 3)  # the dead worker's task ran again, its gradient went once
     end = [json.loads(line.split(" end ", 1)[1]) for line in (tmp_path / "run" / "logs" / "graph-server-1.log")
            .read_text().splitlines() if " end {" in line]
     assert end and end[-1]["workers_replaced"] == 1
@@ -133,6 +147,7 @@ def test_a_killed_server_is_restarted_from_the_checkpoint(parts, undisturbed, tm
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in metrics] == list(range(1, EPOCHS + 1))  # redone epochs are not written twice
     np.testing.assert_allclose(losses(got), losses(undisturbed), rtol=1e-5)
+    assert_gradients_once(got.summary)  # per start: the epochs after the checkpoint are sent again, by new servers
     assert not running_children()  # nothing left behind
 
 

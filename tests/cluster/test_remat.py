@@ -13,6 +13,7 @@ from dorylus_py.models.spec import model_spec
 from dorylus_py.partition import PartitionStore, prepare
 from dorylus_py.training import RunRecord
 from graph_servers.graph_state import FusedInput, GraphState
+from tests.cluster import assert_gradients_once
 
 
 def run(graph, tmp_path, name, **kw):
@@ -38,6 +39,7 @@ def test_remat_changes_no_bit_and_keeps_fewer_buffers(small_graph, tmp_path, kw)
     remat, remat_starts = run(small_graph, tmp_path, "remat", remat=True, **kw)
     for key in ("loss", "train_acc", "val_acc", "test_acc"):
         assert [r[key] for r in remat.history] == [r[key] for r in kept.history], key
+    assert_gradients_once(remat.summary, 3 * 2 * 2 * 3)
     for a, b in zip(kept_starts, remat_starts):
         assert not a["remat"] and b["remat"]
         assert b["buffer_bytes"] < 0.75 * a["buffer_bytes"], (a["buffer_bytes"], b["buffer_bytes"])

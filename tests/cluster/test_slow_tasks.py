@@ -15,6 +15,7 @@ from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord
+from tests.cluster import assert_gradients_once
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +58,4 @@ def test_slow_tasks_finish_without_piling_up_copies(parts, tmp_path, slow):
     keys = 2 * 2 * 3 * 8  # servers x chunks x epochs x tensor stages per epoch (2 layers)
     assert got.summary["relaunches"] < keys // 2  # learned allowances: few extra copies, not one per tick
     assert got.summary["weight_updates"] == 3 * 2
+    assert_gradients_once(got.summary, 3 * 2 * 2 * 2)  # however many copies ran, each gradient went once

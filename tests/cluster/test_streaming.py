@@ -18,6 +18,7 @@ from dorylus_py.protocol import Message, ProtocolError, Session
 from graph_servers.staging import BlockStaging
 from lambda_functions.channel import Channel
 from lambda_functions.stream import MAX_BLOCKS, Totals, stream_spans
+from tests.cluster import assert_gradients_once
 from tests.cluster.test_fused import losses, run
 from tests.cluster.test_row_cache import TASK, pull, served  # noqa: F401  (a fixture)
 from tests.cluster.test_servers import KEY, driver  # noqa: F401  (a fixture)
@@ -40,6 +41,7 @@ def test_a_streamed_job_equals_whole_chunks(small_graph, tmp_path, kw, faults):
     streamed = run(small_graph, tmp_path, "streamed", backend="local", dropout=0.5, stream_rows=37, **kw, **faults)
     np.testing.assert_allclose(losses(streamed), losses(plain), rtol=1e-6)
     assert [r["val_acc"] for r in streamed.history] == [r["val_acc"] for r in plain.history]
+    assert_gradients_once(streamed.summary, 3 * 2 * 2 * 3)  # a failed copy's staged blocks never commit
     before, after = end_stats(tmp_path, "plain"), end_stats(tmp_path, "streamed")
     assert all(s["result_blocks"] == 0 for s in before) and all(s["result_blocks"] >= 3 * 3 * 3 for s in after)
     if faults:
@@ -146,6 +148,9 @@ class _Capped:
 
 
 def test_a_reply_that_came_while_the_worker_computed_is_timed_from_before_its_compute():
+    """The server answers the second request only once the worker has taken the first reply and started
+    its compute (an event), so the second reply comes while the worker computes; the test waits until it
+    is on the socket (poll, nothing taken) and takes it after the compute."""
     ctx = zmq.Context.instance()
     server, session = ctx.socket(zmq.ROUTER), Session(KEY)
     port = server.bind_to_random_port("tcp://127.0.0.1")
@@ -153,12 +158,15 @@ def test_a_reply_that_came_while_the_worker_computed_is_timed_from_before_its_co
     sock = ctx.socket(zmq.DEALER)
     sock.connect(address)
     payload = np.zeros(25_000, np.float32)  # 100 kB
+    computing = threading.Event()
     server_session = Session(KEY)  # made before anything is sent to it: it refuses what is older
 
     def serve():
-        for _ in range(2):
+        for i in range(2):
             route, *body = server.recv_multipart()
             msg = server_session.decode(body, address)
+            if i == 1:
+                computing.wait(30)  # a hang guard
             reply = Message("rows", {"req": msg["req"]}, {"x": payload})
             server.send_multipart([route, *server_session.encode(reply, msg.sender)])
 
@@ -168,16 +176,24 @@ def test_a_reply_that_came_while_the_worker_computed_is_timed_from_before_its_co
         ch = Channel(sock, address, session, _Capped())
         ch.link.in_free = ch.link.out_free = 0.0
         first, second = ch.send(Message("pull_rows", {})), ch.send(Message("pull_rows", {}))
-        t0 = time.time()
-        assert ch.reply(first, time.monotonic() + 10).tensors["x"].nbytes == payload.nbytes
-        assert time.time() - t0 >= 0.09  # the first waited out its transfer
+        empty_at = ch.quiet  # the socket was last seen empty then (at the latest)
+        assert ch.reply(first, time.monotonic() + 30).tensors["x"].nbytes == payload.nbytes
+        transfer_s = (payload.nbytes + 1_000) / (_Capped.bandwidth_mbps * 1e6 / 8)  # a reply, its header under 1 kB
+        assert time.time() >= empty_at + payload.nbytes / 1e6  # the first waited out its transfer: 100 kB at 1 MB/s
         computing_from = ch.quiet
-        time.sleep(0.3)  # "compute": the second reply is on the socket meanwhile
+        assert second not in ch.replies
+        computing.set()
+        assert sock.poll(30_000)  # the second reply is on the socket, not taken (a hang guard)
+        time.sleep(3 * transfer_s)  # the compute goes on for longer than two transfers
+        looked_at = time.time()
         ch.drain()
         _, arrives = ch.replies[second]
-        # credited from before the compute, right behind the first reply: not from now
-        assert arrives - max(computing_from, t0) <= 0.25 and arrives < time.time() + 0.05
+        # Credited from when the socket was last seen empty, right behind the first reply (which arrived at
+        # most one transfer after that): at most two transfers after it, before the worker looked again;
+        # counted from the look, it would be a transfer after the look.
+        assert arrives <= computing_from + 2 * transfer_s < looked_at, (arrives - computing_from, looked_at - computing_from)
     finally:
+        computing.set()
         t.join(5)
         sock.close(0)
         server.close(0)

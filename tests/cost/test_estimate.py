@@ -1,5 +1,6 @@
 """Reports and estimates on real runs: report numbers recomputed from tasks.jsonl; the estimator,
-calibrated on one run, predicting two other configurations measured here; --search; bad input."""
+calibrated on one run, following the Lambda count, the server count and the feature width of others
+measured here where an estimator blind to each does not; --search; bad input."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import statistics
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from dorylus_py.cli import main
@@ -69,25 +71,19 @@ def test_the_bytes_a_graph_server_moves_are_counted_from_the_model(runs):
         assert Calibration.from_record(str(runs / name), "c5.xlarge").io_s_per_byte > 0
 
 
-# The estimator is calibrated on one configuration and predicts two others: a graph four times larger,
-# and another number of graph servers. On this one 2-core machine, K servers share its cores, so each
-# configuration's servers are described as instances with 2/K of its vCPUs (the estimator only uses the
-# ratio of vCPUs); servers and tensor work run one thread each (OMP_NUM_THREADS=1, --tensor-threads 1).
-# The machine is shared with other work, which can slow a whole run 2x: each configuration runs twice,
-# interleaved, and the less disturbed run (the smaller median epoch) counts, the calibration's too; when
-# the two runs of a configuration differ by more than DISAGREE (load came and went), a third round runs
-# (a loaded suite once had both calibration runs slowed ~2x while one larger-graph run was not).
-# Measured errors (README, load averages 3 to 11): -6 to +92 % for the larger graph; -5 to +175 % for one
-# server instead of two. One machine is the wrong place to scale servers: two servers pay for their
-# exchange of ghost rows with every stage, more so when other work takes the cores, and the model (made
-# for one instance per server) counts no such cost, so it predicts one server no faster than two while
-# one server is 1-2.8x faster here. Allowed: within a factor of ALLOWED_FACTOR either way; and for the
-# larger graph, closer than the naive guess "as long as the calibration run", which a model blind to
-# the graph's size would make.
-ALLOWED_FACTOR = 4.0
-SHARE_OF_THIS_MACHINE = {2: "c5.xlarge", 1: "c5.2xlarge"}  # graph servers -> an instance with 2/K of its vCPUs
-CONFIGURATIONS = (("calibration", 20_000, 2), ("4x graph", 80_000, 2), ("1 server", 20_000, 1))
-DISAGREE = 1.25  # slowest / fastest run of a configuration beyond which the machine was too busy to trust either
+# What the estimator must follow, each checked against an estimator blind to it on the same calibration.
+# Epoch times on this shared 2-core machine swing 2x with other work, and CPU seconds of a process with
+# them (a busy machine's cores run slower); so each check measures something the load does not move:
+# - the Lambda count: wall time of epochs whose tasks wait on their emulated links (a capped link, each
+#   task's bytes at 100 Mbps: sleeping, not computing), calibrated on 1 Lambda and predicting 2;
+# - the server count and the feature width: what a graph server holds and moves, counted by the servers
+#   (edges in its partition, bytes through its sockets an epoch), in runs with 1 graph server instead of
+#   2 and with 4x the features, against the work and bytes the estimate scales its calibrated rates by.
+# Their wall-time accuracy (CPU-bound, load-sensitive) is benchmarks/bench_estimate.py's.
+LAMBDA_ERROR = 0.25  # |estimate / measured - 1| for 2 Lambdas; measured 0.52-0.58x the 1-Lambda epoch against
+# 0.53-0.56x estimated at load averages 3 to 10, 0.59-0.65x against 0.54-0.55x with both cores kept busy
+# besides (the graph server's own work, which 2 Lambdas do not halve, takes longer then): errors up to 17 %
+COUNT_ERROR = 0.1  # the counts: bytes differ by headers and the row cache's misses (the calibration's test)
 
 
 def steady_epoch_s(run_dir) -> float:
@@ -95,58 +91,106 @@ def steady_epoch_s(run_dir) -> float:
     return statistics.median(m["epoch_s"] for m in metrics[1:])  # the steady epochs, as calibrated
 
 
-def agree(run_dirs) -> bool:
-    epochs = [steady_epoch_s(d) for d in run_dirs]
-    return max(epochs) <= DISAGREE * min(epochs)
+def blind(config: dict, calibration: dict, to: str) -> tuple[Workload, Setup]:
+    """``config``'s workload and setup as an estimator blind ``to`` the server count, the Lambda count or
+    the feature width sees them: that one as in the calibration run."""
+    work, setup = workload_of(config), setup_of(config, "c5.xlarge")
+    cal_work, cal_setup = workload_of(calibration), setup_of(calibration, "c5.xlarge")
+    if to == "servers":
+        return work, replace(setup, graph_servers=cal_setup.graph_servers)
+    if to == "lambdas":
+        return work, replace(setup, lambdas=cal_setup.lambdas)
+    return replace(work, dims=[cal_work.dims[0], *work.dims[1:]]), setup
 
 
 @pytest.fixture(scope="module")
-def configurations(tmp_path_factory):
-    root = tmp_path_factory.mktemp("estimate")
-    runs: dict[str, list] = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMP_NUM_THREADS", "1")  # the graph-server processes inherit it
-        for rep in (1, 2, 3):
-            if rep == 3 and all(agree(dirs) for dirs in runs.values()):
-                break
-            for name, nodes, k in CONFIGURATIONS:
-                data = root / f"g{nodes}.npz"
-                if not data.exists():
-                    assert main(["synth", "--out", str(data), "--nodes", str(nodes), "--edges", str(20 * nodes),
-                                 "--features", "64", "--classes", "8"]) == 0
-                out = root / f"{name.replace(' ', '-')}-{rep}"
-                assert main(["train", "--backend", "cpu", "--data", str(data), "--graph-servers", str(k),
-                             "--partitioner", "hash", "--chunks", "2", "--tensor-threads", "1", "--epochs", "6",
-                             "--dropout", "0", "--quiet", "--out", str(out)]) == 0
-                runs.setdefault(name, []).append(out)
-    return {name: min(dirs, key=steady_epoch_s) for name, dirs in runs.items()}
+def lambda_runs(tmp_path_factory):
+    """`local` runs on one graph server with 1 and 2 emulated Lambdas, each Lambda's link capped."""
+    root = tmp_path_factory.mktemp("lambdas")
+    data = root / "g.npz"
+    assert main(["synth", "--out", str(data), "--nodes", "6000", "--edges", "120000", "--features", "128",
+                 "--classes", "8"]) == 0
+    out = {}
+    for lambdas in (1, 2):
+        out[lambdas] = root / f"l{lambdas}"
+        assert main(["train", "--backend", "local", "--data", str(data), "--graph-servers", "1", "--chunks", "2",
+                     "--lambdas", str(lambdas), "--lambda-bandwidth-mbps", "100", "--hidden", "64", "--epochs", "5",
+                     "--dropout", "0", "--quiet", "--out", str(out[lambdas])]) == 0
+    return out
 
 
-def estimated_epoch_s(cal: Calibration, run_dir) -> float:
-    config, *_ = read_record(run_dir)
-    setup = setup_of(config, SHARE_OF_THIS_MACHINE[config["graph_servers"]])
-    return cal.estimate(workload_of(config), setup, Prices.load())["epoch s"]
-
-
-def test_estimate_predicts_a_larger_graph_and_another_server_count(configurations, capsys):
-    cal = Calibration.from_record(str(configurations["calibration"]), SHARE_OF_THIS_MACHINE[2])
-    for name in ("4x graph", "1 server"):
-        measured, estimated = steady_epoch_s(configurations[name]), estimated_epoch_s(cal, configurations[name])
-        with capsys.disabled():  # the errors, for the README (pytest -s)
-            print(f"{name}: measured {measured:.4f} s an epoch, estimated {estimated:.4f} s "
-                  f"({100 * (estimated / measured - 1):+.0f} %)")
-        assert 1 / ALLOWED_FACTOR <= estimated / measured <= ALLOWED_FACTOR, (name, measured, estimated)
-    measured, naive = steady_epoch_s(configurations["4x graph"]), steady_epoch_s(configurations["calibration"])
-    estimated = estimated_epoch_s(cal, configurations["4x graph"])
+def test_estimate_follows_the_lambda_count_where_a_blind_one_does_not(lambda_runs, capsys):
+    cal = Calibration.from_record(str(lambda_runs[1]), "c5.xlarge")
+    prices = Prices.load()
+    calibration, _, _, _ = read_record(lambda_runs[1])
+    config, _, _, _ = read_record(lambda_runs[2])
+    base = cal.estimate(workload_of(calibration), setup_of(calibration, "c5.xlarge"), prices)["epoch s"]
+    assert base == pytest.approx(steady_epoch_s(lambda_runs[1]), rel=1e-6)  # a calibration reproduces its run
+    measured = steady_epoch_s(lambda_runs[2]) / steady_epoch_s(lambda_runs[1])  # both runs' load in one ratio
+    estimated = cal.estimate(workload_of(config), setup_of(config, "c5.xlarge"), prices)["epoch s"] / base
+    naive = cal.estimate(*blind(config, calibration, "lambdas"), prices)["epoch s"] / base
+    with capsys.disabled():  # for the README (pytest -s)
+        print(f"2 Lambdas against 1: measured {measured:.2f}x, estimated {estimated:.2f}x, blind to the count {naive:.2f}x")
+    assert abs(estimated / measured - 1) <= LAMBDA_ERROR, (measured, estimated)
     assert abs(math.log(estimated / measured)) < abs(math.log(naive / measured)), (measured, estimated, naive)
     # the CLI gives the same estimate, from the graph file's counts
     capsys.readouterr()
-    config, *_ = read_record(configurations["4x graph"])
-    assert main(["cost", "estimate", "--calibration", str(configurations["calibration"]), "--calibration-instance",
-                 SHARE_OF_THIS_MACHINE[2], "--as-instance", SHARE_OF_THIS_MACHINE[2], "--backend", "cpu",
-                 "--data", config["data"], "--graph-servers", "2", "--chunks", "2", "--tensor-threads", "1"]) == 0
+    assert main(["cost", "estimate", "--calibration", str(lambda_runs[1]), "--calibration-instance", "c5.xlarge",
+                 "--as-instance", "c5.xlarge", "--backend", "local", "--data", config["data"], "--graph-servers", "1",
+                 "--chunks", "2", "--lambdas", "2", "--hidden", "64"]) == 0
     epoch_s = float(capsys.readouterr().out.splitlines()[-1].split()[4])
-    assert epoch_s == pytest.approx(estimated_epoch_s(cal, configurations["4x graph"]), rel=1e-3, abs=1e-3)
+    assert epoch_s == pytest.approx(estimated * base, rel=1e-3, abs=1e-3)
+
+
+@pytest.fixture(scope="module")
+def count_runs(tmp_path_factory, small_graph, runs):
+    """Beside the `local` run of 2 graph servers (``runs``): one of 1 graph server, and one with 4x the features
+    and no row cache (a warm worker's cache would keep the features from moving after the first epoch)."""
+    root = tmp_path_factory.mktemp("counts")
+    wide = replace(small_graph, features=np.tile(small_graph.features, (1, 4)))
+    for name, graph, extra in (("1 server", small_graph, ["--graph-servers", "1"]),
+                               ("4x features", wide, ["--graph-servers", "2", "--row-cache-mb", "0"])):
+        write_npz(graph, root / f"{name}.npz")
+        assert main(["train", "--backend", "local", "--data", str(root / f"{name}.npz"), *extra, "--chunks", "2",
+                     "--lambdas", "2", "--epochs", "4", "--quiet", "--out", str(root / name)]) == 0
+    return {"calibration": runs / "local", "1 server": root / "1 server", "4x features": root / "4x features"}
+
+
+def counted(run_dir) -> tuple[float, float]:
+    """(edges in a graph server's partition, bytes through its sockets in a steady epoch), as the servers counted."""
+    _, metrics, *_ = read_record(run_dir)
+    starts = [json.loads(line.split(" start ", 1)[1]) for p in sorted((run_dir / "logs").glob("graph-server-*"))
+              for line in p.read_text().splitlines() if " start {" in line]
+    per_epoch = statistics.median(statistics.mean(s["bytes"] for s in m["servers"]) for m in metrics[1:])
+    return statistics.mean(s["edges"] for s in starts), per_epoch
+
+
+@pytest.mark.parametrize("change, blind_to", [("1 server", "servers"), ("4x features", "features")])
+def test_estimate_scales_by_what_the_servers_hold_and_move_where_a_blind_one_does_not(count_runs, change, blind_to):
+    """The estimate is its calibrated rates times the Gather work (the edges a server holds, x the widths
+    gathered) and times the bytes a server moves, among others. With the calibration of the 2-server run
+    cut down to one of those rates (every other term 0), the estimate of the changed run over that of the
+    calibration run is the ratio of that quantity: held to what the servers counted, where an estimator
+    blind to the change misses at least one by more than twice the tolerance."""
+    cal = Calibration.from_record(str(count_runs["calibration"]), "c5.xlarge")
+    calibration, _, _, _ = read_record(count_runs["calibration"])
+    config, _, _, _ = read_record(count_runs[change])
+    prices, misses = Prices.load(), []
+    for rate, counted_ratio in zip(("graph_s_per_unit", "io_s_per_byte"),
+                                   np.divide(counted(count_runs[change]), counted(count_runs["calibration"]))):
+        alone = only(cal, rate)
+        base = alone.estimate(workload_of(calibration), setup_of(calibration, "c5.xlarge"), prices)["epoch s"]
+        estimated = alone.estimate(workload_of(config), setup_of(config, "c5.xlarge"), prices)["epoch s"] / base
+        naive = alone.estimate(*blind(config, calibration, blind_to), prices)["epoch s"] / base
+        assert estimated == pytest.approx(counted_ratio, rel=COUNT_ERROR), (rate, estimated, counted_ratio)
+        misses.append(abs(naive / counted_ratio - 1))
+    assert max(misses) > 2 * COUNT_ERROR, misses
+
+
+def only(cal: Calibration, rate: str) -> Calibration:
+    """``cal`` with every term of the epoch but ``rate`` set to 0."""
+    terms = ("graph_s_per_unit", "tensor_s_per_unit", "task_s", "io_s_per_byte", "idle_s_per_chunk")
+    return replace(cal, **{t: 0.0 for t in terms if t != rate})
 
 
 def test_estimate_moves_with_server_speed_lambda_memory_and_edges():
