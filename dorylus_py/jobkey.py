@@ -10,7 +10,8 @@ Where a process finds it, first match wins:
    through the process's IAM role. Its value is written by ``dorylus aws put-secret``, outside
    Terraform, so the key is in no state file, user data, output or event payload.
 
-The key is never printed, logged or sent; only MACs made with it travel.
+The key is never printed, logged or sent; only MACs made with it travel. The key a process loaded is
+also the one its CurveZMQ client key derives from (:func:`current_key`, ``protocol/zap.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dorylus_py.errors import ConfigError
 KEY_ENV = "DORYLUS_KEY"
 SECRET_ENV = "DORYLUS_KEY_SECRET"
 KEY_BYTES = 32
+_current: bytes | None = None  # the key this process loaded last: the one it runs its job with
 
 
 def new_key() -> bytes:
@@ -43,14 +45,24 @@ def key_from_text(text: str, where: str) -> bytes:
 def load_job_key(key_secret: str = "", region: str = "", environ=None) -> bytes:
     """The job key from ``DORYLUS_KEY``, else from the Secrets Manager secret ``DORYLUS_KEY_SECRET`` or
     ``key_secret`` (see the module docstring)."""
+    global _current
     env = os.environ if environ is None else environ
     if env.get(KEY_ENV):
-        return key_from_text(env[KEY_ENV], f"environment variable {KEY_ENV}")
+        _current = key_from_text(env[KEY_ENV], f"environment variable {KEY_ENV}")
+        return _current
     secret_id = env.get(SECRET_ENV) or key_secret
     if secret_id:
-        return read_secret(secret_id, region)
+        _current = read_secret(secret_id, region)
+        return _current
     raise ConfigError(f"no job key: set {KEY_ENV} (hex; the same on every machine), or name a Secrets Manager "
                       f"secret in {SECRET_ENV} or in the cluster file's key_secret")
+
+
+def current_key() -> bytes:
+    """The job key this process loaded with :func:`load_job_key` (its CURVE client key derives from it)."""
+    if _current is None:
+        raise ConfigError("a CurveZMQ client key derives from the job key, and this process has loaded none")
+    return _current
 
 
 def _client(region: str = "", profile: str = ""):
