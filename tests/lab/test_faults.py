@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from dorylus_py.lab.cluster import LabCluster, Placement
-from dorylus_py.lab.lambda_service import Function
 from dorylus_py.lab.shaping import Link
 from tests.lab.conftest import JOB, MAX_FDS, MAX_MB, losses
 

@@ -3,14 +3,13 @@ shaped as declared, a cable pulled, a host killed whole, and nothing left behind
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
 from dorylus_py.errors import ConfigError
-from dorylus_py.lab.network import LabError, Network, clean_leftovers, namespaces
+from dorylus_py.lab.network import Network, clean_leftovers, namespaces
 from dorylus_py.lab.shaping import Link, loss_filter, tc_commands
 
 PY = sys.executable
