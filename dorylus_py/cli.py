@@ -544,7 +544,8 @@ def _run_server(args) -> int:
 
     cluster = ClusterSpec.load(args.cluster)
     host, port = ClusterSpec.host_port(cluster.address(args.role, args.rank))
-    key, curve = load_job_key(cluster.key_secret, cluster.region), cluster_curve(cluster)
+    key = load_job_key(cluster.key_secret, cluster.region)
+    curve = cluster_curve(cluster, key)
     if args.role == "graph-server":
         from graph_servers.server import GraphServer as build
     else:

@@ -10,7 +10,8 @@ Where a process finds it, first match wins:
    through the process's IAM role. Its value is written by ``dorylus aws put-secret``, outside
    Terraform, so the key is in no state file, user data, output or event payload.
 
-The key is never printed, logged or sent; only MACs made with it travel.
+The key is never printed, logged or sent; only MACs made with it travel (and the CurveZMQ client key
+derived from it, ``protocol/zap.py``).
 """
 
 from __future__ import annotations

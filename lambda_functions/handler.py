@@ -90,7 +90,8 @@ def _container_session() -> Session:
 def _run(event: dict, context, session: Session) -> dict:
     task = event["task"]
     device = torch.device(event.get("device", "cpu"))
-    curve = Curve(event["curve_public_key"].encode()) if event.get("curve_public_key") else None
+    curve = Curve(event["curve_public_key"].encode(), None, *session.curve_client_keys()) \
+        if event.get("curve_public_key") else None
     direct = event.get("direct")
     _check_time(context)
     if direct is None and (spans := stream_spans(event.get("stream"))):

@@ -54,11 +54,11 @@ class DriverLink:
     def __init__(self, run_dir: Path, cluster: ClusterSpec | None = None, hang_timeout_s: float = 60.0):
         self.run_dir, self.cluster, self.hang_timeout_s = run_dir, cluster, hang_timeout_s
         self.ctx = zmq.Context()  # its own: stop() ends it, which is what makes the last stops go out
-        self.curve = cluster_curve(cluster)
         if cluster is None:  # everything on this machine
             self._key = load_job_key() if os.environ.get(KEY_ENV) else new_key()
         else:  # servers started elsewhere, from the same cluster file and key
             self._key = load_job_key(cluster.key_secret, cluster.region)
+        self.curve = cluster_curve(cluster, self._key)
         self.session = Session(self._key)
         self.rejections = Rejections("driver")
         self.router = router(self.ctx, self.curve)
@@ -279,16 +279,17 @@ class DriverLink:
             sock.close(0)
 
 
-def cluster_curve(cluster: ClusterSpec | None, server: bool = True):
-    """The CurveZMQ keys of a ``--cluster`` job whose file names them (None: plain TCP). ``server``: this
-    process binds, so it needs the secret key too."""
+def cluster_curve(cluster: ClusterSpec | None, job_key: bytes, server: bool = True):
+    """The CurveZMQ keys of a ``--cluster`` job whose file names them (None: plain TCP): the servers' and,
+    derived from ``job_key``, the job's client pair. ``server``: this process binds, so it needs the
+    servers' secret key too."""
     from dorylus_py.keys import load_curve_secret
     from dorylus_py.protocol.transport import Curve
 
     if cluster is None or not cluster.curve_public_key:
         return None
     secret = load_curve_secret(cluster.curve_secret_key_file, cluster.curve_public_key) if server else None
-    return Curve(cluster.curve_public_key.encode(), secret)
+    return Curve.of_job(job_key, cluster.curve_public_key.encode(), secret)
 
 
 def _role_rank(name: str) -> tuple[str, int]:

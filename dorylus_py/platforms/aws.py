@@ -2,8 +2,11 @@
 
 Each ``invoke`` schedules a ``RequestResponse`` call (with the log tail, which carries the billed
 duration) on a loop running in one background thread; at most ``concurrency`` are in flight. Throttling
-(``TooManyRequestsException``, HTTP 429), Lambda's own 5xx errors and connection failures are retried
-with exponential back-off and full jitter, up to ``max_attempts``; anything else, or a function error,
+(``TooManyRequestsException``, HTTP 429: the function is at its concurrency limit) is retried with
+exponential back-off and full jitter until the function's timeout has passed, since a throttled call
+never started (counting it as a failure made a job whose ``--lambdas`` exceeded the function's
+concurrency give up on its tasks: measured on the lab's Lambda service); Lambda's own 5xx errors and
+connection failures are retried so up to ``max_attempts``; anything else, or a function error,
 is a failed :class:`Completion`, and the graph server relaunches the task through the same tracker as
 for the local emulator (so do tasks that simply take too long). Credentials, region and profile come
 from the standard AWS chain; ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) points at moto or LocalStack.
@@ -165,14 +168,18 @@ class AwsLambdaPlatform(Platform):
                 self._finish(event, start, billed_from_log(resp.get("LogResult")), True, "")
 
     async def _call(self, payload: bytes) -> tuple[dict | None, bytes, str]:
-        """``(response, body, "")``, or ``(None, b"", why)`` once retrying is pointless or used up."""
+        """``(response, body, "")``, or ``(None, b"", why)`` once retrying is pointless or used up. A
+        throttled call has not started: it is retried until the function's own timeout has passed,
+        however often; other failures count towards ``max_attempts``."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        error = ""
-        for attempt in range(self.max_attempts):
-            if attempt:
+        error, tries, failures = "", 0, 0
+        patience = time.monotonic() + self.timeout_s
+        while True:
+            if tries:
                 self.stats["retries"] += 1
-                await asyncio.sleep(backoff_s(attempt - 1, self.base_delay_s, self.max_delay_s, self.rng))
+                await asyncio.sleep(backoff_s(min(tries - 1, 30), self.base_delay_s, self.max_delay_s, self.rng))
+            tries += 1
             self.stats["invocations"] += 1
             try:
                 resp = await self.client.invoke(FunctionName=self.function, InvocationType="RequestResponse",
@@ -184,11 +191,16 @@ class AwsLambdaPlatform(Platform):
                 error = f"{code or status}: {e.response.get('Error', {}).get('Message', '')}"
                 if code in THROTTLE_CODES or status == 429:
                     self.stats["throttled"] += 1
-                elif code not in RETRYABLE_CODES and status < 500:
+                    if time.monotonic() < patience:
+                        continue
+                    return None, b"", f"throttled for {self.timeout_s:.0f} s (the function's timeout): {error}"
+                if code not in RETRYABLE_CODES and status < 500:
                     return None, b"", error  # a wrong name, no permission, a bad payload: final
             except (BotoCoreError, OSError, asyncio.TimeoutError) as e:  # connection trouble
                 error = f"{type(e).__name__}: {e}"
-        return None, b"", f"gave up after {self.max_attempts} attempts: {error}"
+            failures += 1
+            if failures >= self.max_attempts:
+                return None, b"", f"gave up after {self.max_attempts} attempts: {error}"
 
     def _finish(self, event: dict, start: float, billed: int | None, ok: bool, error: str) -> None:
         end = time.time()
@@ -203,8 +215,18 @@ class AwsLambdaPlatform(Platform):
                 done.append(c)
         return done
 
+    @staticmethod
+    async def _cancel_calls() -> None:
+        """End the calls still in flight (a closing graph server wants none of them) before the loop stops,
+        rather than leave asyncio to complain about each in the log."""
+        calls = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in calls:
+            t.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+
     def close(self) -> None:
         try:
+            self._run(self._cancel_calls(), timeout=10)
             self._run(self._client_cm.__aexit__(None, None, None), timeout=10)
         except Exception:  # noqa: BLE001  (closing a client whose loop is going away)
             pass

@@ -22,6 +22,7 @@ class Completion:
     memory_mb: int
     ok: bool
     error: str = ""
+    output: dict | None = None  # what the handler returned, where the platform keeps it (the Lambda service answers it)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,15 @@ class Platform:
                 out.append(self._done.get_nowait())
             except queue.Empty:
                 return out
+
+    def wait_completions(self, timeout_s: float) -> list[Completion]:
+        """:meth:`completions`, once at least one is there or ``timeout_s`` has passed (for a thread that
+        has nothing else to do than hand completions on)."""
+        try:
+            first = self._done.get(timeout=timeout_s)
+        except queue.Empty:
+            return []
+        return [first, *self.completions()]
 
     def close(self) -> None:
         pass

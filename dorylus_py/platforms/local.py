@@ -36,7 +36,7 @@ from dorylus_py.platforms.base import Completion, LambdaContext, Platform, PoolL
 
 
 def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, seed: int, bandwidth_mbps: float) -> tuple:
-    """Runs in a worker process; returns (start, end, run_seconds, ok, error)."""
+    """Runs in a worker process; returns (start, end, run_seconds, ok, error, what the handler returned)."""
     rng = random.Random(seed)
     if latency_ms:
         time.sleep(latency_ms / 1000)
@@ -49,11 +49,11 @@ def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, 
     try:
         from lambda_functions.handler import handler
 
-        handler(event, LambdaContext(timeout_ms, expire, bandwidth_mbps))
+        output = handler(event, LambdaContext(timeout_ms, expire, bandwidth_mbps))
         ok, err = True, ""
     except Exception as e:  # noqa: BLE001  (a failed Lambda; the graph server relaunches)
-        ok, err = False, f"{type(e).__name__}: {e}"
-    return start, time.time(), time.perf_counter() - t0, ok, err
+        ok, err, output = False, f"{type(e).__name__}: {e}", None
+    return start, time.time(), time.perf_counter() - t0, ok, err, output
 
 
 def _worker_main(conn, cold_start_ms: float, key_hex: str) -> None:
@@ -227,8 +227,8 @@ class LocalLambdaPlatform(Platform):
             w.ready = True
             return
         task, w.task = w.task, None
-        start, end, run_s, ok, err = msg
-        self._done.put(Completion(task, self.name, start, end, billed_ms(run_s), self.memory_mb, ok, err))
+        start, end, run_s, ok, err, output = msg
+        self._done.put(Completion(task, self.name, start, end, billed_ms(run_s), self.memory_mb, ok, err, output))
 
     def _replace(self, w: _Worker) -> None:
         # (a worker's sentinel is its fork server's status pipe: were the fork server killed, every worker

@@ -88,6 +88,12 @@ class Session:
         """Another party with the same key and job (a worker thread of this process), without exposing the key."""
         return Session(self._key, self.limits, job=self.job)
 
+    def curve_client_keys(self) -> tuple[bytes, bytes]:
+        """The job's CurveZMQ client key pair, derived from the key (``zap.py``), without exposing the key."""
+        from dorylus_py.protocol.zap import client_keys
+
+        return client_keys(self._key)
+
     def for_job(self, job: bytes) -> "Session":
         """This same party (id, sequence, replay state) with its requests bound to ``job``."""
         view = copy.copy(self)

@@ -82,8 +82,17 @@ def test_throttling_and_5xx_are_retried_with_backoff(api):
 
 
 def test_gives_up_after_max_attempts(api):
-    c, stats = _one(api, [(429, "TooManyRequestsException")] * 3, max_attempts=3)
+    c, stats = _one(api, [(500, "ServiceException")] * 3, max_attempts=3)
     assert not c.ok and "gave up after 3 attempts" in c.error and stats["invocations"] == 3
+
+
+def test_throttling_is_waited_out_until_the_functions_timeout(api):
+    """A throttled call never started: it is retried however often (not counted as a failed attempt),
+    until the function's own timeout has passed."""
+    c, stats = _one(api, [(429, "TooManyRequestsException")] * 5, max_attempts=2)
+    assert c.ok and stats["throttled"] == 5 and stats["invocations"] == 6
+    c, stats = _one(api, [(429, "TooManyRequestsException")] * 10_000, timeout_s=0.5)
+    assert not c.ok and "throttled for 0 s" in c.error and stats["throttled"] == stats["invocations"] > 1
 
 
 def test_final_errors_are_not_retried(api):

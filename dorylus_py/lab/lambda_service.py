@@ -1,0 +1,322 @@
+"""A Lambda service for a host of its own: the Lambda Invoke API in front of a pool of worker processes.
+
+``python -m dorylus_py.lab.lambda_service --listen HOST:PORT --function NAME --concurrency N`` answers
+the two calls ``--backend lambda`` makes (``platforms/aws.py``, through aiobotocore):
+
+- ``POST /2015-03-31/functions/NAME/invocations`` (``RequestResponse``, optionally ``LogType: Tail``):
+  the event goes to a worker of the local emulator's pool (``platforms/local.py``: the real handler on
+  the real event JSON, warm containers, the same latency, cold-start and failure knobs) and the answer
+  is Lambda's: 200 with the handler's return value and a ``REPORT`` log tail carrying the billed
+  duration; 200 with ``X-Amz-Function-Error: Unhandled`` when the handler raised or its worker died;
+  429 ``TooManyRequestsException`` when ``--concurrency`` invocations are running already (no queue:
+  AWS throttles a function at its reserved concurrency, and the caller backs off and retries).
+- ``GET /2015-03-31/functions/NAME/configuration``: the memory size and timeout (read at a run's start).
+
+Every request must carry a valid AWS Signature Version 4 made with the access key pair in this
+service's environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``; ``sigv4.py``), else it is
+refused with 403 before its body is looked at. The workers get the job key from the service's
+environment (``DORYLUS_KEY``, or the secret named by ``DORYLUS_KEY_SECRET``), as a function reads its
+own; the events carry none. Plain HTTP: see docs/lab.md for what that exposes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
+
+from dorylus_py.errors import ConfigError
+from dorylus_py.lab.sigv4 import Credentials, SignatureError, verify
+from dorylus_py.platforms.base import Completion
+from dorylus_py.platforms.local import LocalLambdaPlatform
+
+log = logging.getLogger(__name__)
+API = "/2015-03-31/functions/"
+MAX_PAYLOAD = 6 * 2**20  # Lambda's limit for a synchronous invocation's event
+
+
+@dataclass(frozen=True)
+class Function:
+    """What the service runs, and how (the deployed function's settings, and the emulator's knobs)."""
+
+    name: str = "dorylus"
+    memory_mb: int = 3008
+    timeout_s: float = 60.0
+    concurrency: int = 4  # invocations at once; one more is throttled
+    latency_ms: float = 0.0
+    cold_start_ms: float = 0.0
+    fail_rate: float = 0.0
+
+    def configuration(self, region: str) -> dict:
+        return {"FunctionName": self.name, "FunctionArn": f"arn:aws:lambda:{region}:000000000000:function:{self.name}",
+                "Handler": "lambda_functions.handler.handler", "MemorySize": self.memory_mb,
+                "Timeout": int(self.timeout_s), "State": "Active", "PackageType": "Image", "Version": "$LATEST"}
+
+
+class _Call:
+    def __init__(self):
+        self.done = threading.Event()
+        self.result: Completion | None = None
+
+
+class LambdaService:
+    """The pool, the calls waiting on it, and the HTTP server in front of them."""
+
+    def __init__(self, function: Function, creds: Credentials, key: bytes, listen: tuple[str, int], seed: int = 0):
+        self.function, self.creds = function, creds
+        self.stats = {"invocations": 0, "throttled": 0, "refused": 0, "function_errors": 0}
+        self._lock = threading.Lock()
+        self._calls: dict[int, tuple[dict, _Call]] = {}  # id of the event's task dict -> (that dict, its call)
+        self.pool = LocalLambdaPlatform(function.concurrency, function.latency_ms, function.fail_rate,
+                                        function.memory_mb, function.timeout_s, seed=seed,
+                                        cold_start_ms=function.cold_start_ms, key=key)
+        self._closed = threading.Event()
+        self._collector = threading.Thread(target=self._collect, name="completions", daemon=True)
+        self._collector.start()
+        try:
+            self.httpd = _Server(listen, _Handler)
+        except OSError as e:
+            self.pool.close()
+            raise ConfigError(f"cannot listen on {listen[0]}:{listen[1]} ({e.strerror})") from None
+        self.httpd.service = self
+
+    @property
+    def address(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def invoke(self, event: dict) -> Completion | None:
+        """Run ``event`` on a free worker and wait for it; None when every worker is busy (throttled)."""
+        task = event.get("task") if isinstance(event, dict) else None
+        if not isinstance(task, dict):
+            now = time.time()
+            return Completion({}, "lambda-service", now, now, 1, self.function.memory_mb, False,
+                              "KeyError: the event has no task object")
+        call = _Call()
+        with self._lock:
+            if len(self._calls) >= self.function.concurrency:
+                self.stats["throttled"] += 1
+                return None
+            self.stats["invocations"] += 1
+            self._calls[id(task)] = (task, call)
+        self.pool.invoke(event)
+        if not call.done.wait(self.function.timeout_s + 10):  # its worker enforces the timeout; this is a guard
+            now = time.time()
+            return Completion(task, "lambda-service", now, now, int(self.function.timeout_s * 1000),
+                              self.function.memory_mb, False, f"Task timed out after {self.function.timeout_s:.2f} seconds")
+        return call.result
+
+    def _collect(self) -> None:
+        """Hand each completion to the request waiting on it; a slot is free once its worker is."""
+        while not self._closed.is_set():
+            for c in self.pool.wait_completions(0.5):
+                with self._lock:
+                    _, call = self._calls.pop(id(c.task), (None, None))
+                    if not c.ok:
+                        self.stats["function_errors"] += 1
+                if call is not None:
+                    call.result = c
+                    call.done.set()
+
+    def refused(self, why: SignatureError, client: str) -> None:
+        with self._lock:
+            self.stats["refused"] += 1
+            n = self.stats["refused"]
+        if n <= 5 or n % 1000 == 0:
+            log.warning("refused a request from %s: %s (%d refused so far)", client, why, n)
+
+    def serve_forever(self) -> None:
+        self._serving = True
+        self.httpd.serve_forever(poll_interval=0.2)
+
+    def close(self) -> None:
+        if getattr(self, "_serving", False):  # (shutdown waits for a loop that must have started)
+            self.httpd.shutdown()
+        self.httpd.server_close()
+        self._closed.set()
+        self._collector.join(timeout=2)
+        self.pool.close()
+
+
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``PER_PEER`` from one address and ``MAX_CONNECTIONS`` in all: a
+    peer that opens connections by the thousand (and sends nothing) finds the rest closed at once, and
+    the callers' connections still find room (a graph server keeps about ten open)."""
+
+    MAX_CONNECTIONS, PER_PEER = 512, 64
+    request_queue_size = 128  # the listen backlog (socketserver's 5 made a burst of connects wait a second each)
+    daemon_threads = True
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.connections: dict = {}  # those being served -> their peer's address
+        self._count = threading.Lock()
+
+    def verify_request(self, request, client_address) -> bool:
+        peer = client_address[0]
+        with self._count:
+            if (len(self.connections) >= self.MAX_CONNECTIONS
+                    or sum(p == peer for p in self.connections.values()) >= self.PER_PEER):
+                return False
+            self.connections[request] = peer
+            return True
+
+    def shutdown_request(self, request) -> None:
+        super().shutdown_request(request)
+        with self._count:
+            self.connections.pop(request, None)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: aiobotocore reuses its connections
+    timeout = 60  # an idle connection (and the thread serving it) goes after a minute; a client reconnects
+    server_version = "dorylus-lambda-service"
+
+    @property
+    def service(self) -> LambdaService:
+        return self.server.service
+
+    def log_message(self, *args) -> None:  # one line per refusal is logged elsewhere; not every request
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = self._checked(b"")
+        if body is None:
+            return
+        if self._route("configuration"):
+            self._json(200, self.service.function.configuration(self.service.creds.region))
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit():
+            return self._error(411, "InvalidRequestContentException", "Content-Length required")
+        if int(length) > MAX_PAYLOAD:
+            self.close_connection = True
+            return self._error(413, "RequestTooLargeException", f"Request must be smaller than {MAX_PAYLOAD} bytes")
+        body = self._checked(self.rfile.read(int(length)))
+        if body is None or not self._route("invocations"):
+            return
+        if self.headers.get("X-Amz-Invocation-Type", "RequestResponse") != "RequestResponse":
+            return self._error(400, "InvalidParameterValueException", "only RequestResponse invocations are served")
+        try:
+            event = json.loads(body)
+        except ValueError:
+            return self._error(400, "InvalidRequestContentException", "Could not parse request body into json")
+        done = self.service.invoke(event)
+        if done is None:
+            return self._error(429, "TooManyRequestsException", "Rate Exceeded.",
+                               {"Reason": "ReservedFunctionConcurrentInvocationLimitExceeded"})
+        self._answer(done)
+
+    def _checked(self, body: bytes) -> bytes | None:
+        """``body`` if the request is signed with the service's credentials; else answered with 403."""
+        path, _, query = self.path.partition("?")
+        headers: dict[str, list[str]] = {}
+        for name, value in self.headers.items():
+            headers.setdefault(name.lower(), []).append(value)
+        try:
+            verify(self.service.creds, self.command, path, query, headers, body)
+        except SignatureError as e:
+            self.service.refused(e, self.client_address[0])
+            self._error(403, e.code, str(e))
+            return None
+        return body
+
+    def _route(self, call: str) -> bool:
+        """Whether the path is ``call`` on this service's function; else answered with 404."""
+        path = self.path.partition("?")[0]
+        name, _, tail = path[len(API):].partition("/") if path.startswith(API) else ("", "", "")
+        name = unquote(name).split(":function:")[-1].split(":")[0]
+        if tail == call and name == self.service.function.name:
+            return True
+        self._error(404, "ResourceNotFoundException", f"Function not found: {unquote(path)[:200]}")
+        return False
+
+    def _answer(self, c: Completion) -> None:
+        request_id = str(uuid.uuid4())
+        run_ms = max(0.0, (c.end - c.start) * 1000)
+        headers = {"X-Amz-Executed-Version": "$LATEST", "x-amzn-RequestId": request_id}
+        if self.headers.get("X-Amz-Log-Type") == "Tail":
+            tail = (f"START RequestId: {request_id} Version: $LATEST\nEND RequestId: {request_id}\n"
+                    f"REPORT RequestId: {request_id}\tDuration: {run_ms:.2f} ms\tBilled Duration: {c.billed_ms} ms\t"
+                    f"Memory Size: {c.memory_mb} MB\t\n")
+            headers["X-Amz-Log-Result"] = base64.b64encode(tail.encode()).decode()
+        if c.ok:
+            return self._json(200, c.output, headers)
+        kind = c.error.split(":", 1)[0] if ":" in c.error else "Runtime.ExitError"
+        self._json(200, {"errorMessage": c.error[:1000], "errorType": kind, "stackTrace": []},
+                   headers | {"X-Amz-Function-Error": "Unhandled"})
+
+    def _error(self, status: int, code: str, message: str, extra: dict | None = None) -> None:
+        self._json(status, {"Type": "User", "message": message} | (extra or {}),
+                   {"x-amzn-ErrorType": code, "x-amzn-RequestId": str(uuid.uuid4())})
+
+    def _json(self, status: int, obj, headers: dict | None = None) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(status)
+        for name, value in ({"Content-Type": "application/json"} | (headers or {})).items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def main(argv=None) -> int:
+    from dorylus_py.cluster.node import run_main
+
+    ap = argparse.ArgumentParser(prog="python -m dorylus_py.lab.lambda_service", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to serve the Lambda API on")
+    ap.add_argument("--function", default=Function.name, help="the function's name (callers name it in the path)")
+    ap.add_argument("--region", default=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                    help="the region callers sign for (default: AWS_DEFAULT_REGION, else us-east-1)")
+    ap.add_argument("--concurrency", type=int, default=Function.concurrency, help="workers; one more call is throttled")
+    ap.add_argument("--memory-mb", type=int, default=Function.memory_mb, help="the memory size callers are told (billing)")
+    ap.add_argument("--timeout-s", type=float, default=Function.timeout_s, help="each invocation's time limit")
+    ap.add_argument("--latency-ms", type=float, default=0.0, help="added before each invocation starts")
+    ap.add_argument("--cold-start-ms", type=float, default=0.0, help="added to each worker's first invocation")
+    ap.add_argument("--fail-rate", type=float, default=0.0, help="chance that an invocation fails (before or part-way)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the injected failures")
+    args = ap.parse_args(argv)
+    return run_main(lambda: _serve(args))
+
+
+def _serve(args) -> None:
+    from dorylus_py.jobkey import load_job_key
+
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--listen {args.listen!r}: expected HOST:PORT")
+    if args.concurrency < 1 or args.memory_mb < 128 or args.timeout_s <= 0 or not 0 <= args.fail_rate < 1:
+        raise ConfigError("--concurrency >= 1, --memory-mb >= 128, --timeout-s > 0 and --fail-rate in [0, 1) please")
+    key_id, secret = os.environ.get("AWS_ACCESS_KEY_ID", ""), os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+    if not key_id or not secret:
+        raise ConfigError("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY: the credentials callers must sign with")
+    function = Function(args.function, args.memory_mb, args.timeout_s, args.concurrency, args.latency_ms,
+                        args.cold_start_ms, args.fail_rate)
+    service = LambdaService(function, Credentials(key_id, secret, args.region), load_job_key(), (host, int(port)),
+                            args.seed)
+    print(f"lambda service: function {function.name} at {service.address}, {function.concurrency} workers",
+          file=sys.stderr, flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    threading.Thread(target=service.serve_forever, name="http", daemon=True).start()
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        service.close()
+        print(f"lambda service: {', '.join(f'{v} {k}' for k, v in service.stats.items())}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Who may connect to a CURVE server: the job's own client key, checked by a ZAP handler.
+
+CurveZMQ encrypts and authenticates the *server*; which clients may finish the handshake is left to
+a ZAP handler (RFC 27) in the server's zmq context, asked once per connection after the client has
+proved that it holds the secret key of the public key it shows. Without one, any client key is let in.
+
+Every process of a job derives the same client key pair from the job key (:func:`client_keys`: the
+secret is an HMAC of the job key under a label of its own, so it reveals nothing of the key): the
+driver, the servers, and every Lambda, which has the job key from its environment or Secrets
+Manager anyway. :func:`admit` starts one handler per context (``inproc://zeromq.zap.01``) and registers
+the keys a server socket lets in under a ZAP domain named after them; the handler answers 200 for
+those keys and 400 for every other, so a host without the job key is disconnected before its first
+frame (its socket sees ``EVENT_HANDSHAKE_FAILED_AUTH``). Refusals are counted; the first few are
+logged with the peer's address. A request the handler cannot parse is refused too; nothing a peer
+shows it can raise past its loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import threading
+
+import zmq
+from zmq.utils import z85
+
+log = logging.getLogger(__name__)
+ENDPOINT = "inproc://zeromq.zap.01"
+LABEL = b"dorylus CurveZMQ client key v1"
+
+
+def client_keys(job_key: bytes) -> tuple[bytes, bytes]:
+    """The job's CurveZMQ client key pair ``(public, secret)``, Z85: the same for every key holder."""
+    secret = z85.encode(hmac.digest(job_key, LABEL, "sha256"))
+    return zmq.curve_public(secret), secret
+
+
+class ZapHandler:
+    """Answers the ZAP requests of one zmq context on a thread of its own."""
+
+    def __init__(self, ctx: zmq.Context):
+        self.allowed: dict[bytes, frozenset[bytes]] = {}  # ZAP domain -> admitted public keys (Z85)
+        self.admitted = self.refused = 0
+        self._sock = ctx.socket(zmq.REP)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(ENDPOINT)
+        self._thread = threading.Thread(target=self._run, name="zap", daemon=True)
+        self._thread.start()
+
+    def register(self, keys) -> bytes:
+        """Admit ``keys`` (Z85 public keys) to sockets of the returned ZAP domain."""
+        keys = frozenset(keys)
+        domain = b"dorylus-" + hashlib.sha256(b"".join(sorted(keys))).hexdigest()[:16].encode()
+        self.allowed[domain] = keys
+        return domain
+
+    def _run(self) -> None:
+        try:
+            while True:
+                frames = self._sock.recv_multipart()
+                self._sock.send_multipart(self.answer(frames))
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            self._sock.close(0)
+            with _lock:
+                if _handlers.get(id(self._sock.context)) is self:
+                    del _handlers[id(self._sock.context)]
+
+    def answer(self, frames: list[bytes]) -> list[bytes]:
+        """The reply to one ZAP request: ``[version, request id, status, text, user id, metadata]``."""
+        request_id = frames[1] if len(frames) > 1 else b""
+        if len(frames) < 6 or frames[0] != b"1.0":
+            return self._refuse(request_id, "malformed ZAP request", b"?")
+        _, _, domain, address, _identity, mechanism, *credentials = frames
+        if mechanism != b"CURVE":  # NULL and PLAIN sockets are not this handler's to gate
+            return [b"1.0", request_id, b"200", b"OK", b"", b""]
+        key = z85.encode(credentials[0]) if credentials and len(credentials[0]) == 32 else b""
+        if key and key in self.allowed.get(domain, ()):
+            self.admitted += 1
+            return [b"1.0", request_id, b"200", b"OK", b"", b""]
+        return self._refuse(request_id, "client key not admitted", address)
+
+    def _refuse(self, request_id: bytes, why: str, address: bytes) -> list[bytes]:
+        self.refused += 1
+        if self.refused <= 5 or self.refused % 1000 == 0:
+            log.warning("refused a connection from %s (%s; %d refused so far)", address.decode(errors="replace"),
+                        why, self.refused)
+        return [b"1.0", request_id, b"400", why.encode(), b"", b""]
+
+
+_handlers: dict[int, ZapHandler] = {}
+_lock = threading.Lock()
+
+
+def admit(ctx: zmq.Context, keys) -> bytes:
+    """Make sure ``ctx`` has a ZAP handler; admit ``keys`` there; return the ZAP domain to give a socket."""
+    with _lock:
+        handler = _handlers.get(id(ctx))
+        if handler is None:
+            handler = _handlers[id(ctx)] = ZapHandler(ctx)
+        return handler.register(keys)
+
+
+def handler_of(ctx: zmq.Context) -> ZapHandler | None:
+    return _handlers.get(id(ctx))

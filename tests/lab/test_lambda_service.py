@@ -1,0 +1,116 @@
+"""The Lambda service: AWS's own client (botocore's signer, aiobotocore's calls through
+``platforms/aws.py``) against it, throttling at its concurrency, and refusals of unsigned or wrongly
+signed requests."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+pytest.importorskip("aiobotocore")
+
+from botocore.auth import SigV4Auth  # noqa: E402
+from botocore.awsrequest import AWSRequest  # noqa: E402
+from botocore.credentials import Credentials as BotoCredentials  # noqa: E402
+
+from dorylus_py.errors import ConfigError  # noqa: E402
+from dorylus_py.lab.lambda_service import Function, LambdaService  # noqa: E402
+from dorylus_py.lab.sigv4 import Credentials, SignatureError, verify  # noqa: E402
+from dorylus_py.platforms.aws import AwsLambdaPlatform, deployed_memory_mb  # noqa: E402
+
+CREDS = Credentials("AKIDLAB0000000000000", "lab-secret-" + "s" * 29, "us-east-1")
+
+
+def signed(url: str, body: bytes, creds: Credentials = CREDS, method: str = "POST") -> AWSRequest:
+    request = AWSRequest(method=method, url=url, data=body, headers={"X-Amz-Invocation-Type": "RequestResponse"})
+    SigV4Auth(BotoCredentials(creds.access_key_id, creds.secret_access_key), "lambda", creds.region).add_auth(request)
+    return request
+
+
+def check(request: AWSRequest, body: bytes, now: float | None = None) -> None:
+    path, _, query = request.url.split("//", 1)[1].partition("/")[2].partition("?")
+    headers: dict[str, list[str]] = {}
+    for name, value in request.headers.items():
+        headers.setdefault(name.lower(), []).append(value)
+    headers["host"] = [request.url.split("//", 1)[1].split("/")[0]]  # what an HTTP client sends
+    verify(CREDS, request.method, "/" + path, query, headers, body, now)
+
+
+def test_a_botocore_signature_verifies_and_any_change_breaks_it():
+    url = "http://198.51.100.13:9000/2015-03-31/functions/arn%3Aaws%3Alambda%3Aus-east-1%3A1%3Afunction%3Adorylus/invocations?Qualifier=%24LATEST"
+    body = b'{"task": {"kind": "fwd"}}'
+    check(signed(url, body), body)
+    with pytest.raises(SignatureError, match="does not match"):
+        check(signed(url, body), body.replace(b"fwd", b"bwd"))
+    with pytest.raises(SignatureError, match="does not match"):
+        check(signed(url, body, Credentials(CREDS.access_key_id, "another secret", "us-east-1")), body)
+    with pytest.raises(SignatureError, match="token included in the request is invalid") as e:
+        check(signed(url, body, Credentials("AKIDSOMEONEELSE00000", CREDS.secret_access_key, "us-east-1")), body)
+    assert e.value.code == "UnrecognizedClientException"
+    with pytest.raises(SignatureError, match="expected us-east-1/lambda"):
+        check(signed(url, body, Credentials(CREDS.access_key_id, CREDS.secret_access_key, "eu-west-1")), body)
+    with pytest.raises(SignatureError, match="expired"):
+        check(signed(url, body), body, now=time.time() + 3600)  # a request replayed an hour later
+    unsigned = signed(url, body)
+    del unsigned.headers["Authorization"]
+    with pytest.raises(SignatureError, match="missing or malformed"):
+        check(unsigned, body)
+
+
+@pytest.fixture()
+def service(monkeypatch):
+    """A service of one worker whose invocations take half a second each (``--latency-ms``)."""
+    for k, v in {"AWS_ACCESS_KEY_ID": CREDS.access_key_id, "AWS_SECRET_ACCESS_KEY": CREDS.secret_access_key,
+                 "AWS_DEFAULT_REGION": CREDS.region, "AWS_CONFIG_FILE": "/dev/null",
+                 "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}.items():
+        monkeypatch.setenv(k, v)
+    svc = LambdaService(Function(memory_mb=1769, timeout_s=20, concurrency=1, latency_ms=500), CREDS, b"k" * 32,
+                        ("127.0.0.1", 0))
+    threading.Thread(target=svc.serve_forever, daemon=True).start()
+    yield svc
+    svc.close()
+
+
+def test_invocations_through_aiobotocore_are_run_throttled_and_reported(service):
+    """Three invocations at once on a one-worker service: two are throttled (429) at first, and the
+    platform's back-off brings each through; each runs the real handler, whose error (the event names
+    no graph server) comes back as a function error with its billed duration."""
+    assert deployed_memory_mb("dorylus", "us-east-1", endpoint_url=service.address) == 1769
+    platform = AwsLambdaPlatform("dorylus", 3, 1769, region="us-east-1", endpoint_url=service.address,
+                                 base_delay_s=0.2, max_delay_s=1.0, max_attempts=20)
+    try:
+        for chunk in range(3):
+            platform.invoke({"task": {"kind": "fwd", "chunk": chunk}})
+        done, deadline = [], time.monotonic() + 60
+        while len(done) < 3:
+            assert time.monotonic() < deadline, f"{len(done)} of 3 completions"
+            done += platform.wait_completions(1.0)
+        assert sorted(c.task["chunk"] for c in done) == [0, 1, 2]
+        assert all(not c.ok and "Unhandled: " in c.error and "KeyError" in c.error for c in done)
+        assert all(c.billed_ms >= 1 and c.memory_mb == 1769 for c in done)
+        assert platform.stats["throttled"] >= 2 and service.stats["throttled"] == platform.stats["throttled"]
+        assert service.stats["invocations"] == 3 and service.stats["function_errors"] == 3
+    finally:
+        platform.close()
+
+
+def test_requests_without_the_services_credentials_are_refused(service, monkeypatch):
+    url = f"{service.address}/2015-03-31/functions/dorylus/invocations"
+    body = json.dumps({"task": {"kind": "fwd"}}).encode()
+    forged = signed(url, body, Credentials(CREDS.access_key_id, "a guessed secret", CREDS.region))
+    for headers in ({}, dict(forged.headers.items())):
+        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=30)
+        assert e.value.code == 403
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "a guessed secret")
+    with pytest.raises(ConfigError, match="InvalidSignatureException"):
+        deployed_memory_mb("dorylus", "us-east-1", endpoint_url=service.address)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CREDS.secret_access_key)
+    with pytest.raises(ConfigError, match="Function not found"):
+        deployed_memory_mb("another", "us-east-1", endpoint_url=service.address)
+    assert service.stats["refused"] == 3 and service.stats["invocations"] == 0
