@@ -16,13 +16,19 @@ import re
 
 def allowed(policies: list[dict], action: str, resource: str, context: dict[str, str] | None = None) -> bool:
     """Whether ``policies`` (policy documents) allow ``action`` on ``resource``."""
-    verdict = False
+    return decision(policies, action, resource, context) == "allow"
+
+
+def decision(policies: list[dict], action: str, resource: str, context: dict[str, str] | None = None) -> str | None:
+    """``"deny"`` if a statement denies, else ``"allow"`` if one allows, else None. ``Principal`` is not
+    read: a resource policy given here must name everyone ("*"), as the bucket's does."""
+    verdict = None
     for doc in policies:
         for st in statements(doc):
             if applies(st, action, resource, context or {}):
                 if st.get("Effect") == "Deny":
-                    return False
-                verdict = True
+                    return "deny"
+                verdict = "allow"
     return verdict
 
 

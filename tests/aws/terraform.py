@@ -61,9 +61,10 @@ PLACEHOLDERS = {
 }
 
 
-def render(statements: list[dict]) -> str:
+def render(statements: list[dict], values: dict[str, str] | None = None) -> str:
+    """The statements as the JSON AWS gets, Terraform's references replaced by PLACEHOLDERS (or ``values``)."""
     def sub(s: str) -> str:
-        for k, v in PLACEHOLDERS.items():
+        for k, v in (PLACEHOLDERS | (values or {})).items():
             s = s.replace(k, v)
         assert "${" not in s, s
         return s
