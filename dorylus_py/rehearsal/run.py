@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dorylus_py.errors import ConfigError, DorylusError
@@ -82,10 +83,12 @@ class Rehearsal:
             self.harness, self.operator = self._identities()
             self.aws.enforce(True)
             wheel = self._build_wheel()
-            graph = self._synth()
-            reference = self._start_reference(graph)  # runs while Terraform works
             before = audit.inventory(self.client)
-            tf, outputs = self._provision(wheel)
+            with ThreadPoolExecutor(1) as terraform:  # Terraform mostly waits on AWS: make the data meanwhile
+                provisioned = terraform.submit(self._provision, wheel)
+                graph = self._synth()
+                reference = self._start_reference(graph)  # the same job on --backend local
+                tf, outputs = provisioned.result()
             policies = audit.role_policies(self.client)
             losses = self._operate(outputs, graph)
             local = self._step("(rehearsal) the same configuration on --backend local", lambda: _losses(reference))
@@ -315,7 +318,8 @@ class Rehearsal:
         home.mkdir(parents=True, exist_ok=True)
         cluster = json.loads((self.work / "cluster.json").read_text())
         (home / "cluster.json").write_text(json.dumps(loopback_cluster(cluster, driver.net)))  # scp'd there
-        wait_until(lambda: all(s.running for s in self.supervisors), 60, "servers running")
+        wait_until(lambda: all(s.running for s in self.supervisors), 60,
+                   f"every server running for {name} (its unit starts it again after a job)")
         env = self.supervisors[0].env | {"HOME": str(home)}
         env = {k: v for k, v in env.items() if k not in ("AWS_DEFAULT_REGION", "DORYLUS_CACHE")}  # an ssh session's
         dorylus = str(driver.path("/opt/dorylus/bin/dorylus"))

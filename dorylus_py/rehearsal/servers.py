@@ -12,7 +12,6 @@ hand them out. ``User=`` and the sandboxing directives are checked, not applied 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -20,6 +19,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from dorylus_py.errors import DorylusError
 
 
 def heredoc(script: str, path: str) -> str:
@@ -87,8 +88,7 @@ class Host:
     root: Path
     user_data: str
     net: int
-    restarts: int = 0
-    exits: list[int] = field(default_factory=list)
+    exits: list[int] = field(default_factory=list)  # every exit code of its server, in order
 
     def path(self, absolute: str) -> Path:
         return self.root / absolute.lstrip("/")
@@ -144,7 +144,6 @@ class Supervisor:
                 self.host.exits.append(code)
                 if self._stop.is_set() or not self.unit.restarts_after(code):
                     return
-                self.host.restarts += 1
                 self._stop.wait(self.delay_s)
 
     @property
@@ -168,9 +167,5 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
+            raise DorylusError(f"{what}: not within {timeout_s:.0f} s")
         time.sleep(0.2)
-
-
-def environ_without_aws() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}

@@ -3,8 +3,6 @@ server role's policy enforced against the paths the code reads and writes."""
 
 from __future__ import annotations
 
-import json
-
 import boto3
 import numpy as np
 import pytest
