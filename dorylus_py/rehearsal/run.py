@@ -59,8 +59,8 @@ class Rehearsal:
     VARIABLES = {"lambda_image_uri": IMAGE, "operator_cidr": "192.0.2.1/32", "server_wheel": "(the wheel)",
                  "graph_server_count": "2", "graph_server_type": "c5n.2xlarge", "weight_server_count": "1"}
 
-    def __init__(self, work: Path, plugin_dir: str = "", epochs: int = 3, jobs: int = JOBS, say=print):
-        self.work, self.epochs, self.jobs, self.say = work, epochs, jobs, say
+    def __init__(self, work: Path, plugin_dir: str = "", epochs: int = 3, say=print):
+        self.work, self.epochs, self.say = work, epochs, say
         self.terraform_bin, self.mirror = find_tools(plugin_dir)
         try:
             import moto.server  # noqa: F401
@@ -137,7 +137,7 @@ class Rehearsal:
         self._as_operator("dorylus prepare", "prepare", graph, "--partitions", "2", "--out", dataset)
         function = self._check_function(outputs)
         losses = [self._train(self.hosts, dataset, outputs["bucket"]["value"], f"aws{j + 1}", function)
-                  for j in range(self.jobs)]
+                  for j in range(JOBS)]
         self._stop_servers()
         return losses
 
@@ -219,9 +219,9 @@ class Rehearsal:
              self.work / "local.log")
         args = [a.format(epochs=self.epochs) for a in TRAINING]
         out = self.work / "local-run"
-        log = open(self.work / "local.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "dorylus_py", "train", "--backend", "local", "--data", str(store),
-                                 *args, "--out", str(out)], cwd=self.work, env=env, stdout=log, stderr=log)
+        with open(self.work / "local.log", "ab") as log:  # the child keeps its own copy of the file
+            proc = subprocess.Popen([sys.executable, "-m", "dorylus_py", "train", "--backend", "local", "--data",
+                                     str(store), *args, "--out", str(out)], cwd=self.work, env=env, stdout=log, stderr=log)
         return proc, out
 
     def _check_function(self, outputs: dict) -> dict:
@@ -348,10 +348,14 @@ def _losses(run) -> list[float]:
 
 
 def _run(argv: list, cwd: Path, env: dict, log: Path, timeout_s: float = 600) -> None:
+    what = f"{Path(str(argv[0])).name} {' '.join(map(str, argv[1:3]))}"
     with open(log, "ab") as out:
         out.write(f"\n$ {' '.join(map(str, argv))}\n".encode())
         out.flush()
-        code = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, stdout=out, stderr=out, timeout=timeout_s,
-                              check=False).returncode
+        try:
+            code = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, stdout=out, stderr=out, timeout=timeout_s,
+                                  check=False).returncode
+        except subprocess.TimeoutExpired:
+            raise DorylusError(f"{what}: still running after {timeout_s:.0f} s; see {log}") from None
     if code:
-        raise DorylusError(f"{Path(str(argv[0])).name} {' '.join(map(str, argv[1:3]))} failed (exit {code}); see {log}")
+        raise DorylusError(f"{what} failed (exit {code}); see {log}")
