@@ -1,4 +1,5 @@
-"""`dorylus aws`: the Lambda image's build context, the cluster file from Terraform, function updates."""
+"""`dorylus aws`: the Lambda image's build context, the cluster file from Terraform, function updates, and
+the whole path rehearsed on this machine."""
 
 from __future__ import annotations
 
@@ -28,6 +29,16 @@ def add_aws(sub) -> None:
     u.add_argument("--profile", default="", help="AWS credentials profile (default: from the AWS environment)")
     u.set_defaults(run=_run_update_function)
     add_put_secret_command(aws, command)
+    r = command(aws, "rehearse", "rehearse docs/aws.md on this machine, no account needed: terraform apply of infra/ "
+                "against moto with IAM enforced, the servers as their boot script starts them, two training jobs "
+                "through the Lambda API, terraform destroy (needs a source checkout, terraform, the hashicorp/aws "
+                "provider and moto[server]; about 3 minutes)")
+    r.add_argument("--work", default="", metavar="DIR", help="folder for its files and logs (default: a temporary "
+                   "folder, removed after a successful rehearsal)")
+    r.add_argument("--plugin-dir", default="", metavar="DIR", help="a provider mirror holding "
+                   "registry.terraform.io/hashicorp/aws (default: $DORYLUS_TF_PLUGIN_DIR or a usual place)")
+    r.add_argument("--epochs", type=int, default=3, help="epochs of each job (default 3)")
+    r.set_defaults(run=_run_rehearse)
 
 
 def _run_build_context(args) -> int:
@@ -52,4 +63,29 @@ def _run_update_function(args) -> int:
 
     sha = update_function_image(args.function, args.image_uri, args.region, args.profile)
     print(f"{args.function} now runs {args.image_uri} (code sha256 {sha})")
+    return 0
+
+
+def _run_rehearse(args) -> int:
+    import shutil
+    import tempfile
+
+    from dorylus_py.errors import ConfigError
+    from dorylus_py.rehearsal.run import Rehearsal
+
+    if args.epochs < 1:
+        raise ConfigError(f"--epochs must be at least 1, got {args.epochs}")
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="dorylus-rehearsal-"))
+    if args.work and work.exists() and any(work.iterdir()):
+        raise ConfigError(f"{work}: exists and is not empty")
+    try:
+        result = Rehearsal(work, args.plugin_dir, args.epochs).run()
+    except BaseException:
+        print(f"logs and files of the rehearsal: {work}")
+        raise
+    print(f"rehearsed in {result['seconds']:.0f} s: {result['jobs']} jobs on the same servers, per-epoch losses "
+          f"{[round(x, 6) for x in result['losses']]} as --backend local; {result['calls']} AWS calls, each allowed by "
+          "its policy and every permission used or explained; terraform destroy left nothing")
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
     return 0

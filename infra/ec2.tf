@@ -1,6 +1,7 @@
-# Graph and weight servers. Each boots, installs the package, writes the cluster file and starts
-# `dorylus graph-server` / `dorylus weight-server` as a systemd service. User data holds nothing secret:
-# the cluster file names the job key's secret, which the process reads at start through its role.
+# Graph and weight servers. Each boots, installs this project's wheel (from the bucket) and its locked
+# dependencies (server-requirements.txt), every file checked against its SHA-256, writes the cluster file
+# and starts `dorylus graph-server` / `dorylus weight-server` as a hardened systemd service. User data
+# holds nothing secret: the cluster file names the job key's secret, read at start through the role.
 
 data "aws_ssm_parameter" "al2023" {
   name = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
@@ -15,6 +16,14 @@ locals {
       role = "weight-server", rank = i, ip = ip, type = var.weight_server_type, disk_gb = 30
     } },
   )
+}
+
+resource "aws_s3_object" "server_wheel" {
+  bucket      = aws_s3_bucket.data.id
+  key         = "packages/${basename(var.server_wheel)}"
+  source      = var.server_wheel
+  source_hash = filesha256(var.server_wheel) # a rebuilt wheel is uploaded again
+  kms_key_id  = aws_kms_key.data.arn
 }
 
 resource "aws_instance" "server" {
@@ -34,8 +43,10 @@ resource "aws_instance" "server" {
   ebs_optimized               = true
   user_data_replace_on_change = true
   user_data = templatefile("${path.module}/templates/server.sh.tftpl", {
-    role         = each.value.role, rank = each.value.rank, package = var.package_spec,
-    cluster_json = jsonencode(local.cluster), region = var.region
+    role         = each.value.role, rank = each.value.rank, cluster_json = jsonencode(local.cluster), region = var.region,
+    bucket       = aws_s3_bucket.data.bucket, wheel_key = aws_s3_object.server_wheel.key,
+    wheel_file   = basename(var.server_wheel), wheel_sha256 = filesha256(var.server_wheel),
+    requirements = trimspace(file("${path.module}/server-requirements.txt"))
   })
   metadata_options {
     http_tokens   = "required" # IMDSv2 only

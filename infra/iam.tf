@@ -1,6 +1,8 @@
 # Least privilege. Lambda: write its own logs, the ENI calls AWS requires of any function in a VPC,
-# read the job key's secret. Servers: read the dataset prefix, invoke that one function, read the job
-# key's secret. They write nothing to S3: checkpoints go to the run folder on the driver's machine.
+# read the job key's secret. Servers: read their wheel and the dataset prefix, read and write the
+# checkpoint prefix (the driver on graph server 0 writes there), invoke that one function and read its
+# memory size (what AWS bills a run for), read the job key's secret. Every action is used by a step of
+# `dorylus aws rehearse` or listed in docs/aws.md with why (tests/aws/test_rehearsal.py checks both).
 
 data "aws_iam_policy_document" "lambda_assume" {
   statement {
@@ -78,6 +80,16 @@ data "aws_iam_policy_document" "server" {
     resources = ["${aws_s3_bucket.data.arn}/${var.dataset_prefix}/*"]
   }
   statement {
+    sid       = "ReadServerWheel"
+    actions   = ["s3:GetObject"]
+    resources = ["${aws_s3_bucket.data.arn}/${aws_s3_object.server_wheel.key}"]
+  }
+  statement {
+    sid       = "Checkpoints"
+    actions   = ["s3:GetObject", "s3:PutObject"]
+    resources = ["${aws_s3_bucket.data.arn}/${var.checkpoint_prefix}/*"]
+  }
+  statement {
     sid       = "ReadJobKey"
     actions   = ["secretsmanager:GetSecretValue"]
     resources = [aws_secretsmanager_secret.job_key.arn]
@@ -85,6 +97,11 @@ data "aws_iam_policy_document" "server" {
   statement {
     sid       = "InvokeTensorWorker"
     actions   = ["lambda:InvokeFunction"]
+    resources = [aws_lambda_function.tensor.arn]
+  }
+  statement {
+    sid       = "ReadTensorWorkerMemory" # every --backend lambda start reads what AWS bills (MemorySize)
+    actions   = ["lambda:GetFunctionConfiguration"]
     resources = [aws_lambda_function.tensor.arn]
   }
 }

@@ -85,21 +85,38 @@ variable "lambda_timeout_s" {
 }
 
 variable "lambda_reserved_concurrency" {
-  description = "Lambdas that may run at once (reserved for this function)"
+  description = <<-EOT
+    Concurrency reserved for the function (null: none, it shares the account's pool). AWS keeps 100 of an
+    account's concurrency unreserved, so reserving N needs a quota of N + 100; new accounts often start
+    with 10 (Service Quotas, AWS Lambda, "Concurrent executions"). Reserving guarantees --lambdas and caps them.
+  EOT
   type        = number
-  default     = 100
+  default     = null
+  validation {
+    condition     = var.lambda_reserved_concurrency == null ? true : var.lambda_reserved_concurrency >= 1
+    error_message = "lambda_reserved_concurrency must be null (no reservation) or at least 1."
+  }
 }
 
-variable "package_spec" {
-  description = "What the servers pip-install (a version from PyPI or a git URL)"
+variable "server_wheel" {
+  description = "The dorylus-py wheel the servers install (pip wheel --no-deps -w dist . in a checkout); uploaded to the bucket, its SHA-256 checked by pip on every server"
   type        = string
-  default     = "dorylus-py[aws]==0.1.0"
+  validation {
+    condition     = endswith(var.server_wheel, ".whl") && fileexists(var.server_wheel)
+    error_message = "server_wheel must be the path of a built wheel (.whl): pip wheel --no-deps -w dist . (docs/aws.md)."
+  }
 }
 
 variable "dataset_prefix" {
   description = "Key prefix of prepared datasets (dorylus prepare --out s3://BUCKET/PREFIX/NAME)"
   type        = string
   default     = "datasets"
+}
+
+variable "checkpoint_prefix" {
+  description = "Key prefix of checkpoints (dorylus train --checkpoint-dir s3://BUCKET/PREFIX/RUN): the only place the servers' role may write"
+  type        = string
+  default     = "checkpoints"
 }
 
 variable "force_destroy" {

@@ -1,4 +1,6 @@
-"""A moto server for the AWS tests (S3, IAM, EC2, Lambda control plane), reachable from subprocesses."""
+"""A moto server for the AWS tests (S3, IAM, EC2, Lambda control plane, Secrets Manager), reachable from
+subprocesses; ``moto_aws.enforce(True)`` makes it check every request against IAM as AWS would
+(``dorylus_py/rehearsal/moto_aws.py``)."""
 
 from __future__ import annotations
 
@@ -6,24 +8,22 @@ import pytest
 
 
 @pytest.fixture()
-def moto_url(monkeypatch, tmp_path):
+def moto_aws(monkeypatch, tmp_path):
     pytest.importorskip("moto.server")
-    import logging
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    import requests
-    from moto.server import ThreadedMotoServer
+    from dorylus_py.rehearsal.moto_aws import MotoAws
 
     monkeypatch.setenv("MOTO_RECORDER_FILEPATH", str(tmp_path / "moto_recording"))  # not in the working tree
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    requests.post(f"{url}/moto-api/reset", timeout=10)  # moto's state is per process, not per server
-    requests.post(f"{url}/moto-api/config", json={"lambda": {"use_docker": False}}, timeout=10)  # no Docker here
+    aws = MotoAws()
+    url = aws.start()
     for k, v in {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                  "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "DORYLUS_CACHE": str(tmp_path / "cache")}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-    yield url
-    server.stop()
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    yield aws
+    aws.stop()
+
+
+@pytest.fixture()
+def moto_url(moto_aws):
+    return moto_aws.url

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import hcl2
@@ -54,14 +55,16 @@ PLACEHOLDERS = {
     "${aws_cloudwatch_log_group.lambda.arn}": "arn:aws:logs:us-east-1:123456789012:log-group:/aws/lambda/dorylus-tensor",
     "${aws_s3_bucket.data.arn}": "arn:aws:s3:::dorylus-data-x",
     "${aws_lambda_function.tensor.arn}": "arn:aws:lambda:us-east-1:123456789012:function:dorylus-tensor",
-    "${var.dataset_prefix}": "datasets", "${var.region}": "us-east-1",
+    "${var.dataset_prefix}": "datasets", "${var.region}": "us-east-1", "${var.checkpoint_prefix}": "checkpoints",
+    "${aws_s3_object.server_wheel.key}": "packages/dorylus_py-0.1.0-py3-none-any.whl",
     "${aws_secretsmanager_secret.job_key.arn}": "arn:aws:secretsmanager:us-east-1:123456789012:secret:dorylus-job-key-AbCdEf",
 }
 
 
-def render(statements: list[dict]) -> str:
+def render(statements: list[dict], values: dict[str, str] | None = None) -> str:
+    """The statements as the JSON AWS gets, Terraform's references replaced by PLACEHOLDERS (or ``values``)."""
     def sub(s: str) -> str:
-        for k, v in PLACEHOLDERS.items():
+        for k, v in (PLACEHOLDERS | (values or {})).items():
             s = s.replace(k, v)
         assert "${" not in s, s
         return s
@@ -75,3 +78,14 @@ def render(statements: list[dict]) -> str:
             st["Condition"] = {c["test"]: {c["variable"]: [sub(v) for v in c["values"]]}}
         out.append(st)
     return json.dumps({"Version": "2012-10-17", "Statement": out})
+
+
+def user_data(role: str = "graph-server", rank: int = 0, **values) -> str:
+    """The boot script as ``templatefile`` renders it (it uses plain ``${name}`` interpolations only)."""
+    template = (INFRA / "templates" / "server.sh.tftpl").read_text()
+    assert "%{" not in template, "the template grew directives: render it with terraform instead"
+    values = {"role": role, "rank": rank, "cluster_json": "{}", "region": "us-east-1", "bucket": "dorylus-data-x",
+              "wheel_key": "packages/dorylus_py-0.1.0-py3-none-any.whl", "wheel_file": "dorylus_py-0.1.0-py3-none-any.whl",
+              "wheel_sha256": "0" * 64, "requirements": (INFRA / "server-requirements.txt").read_text().strip()} | values
+    return re.sub(r"\$\{(\w+)\}", lambda m: str(values[m.group(1)]), template)
+

@@ -1,21 +1,19 @@
 """The job key on AWS (moto): `dorylus aws put-secret`, the read path of servers and Lambdas, and the
-server role's S3 policy enforced against the paths the code reads and writes."""
+server role's policy enforced against the paths the code reads and writes."""
 
 from __future__ import annotations
-
-import json
 
 import boto3
 import numpy as np
 import pytest
-import requests
 
-from dorylus_py.checkpoint import checkpoint_root, save_checkpoint
+from dorylus_py.checkpoint import checkpoint_root, load_checkpoint, save_checkpoint
 from dorylus_py.cli import main
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.jobkey import load_job_key
 from dorylus_py.partition import PartitionStore, prepare
 from dorylus_py.partition import s3 as s3store
+from dorylus_py.platforms.aws import deployed_memory_mb
 
 pytest.importorskip("hcl2")
 from tests.aws.terraform import render, statements  # noqa: E402
@@ -57,19 +55,18 @@ def test_key_errors_are_one_line_and_name_the_fix(moto_url, capsys):
     assert err.startswith("error: secret nope") and "Traceback" not in err
 
 
-def _enforce_iam(url: str, on: bool) -> None:
-    """moto checks every request against IAM from now on (or stops)."""
-    requests.post(f"{url}/moto-api/reset-auth", data=b"0" if on else b"inf", timeout=10).raise_for_status()
-
-
-def test_server_role_reads_datasets_and_writes_nothing(moto_url, small_graph, tmp_path, monkeypatch):
-    """The server policy from infra/iam.tf, rendered for bucket dorylus-data-x, enforced by moto on the real
-    code paths: graph servers can read their partitions; checkpoints, which the driver writes into its run
-    folder, are not in S3, and the role can write nowhere in the bucket."""
+def test_server_role_does_what_servers_and_driver_do_and_nothing_more(moto_aws, small_graph, tmp_path, monkeypatch):
+    """The server policy from infra/iam.tf, rendered for bucket dorylus-data-x, enforced on the real code
+    paths: graph servers read their partition; the driver on graph server 0 reads the function's
+    deployed memory (every --backend lambda start) and writes checkpoints under checkpoints/; the role
+    can write nothing else, the dataset and its old checkpoints/ folder included."""
     bucket = "dorylus-data-x"
     boto3.client("s3").create_bucket(Bucket=bucket)
     store = f"s3://{bucket}/datasets/mygraph"
     prepare(small_graph, store, 2)  # as the operator
+    role = boto3.client("iam").create_role(RoleName="dorylus-lambda", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    boto3.client("lambda").create_function(FunctionName="dorylus-tensor", Role=role, PackageType="Image", MemorySize=1769,
+                                           Code={"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/dorylus-lambda:v1"})
     iam = boto3.client("iam")
     iam.create_user(UserName="server")
     iam.put_user_policy(UserName="server", PolicyName="server", PolicyDocument=render(statements()["server"]))
@@ -78,20 +75,26 @@ def test_server_role_reads_datasets_and_writes_nothing(moto_url, small_graph, tm
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", creds["SecretAccessKey"])
     monkeypatch.setenv("DORYLUS_CACHE", str(tmp_path / "server-cache"))
     monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # it caches the credentials it first resolved
-    _enforce_iam(moto_url, True)
+    moto_aws.enforce(True)
     try:
         assert PartitionStore.open(store).load(1).num_local > 0  # graph servers read their partition
-        save_checkpoint(str(tmp_path / "run" / "checkpoints"), 3, {"W0": np.ones((2, 2), np.float32)})  # the driver
+        assert deployed_memory_mb("dorylus-tensor") == 1769  # the driver's start
+        run = f"s3://{bucket}/checkpoints/run1"
+        save_checkpoint(run, 3, {"W0": np.ones((2, 2), np.float32)})
+        assert int(load_checkpoint(run)["epoch"]) == 3
         with pytest.raises(DataError, match="AccessDenied"):  # cannot touch the dataset
             s3store.put_file(store, "manifest.json", _file(tmp_path))
-        for root in (checkpoint_root(store), f"s3://{bucket}/checkpoints"):  # nor write checkpoints anywhere in S3
+        for root in (checkpoint_root(store), f"s3://{bucket}/elsewhere"):  # nor write outside checkpoints/
             with pytest.raises(DataError, match="AccessDenied"):
                 save_checkpoint(root, 3, {"W0": np.ones(1, np.float32)})
     finally:
-        _enforce_iam(moto_url, False)
+        moto_aws.enforce(False)
+    denied = {(c.action, c.resource) for c in moto_aws.calls if not c.allowed}
+    assert denied == {("s3:PutObject", f"arn:aws:s3:::{bucket}/datasets/mygraph/manifest.json"),
+                      ("s3:PutObject", f"arn:aws:s3:::{bucket}/datasets/mygraph/checkpoints/epoch-000003.npz"),
+                      ("s3:PutObject", f"arn:aws:s3:::{bucket}/elsewhere/epoch-000003.npz")}
     keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"]}
-    assert not [k for k in keys if "checkpoints" in k]
-    assert json.loads(boto3.client("s3").get_object(Bucket=bucket, Key="datasets/mygraph/manifest.json")["Body"].read())
+    assert {k for k in keys if "checkpoints" in k} == {"checkpoints/run1/epoch-000003.npz", "checkpoints/run1/latest.json"}
 
 
 def _file(tmp_path):

@@ -65,10 +65,15 @@ def test_iam_is_least_privilege():
     for role in (lam, server):  # that one secret, read only
         assert role["ReadJobKey"]["actions"] == ["secretsmanager:GetSecretValue"]
         assert role["ReadJobKey"]["resources"] == ["${aws_secretsmanager_secret.job_key.arn}"]
-    assert server["InvokeTensorWorker"]["resources"] == ["${aws_lambda_function.tensor.arn}"]
+    for sid in ("InvokeTensorWorker", "ReadTensorWorkerMemory"):
+        assert server[sid]["resources"] == ["${aws_lambda_function.tensor.arn}"]
     assert all(r != "*" for s in st["server"] for r in s["resources"])
-    assert set(a for s in st["server"] for a in s["actions"]) == {"s3:ListBucket", "s3:GetObject", "lambda:InvokeFunction",
-                                                                  "secretsmanager:GetSecretValue"}  # no writes
+    assert set(a for s in st["server"] for a in s["actions"]) == {
+        "s3:ListBucket", "s3:GetObject", "s3:PutObject", "lambda:InvokeFunction", "lambda:GetFunctionConfiguration",
+        "secretsmanager:GetSecretValue"}
+    writes = [s for s in st["server"] if any(a != "s3:GetObject" and a.startswith("s3:") and "List" not in a
+                                             for a in s["actions"])]
+    assert [w["resources"] for w in writes] == [["${aws_s3_bucket.data.arn}/${var.checkpoint_prefix}/*"]]  # only there
     endpoint = _one(st["endpoint"])
     assert endpoint["actions"] == ["secretsmanager:GetSecretValue"]
     assert endpoint["resources"] == ["${aws_secretsmanager_secret.job_key.arn}"]
@@ -87,8 +92,11 @@ def test_nothing_secret_in_state_user_data_or_outputs():
         assert not out.get("sensitive"), f"output {name} is sensitive: outputs must hold nothing secret"
     template = (INFRA / "templates" / "server.sh.tftpl").read_text()
     user_data = resources[("aws_instance", "server")]["user_data"]
-    assert set(re.findall(r"\$\{(\w+)\}", template)) <= {"role", "rank", "package", "cluster_json", "region"}
-    assert "token" not in user_data and "key" not in user_data.replace("cluster_json", "")
+    assert set(re.findall(r"\$\{(\w+)\}", template)) <= {"role", "rank", "cluster_json", "region", "bucket", "wheel_key",
+                                                          "wheel_file", "wheel_sha256", "requirements"}
+    references = set(re.findall(r"\b(?:var|local|aws_\w+)\.[\w.]+", user_data))
+    assert references == {"local.cluster", "var.region", "aws_s3_bucket.data.bucket", "aws_s3_object.server_wheel.key",
+                          "var.server_wheel"}, references  # names and addresses only: no secret value, no token
     env = _one(resources[("aws_lambda_function", "tensor")]["environment"])["variables"]
     assert env == {"DORYLUS_KEY_SECRET": "${aws_secretsmanager_secret.job_key.arn}"}  # a name, not the key
     assert "key_secret" in (INFRA / "network.tf").read_text()  # the cluster file names it for the servers

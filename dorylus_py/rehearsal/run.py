@@ -1,0 +1,361 @@
+"""``dorylus aws rehearse``: docs/aws.md's steps, in its order, against AWS on loopback.
+
+A moto server enforces IAM (``moto_aws.py``). The operator's identity has the policy docs/aws.md tells
+users to attach (``infra/operator-policy.json``); Terraform applies infra/ unchanged with only the
+endpoint override (``terraform.py``). The servers start as their user data says (``servers.py``): the
+wheel fetched from the bucket through the instance role, checked against its hash and installed, the
+unit's ExecStart with the role's STS credentials, on the cluster file's addresses moved to loopback.
+The driver runs as the docs say, with ``--lambda-run-here`` (moto accepts invocations but runs no
+code). Two jobs on the same servers must give the per-epoch losses of ``--backend local``, then
+``terraform destroy`` must leave nothing. The Lambda image itself is proven in tests/aws/test_lambda_image.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from dorylus_py.errors import ConfigError, DorylusError
+from dorylus_py.rehearsal import audit
+from dorylus_py.rehearsal.moto_aws import ACCOUNT, MotoAws
+from dorylus_py.rehearsal.servers import Host, Supervisor, heredoc, loopback_cluster, wait_until
+from dorylus_py.rehearsal.terraform import INFRA, Terraform, find_tools
+
+REPO = INFRA.parent
+REGION = "us-east-1"
+IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/dorylus-lambda:v1"
+SOURCES = ("pyproject.toml", "README.md", "dorylus_py", "graph_servers", "lambda_functions")
+# The docs' training flags, changed for a short run whose losses equal --backend local's exactly.
+TRAINING = ["--lambdas", "2", "--mode", "sync", "--epochs", "{epochs}", "--chunks", "2", "--fuse", "on",
+            "--dropout", "0", "--quiet"]
+JOBS = 2  # two jobs on the same servers: each unit restarts its server after a job (Restart=always)
+# docs/aws.md's commands, in its order: the rehearsal runs each (and checks it ran them in this order);
+# tests/aws/test_docs.py holds the docs to this list. Steps of its own are named "(rehearsal) ...".
+STEPS = ("pip wheel --no-deps -w dist .", "terraform init", "terraform apply", "terraform output -json > tf.json",
+         "dorylus aws cluster-file", "dorylus aws put-secret", "dorylus prepare",
+         *("/opt/dorylus/bin/dorylus train", "/opt/dorylus/bin/dorylus report") * JOBS,
+         "aws s3api delete-objects", "terraform destroy")
+# docs/aws.md's commands it does not run, and why.
+NOT_REHEARSED = {
+    "REGION=": "a shell variable", "ACCOUNT=": "a shell variable", "REPO=": "a shell variable",
+    "BUCKET=": "a shell variable", "cd ": "a folder change", "dorylus aws rehearse": "the rehearsal itself",
+    "dorylus aws build-context": "the image's contents are installed and run in tests/aws/test_lambda_image.py",
+    "aws ecr": "no ECR here", "docker": "no container engine here",
+    "scp ": "the rehearsal writes the cluster file onto graph server 0's folder",
+}
+
+
+class Rehearsal:
+    # docs/aws.md's `terraform apply -var`s, with what stands in for the values it computes
+    VARIABLES = {"lambda_image_uri": IMAGE, "operator_cidr": "192.0.2.1/32", "server_wheel": "(the wheel)",
+                 "graph_server_count": "2", "graph_server_type": "c5n.2xlarge", "weight_server_count": "1"}
+
+    def __init__(self, work: Path, plugin_dir: str = "", epochs: int = 3, say=print):
+        self.work, self.epochs, self.say = work, epochs, say
+        self.terraform_bin, self.mirror = find_tools(plugin_dir)
+        try:
+            import moto.server  # noqa: F401
+        except ImportError:
+            raise ConfigError("the rehearsal needs moto's server: pip install 'moto[server]' (or '.[dev]')") from None
+        self.aws = MotoAws(tls_dir=work / "tls")
+        self.steps: list[tuple[str, float]] = []  # (what docs/aws.md says, seconds)
+        self.supervisors: list[Supervisor] = []
+        self.hosts: list[Host] = []
+        self.variables: dict[str, str] = {}
+        self.t0 = time.monotonic()
+
+    # --- the run ---------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.aws.start()
+        reference = None
+        try:
+            self.harness, self.operator = self._identities()
+            self.aws.enforce(True)
+            wheel = self._build_wheel()
+            before = audit.inventory(self.client)
+            with ThreadPoolExecutor(1) as terraform:  # Terraform mostly waits on AWS: make the data meanwhile
+                provisioned = terraform.submit(self._provision, wheel)
+                graph = self._synth()
+                reference = self._start_reference(graph)  # the same job on --backend local
+                tf, outputs = provisioned.result()
+            policies = audit.role_policies(self.client)
+            losses = self._operate(outputs, graph)
+            local = self._step("(rehearsal) the same configuration on --backend local", lambda: _losses(reference))
+            for job, got in enumerate(losses, 1):
+                if got != local:
+                    raise DorylusError(f"job {job}'s losses {got} differ from --backend local's {local}")
+            self._step("aws s3api delete-objects", lambda: self._empty_bucket(outputs["bucket"]["value"]))
+            self._step("terraform destroy", lambda: tf.destroy(self.variables))
+            left = audit.leftovers(before, audit.inventory(self.client))
+            if left:
+                raise DorylusError(f"terraform destroy left {', '.join(left)}")
+            findings = audit.check(self.aws.calls, policies, json.loads((INFRA / "operator-policy.json").read_text()))
+            ran = tuple(docs for docs, _ in self.steps if not docs.startswith("("))
+            if findings.problems or ran != STEPS:
+                raise DorylusError("; ".join(findings.problems) or f"ran {ran}, not docs/aws.md's {STEPS}")
+            return {"seconds": round(time.monotonic() - self.t0, 1), "steps": self.steps, "losses": local,
+                    "jobs": len(losses), "calls": len(self.aws.calls), "used": findings.used,
+                    "exits": {h.name: h.exits for h in self.hosts}}
+        finally:
+            audit.write_calls(self.aws.calls, self.work / "calls.jsonl")
+            self._stop_servers()
+            if reference is not None and reference[0].poll() is None:
+                reference[0].kill()
+                reference[0].wait(10)
+            self.aws.stop()
+
+    def _provision(self, wheel: Path) -> tuple[Terraform, dict]:
+        tf = Terraform(self.terraform_bin, self.work, self.aws.url, (self.operator["AWS_ACCESS_KEY_ID"],
+                       self.operator["AWS_SECRET_ACCESS_KEY"]), self.aws.ca_bundle, self.work / "terraform.log")
+        self.variables = self.VARIABLES | {"server_wheel": str(wheel)}
+        self._step("terraform init", lambda: tf.init(self.mirror))
+        self._step("terraform apply", lambda: tf.apply(self.variables))
+        outputs = self._step("terraform output -json > tf.json", tf.output)
+        (self.work / "tf.json").write_text(json.dumps(outputs))
+        self._as_operator("dorylus aws cluster-file", "aws", "cluster-file", "--terraform-output",
+                          self.work / "tf.json", "--out", self.work / "cluster.json")
+        return tf, outputs
+
+    def _operate(self, outputs: dict, graph: Path) -> list[list[float]]:
+        """The servers boot as soon as Terraform made them and wait for the job key; then the operator's
+        steps, the function's configuration, and the jobs on graph server 0."""
+        self.hosts = self._step("(rehearsal) the servers boot, before the job key is stored", lambda: self._boot(outputs))
+        wait_until(lambda: all(h.exits for h in self.hosts), 120, "each server's first start, which finds no job key")
+        self._as_operator("dorylus aws put-secret", "aws", "put-secret", "--secret-id", outputs["job_key_secret"]["value"])
+        dataset = f"{outputs['dataset_uri']['value']}/mygraph"
+        self._as_operator("dorylus prepare", "prepare", graph, "--partitions", "2", "--out", dataset)
+        function = self._check_function(outputs)
+        losses = [self._train(self.hosts, dataset, outputs["bucket"]["value"], f"aws{j + 1}", function)
+                  for j in range(JOBS)]
+        self._stop_servers()
+        return losses
+
+    def _step(self, docs: str, action):
+        start = time.monotonic()
+        result = action()
+        self.steps.append((docs, round(time.monotonic() - start, 1)))
+        self.say(f"[{time.monotonic() - self.t0:6.1f} s] {docs} ({time.monotonic() - start:.1f} s)")
+        return result
+
+    # --- identities --------------------------------------------------------------------------------
+
+    def _identities(self) -> tuple[dict, dict]:
+        """The harness (reads what it checks; allowed everything, left out of the audit) and the operator,
+        with infra/operator-policy.json: what docs/aws.md tells users to attach."""
+        import boto3
+
+        iam = boto3.client("iam", endpoint_url=self.aws.url, region_name=REGION, aws_access_key_id="testing",
+                           aws_secret_access_key="testing", verify=self.aws.ca_bundle)
+        envs = []
+        for user, policy in (("rehearsal-harness", {"Version": "2012-10-17", "Statement": [
+                {"Effect": "Allow", "Action": "*", "Resource": "*"}]}),
+                             ("operator", json.loads((INFRA / "operator-policy.json").read_text()))):
+            iam.create_user(UserName=user)
+            iam.put_user_policy(UserName=user, PolicyName=user, PolicyDocument=json.dumps(policy))
+            key = iam.create_access_key(UserName=user)["AccessKey"]
+            envs.append(self._env(key["AccessKeyId"], key["SecretAccessKey"]) | {"AWS_DEFAULT_REGION": REGION})
+        return envs[0], envs[1]
+
+    def _env(self, key_id: str, secret: str, token: str = "") -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DORYLUS_"))}
+        env |= {"AWS_ENDPOINT_URL": self.aws.url, "AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret,
+                "AWS_CA_BUNDLE": self.aws.ca_bundle, "AWS_EC2_METADATA_DISABLED": "true"}
+        return env | ({"AWS_SESSION_TOKEN": token} if token else {})
+
+    def client(self, service: str, env: dict | None = None, region: str = REGION):
+        """A boto3 client of the harness (or of the identity whose environment ``env`` is)."""
+        import boto3
+
+        env = env or self.harness
+        return boto3.client(service, endpoint_url=self.aws.url, region_name=region, verify=self.aws.ca_bundle,
+                            aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                            aws_session_token=env.get("AWS_SESSION_TOKEN"))
+
+    # --- the operator's steps ----------------------------------------------------------------------
+
+    def _build_wheel(self) -> Path:
+        """``pip wheel --no-deps -w dist .``, in a copy of the sources (setuptools leaves build/ behind)."""
+        src = self.work / "src"
+        src.mkdir()
+        for name in SOURCES:
+            if (REPO / name).is_dir():
+                shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(REPO / name, src / name)
+        self._step("pip wheel --no-deps -w dist .", lambda: _run(
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", "dist", "."],
+            src, os.environ | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}, self.work / "pip.log"))
+        return next((src / "dist").glob("dorylus_py-*.whl"))
+
+    def _synth(self) -> Path:
+        graph = self.work / "graph.npz"
+        _run([sys.executable, "-m", "dorylus_py", "synth", "--out", graph, "--nodes", "600", "--edges", "6000",
+              "--features", "16", "--classes", "4", "--seed", "3"], self.work, self._operator_env(), self.work / "synth.log")
+        return graph
+
+    def _operator_env(self) -> dict[str, str]:
+        return self.operator | {"PYTHONPATH": str(REPO), "DORYLUS_CACHE": str(self.work / "operator-cache")}
+
+    def _as_operator(self, docs: str, *args) -> None:
+        self._step(docs, lambda: _run([sys.executable, "-m", "dorylus_py", *args], self.work, self._operator_env(),
+                                      self.work / "operator.log"))
+
+    def _start_reference(self, graph: Path):
+        """The same job on ``--backend local``, from the same prepared partitions, run while Terraform works."""
+        env = {k: v for k, v in self._operator_env().items() if not k.startswith("AWS_")}
+        store = self.work / "local-store"
+        _run([sys.executable, "-m", "dorylus_py", "prepare", graph, "--partitions", "2", "--out", store], self.work, env,
+             self.work / "local.log")
+        args = [a.format(epochs=self.epochs) for a in TRAINING]
+        out = self.work / "local-run"
+        with open(self.work / "local.log", "ab") as log:  # the child keeps its own copy of the file
+            proc = subprocess.Popen([sys.executable, "-m", "dorylus_py", "train", "--backend", "local", "--data",
+                                     str(store), *args, "--out", str(out)], cwd=self.work, env=env, stdout=log, stderr=log)
+        return proc, out
+
+    def _check_function(self, outputs: dict) -> dict:
+        """The function as Terraform made it: the image, the job key's secret named (not held) in its
+        environment, its role, its memory, and no reserved concurrency unless asked."""
+        lam = self.client("lambda")
+        name = outputs["lambda_function"]["value"]
+        config = lam.get_function_configuration(FunctionName=name)
+        want = {"DORYLUS_KEY_SECRET": outputs["job_key_secret"]["value"]}
+        if config["Environment"]["Variables"] != want or not config["Role"].endswith(":role/dorylus-lambda"):
+            raise DorylusError(f"function {name}: environment {config['Environment']}, role {config['Role']}")
+        if "ReservedConcurrentExecutions" in lam.get_function_concurrency(FunctionName=name):
+            raise DorylusError(f"function {name}: reserved concurrency set though lambda_reserved_concurrency is null")
+        self._step("(rehearsal) the Lambda function as Terraform made it", lambda: None)
+        return config
+
+    def _empty_bucket(self, bucket: str) -> None:
+        """Every version and delete marker, as docs/aws.md's emptying command removes them (operator)."""
+        s3 = self.client("s3", self.operator)
+        listing = s3.list_object_versions(Bucket=bucket)
+        objects = [{"Key": v["Key"], "VersionId": v["VersionId"]}
+                   for v in listing.get("Versions", []) + listing.get("DeleteMarkers", [])]
+        if objects:
+            s3.delete_objects(Bucket=bucket, Delete={"Objects": objects})
+
+    # --- the servers -------------------------------------------------------------------------------
+
+    def _boot(self, outputs: dict) -> list[Host]:
+        """Each instance's user data, run as far as this machine can: the wheel through the role, checked
+        and installed; the files it writes; its unit under a supervisor, with the role's credentials."""
+        ec2 = self.client("ec2")
+        net = random.Random().randrange(2, 250)  # 127.net.0.x: two rehearsals at once do not collide
+        hosts = []
+        for reservation in ec2.describe_instances(Filters=[{"Name": "instance-state-name", "Values": ["running"]}])["Reservations"]:
+            for instance in reservation["Instances"]:
+                name = next(t["Value"] for t in instance["Tags"] if t["Key"] == "Name").removeprefix("dorylus-")
+                data = ec2.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
+                user_data = base64.b64decode(data["UserData"]["Value"]).decode()
+                hosts.append(Host(name, self.work / "hosts" / name, user_data, net))
+        if sorted(h.name for h in hosts) != ["graph-server-0", "graph-server-1", "weight-server-0"]:
+            raise DorylusError(f"instances: {[h.name for h in hosts]}")
+        role = self._instance_role()
+        install = self._install_wheel(hosts[0].user_data, outputs["bucket"]["value"], role)
+        for host in sorted(hosts, key=lambda h: h.name):
+            unit = host.boot()
+            host.path("/opt").mkdir(parents=True, exist_ok=True)
+            host.path("/opt/dorylus").symlink_to(install)  # the venv pip made, shared by the hosts here
+            env = host.environment(unit, os.environ, role | {"PYTHONPATH": str(install)})
+            self.supervisors.append(Supervisor(host, unit, host.command(unit), env, self.work / f"{host.name}.log").start())
+        return sorted(hosts, key=lambda h: h.name)
+
+    def _instance_role(self) -> dict[str, str]:
+        """The credentials EC2 hands an instance of the profile (STS AssumeRole, as EC2 itself: unchecked)."""
+        iam, sts = self.client("iam"), self.client("sts")
+        role = iam.get_instance_profile(InstanceProfileName="dorylus-server")["InstanceProfile"]["Roles"][0]["Arn"]
+        self.aws.enforce(False)
+        try:
+            creds = sts.assume_role(RoleArn=role, RoleSessionName="i-rehearsal")["Credentials"]
+        finally:
+            self.aws.enforce(True)
+        return self._env(creds["AccessKeyId"], creds["SecretAccessKey"], creds["SessionToken"])
+
+    def _install_wheel(self, user_data: str, bucket: str, role: dict[str, str]) -> Path:
+        """The boot script's ``aws s3 cp`` (through the role) and ``pip install --require-hashes`` of the
+        wheel line of its requirements (the locked dependencies are this environment's)."""
+        line = heredoc(user_data, "/opt/dorylus/requirements.txt").splitlines()[-1]
+        path, want = line.split(" --hash=sha256:")
+        key = next(w for w in user_data.split() if w.startswith(f"'s3://{bucket}/")).strip("'").split("/", 3)[3]
+        wheels = self.work / "opt" / "dorylus-wheels"
+        wheels.mkdir(parents=True)
+        s3 = self.client("s3", role)
+        local = wheels / Path(path).name
+        s3.download_file(bucket, key, str(local))
+        if hashlib.sha256(local.read_bytes()).hexdigest() != want:
+            raise DorylusError(f"s3://{bucket}/{key}: not the wheel whose hash the user data holds")
+        (wheels / "requirements.txt").write_text(f"{local} --hash=sha256:{want}\n")
+        install = self.work / "opt" / "dorylus"
+        _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--require-hashes", "--target", install,
+              "-r", wheels / "requirements.txt"], self.work, os.environ | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+             self.work / "pip.log")
+        return install
+
+    def _stop_servers(self) -> None:
+        for s in self.supervisors:
+            s.stop()
+        self.supervisors = []
+
+    # --- the jobs ----------------------------------------------------------------------------------
+
+    def _train(self, hosts: list[Host], dataset: str, bucket: str, name: str, function: dict) -> list[float]:
+        """docs/aws.md's train and report commands on graph server 0, as ec2-user with the instance role."""
+        driver = hosts[0]
+        home = driver.path("/home/ec2-user")
+        home.mkdir(parents=True, exist_ok=True)
+        cluster = json.loads((self.work / "cluster.json").read_text())
+        (home / "cluster.json").write_text(json.dumps(loopback_cluster(cluster, driver.net)))  # scp'd there
+        wait_until(lambda: all(s.running for s in self.supervisors), 60,
+                   f"every server running for {name} (its unit starts it again after a job)")
+        env = self.supervisors[0].env | {"HOME": str(home)}
+        env = {k: v for k, v in env.items() if k not in ("AWS_DEFAULT_REGION", "DORYLUS_CACHE")}  # an ssh session's
+        dorylus = str(driver.path("/opt/dorylus/bin/dorylus"))
+        args = [a.format(epochs=self.epochs) for a in TRAINING]
+        self._step("/opt/dorylus/bin/dorylus train", lambda: _run(
+            [dorylus, "train", "--backend", "lambda", "--cluster", "cluster.json", "--data", dataset, *args,
+             "--out", f"runs/{name}", "--checkpoint-dir", f"s3://{bucket}/checkpoints/{name}",
+             "--lambda-run-here", "--lambda-endpoint", self.aws.url], home, env, self.work / f"{name}.log"))
+        record = json.loads((home / "runs" / name / "config.json").read_text())
+        if record["lambda_memory_mb"] != function["MemorySize"]:
+            raise DorylusError(f"{name}: recorded {record['lambda_memory_mb']} MB, deployed {function['MemorySize']}")
+        found = {o["Key"] for o in self.client("s3").list_objects_v2(Bucket=bucket, Prefix=f"checkpoints/{name}/")
+                 .get("Contents", [])}
+        if f"checkpoints/{name}/latest.json" not in found:
+            raise DorylusError(f"{name}: no checkpoint in s3://{bucket}/checkpoints/{name}/ ({sorted(found)})")
+        self._step("/opt/dorylus/bin/dorylus report", lambda: _run(
+            [dorylus, "report", f"runs/{name}", "--as-instance", "c5n.2xlarge"], home, env, self.work / f"{name}.log"))
+        return _losses((None, home / "runs" / name))
+
+
+def _losses(run) -> list[float]:
+    proc, out = run
+    if proc is not None and proc.wait(timeout=600) != 0:
+        raise DorylusError(f"the --backend local run failed (exit {proc.returncode}); see {out.parent / 'local.log'}")
+    return [json.loads(line)["loss"] for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def _run(argv: list, cwd: Path, env: dict, log: Path, timeout_s: float = 600) -> None:
+    what = f"{Path(str(argv[0])).name} {' '.join(map(str, argv[1:3]))}"
+    with open(log, "ab") as out:
+        out.write(f"\n$ {' '.join(map(str, argv))}\n".encode())
+        out.flush()
+        try:
+            code = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, stdout=out, stderr=out, timeout=timeout_s,
+                                  check=False).returncode
+        except subprocess.TimeoutExpired:
+            raise DorylusError(f"{what}: still running after {timeout_s:.0f} s; see {log}") from None
+    if code:
+        raise DorylusError(f"{what} failed (exit {code}); see {log}")

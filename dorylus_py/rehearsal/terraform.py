@@ -1,0 +1,94 @@
+"""Terraform for the rehearsal: ``infra/`` as it is, copied into a work folder with one file added,
+``rehearsal_override.tf``, which gives the provider the operator's keys and points every endpoint at
+the moto server. Terraform merges an ``*_override.tf`` file into the configuration; nothing in infra/
+changes, and the override never lands there."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from dorylus_py.errors import ConfigError
+
+INFRA = Path(__file__).resolve().parents[2] / "infra"
+SERVICES = ("ec2", "iam", "lambda", "s3", "secretsmanager", "kms", "sts", "cloudwatchlogs", "ecr", "ssm")
+PROVIDER = Path("registry.terraform.io") / "hashicorp" / "aws"
+MIRRORS = ("/opt/tf-plugins", "/usr/local/share/terraform/plugins", "/usr/share/terraform/plugins")
+
+
+def override(url: str, access_key: str, secret_key: str, ca_bundle: str = "") -> str:
+    endpoints = "\n".join(f'    {s} = "{url}"' for s in SERVICES)
+    trust = f'\n  custom_ca_bundle            = "{ca_bundle}"' if ca_bundle else ""
+    return f"""provider "aws" {{
+  access_key                  = "{access_key}"
+  secret_key                  = "{secret_key}"{trust}
+  skip_credentials_validation = true
+  skip_requesting_account_id  = true
+  skip_metadata_api_check     = true
+  s3_use_path_style           = true
+  endpoints {{
+{endpoints}
+  }}
+}}
+"""
+
+
+def find_tools(plugin_dir: str = "") -> tuple[str, Path]:
+    """terraform's path and a folder holding ``registry.terraform.io/hashicorp/aws`` (a provider
+    mirror: ``plugin_dir``, ``$DORYLUS_TF_PLUGIN_DIR`` or a usual place); a one-line error naming what
+    is missing otherwise."""
+    terraform = os.environ.get("TERRAFORM") or shutil.which("terraform")
+    if not terraform:
+        raise ConfigError("the rehearsal needs terraform on PATH (or TERRAFORM=path): not found")
+    candidates = [plugin_dir] if plugin_dir else [os.environ.get("DORYLUS_TF_PLUGIN_DIR", ""), *MIRRORS,
+                                                  str(Path.home() / ".terraform.d" / "plugins")]
+    for folder in filter(None, candidates):
+        if any((Path(folder) / PROVIDER).glob("*/*/terraform-provider-aws*")):
+            return terraform, Path(folder)
+    raise ConfigError(f"the rehearsal needs a mirror of the hashicorp/aws provider ({PROVIDER}/VERSION/OS_ARCH/"
+                      f"terraform-provider-aws*) in --plugin-dir or DORYLUS_TF_PLUGIN_DIR; none in "
+                      f"{', '.join(filter(None, candidates))}")
+
+
+class Terraform:
+    """``infra/`` copied into ``work``, with the override; every command's output goes to ``log``."""
+
+    def __init__(self, terraform: str, work: Path, url: str, keys: tuple[str, str], ca_bundle: str, log: Path):
+        self.terraform, self.dir, self.log = terraform, work / "infra", log
+        shutil.copytree(INFRA, self.dir, ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*", "*.tfvars"))
+        (self.dir / "rehearsal_override.tf").write_text(override(url, *keys, ca_bundle))
+        (work / "terraformrc").write_text("")  # no user CLI configuration, no credentials helper
+        self.env = {**os.environ, "TF_CLI_CONFIG_FILE": str(work / "terraformrc"), "TF_IN_AUTOMATION": "1",
+                    "TF_INPUT": "0", "CHECKPOINT_DISABLE": "1"}
+        for name in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            self.env.pop(name, None)  # only the override's keys: the operator's
+
+    def run(self, *args: str, timeout_s: float = 300) -> str:
+        with open(self.log, "a") as log:
+            log.write(f"\n$ terraform {' '.join(args)}\n")
+            log.flush()
+            proc = subprocess.run([self.terraform, *args], cwd=self.dir, env=self.env, stdout=subprocess.PIPE,
+                                  stderr=log, text=True, timeout=timeout_s, check=False)
+            log.write(proc.stdout)
+        if proc.returncode:
+            raise ConfigError(f"terraform {args[0]} failed (exit {proc.returncode}); see {self.log}")
+        return proc.stdout
+
+    def init(self, plugin_dir: Path) -> None:
+        self.run("init", "-backend=false", f"-plugin-dir={plugin_dir}", "-no-color")
+
+    def apply(self, variables: dict[str, str]) -> None:
+        self.run("apply", "-auto-approve", "-no-color", *_vars(variables))
+
+    def output(self) -> dict:
+        return json.loads(self.run("output", "-json", "-no-color"))
+
+    def destroy(self, variables: dict[str, str]) -> None:
+        self.run("destroy", "-auto-approve", "-no-color", "-refresh=false", *_vars(variables))
+
+
+def _vars(variables: dict[str, str]) -> list[str]:
+    return [f"-var={k}={v}" for k, v in variables.items()]

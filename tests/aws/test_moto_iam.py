@@ -1,0 +1,116 @@
+"""The rehearsal's IAM: policy evaluation, moto enforcing it on the resource each request names, and the
+audit of recorded calls against the policies (dorylus_py/rehearsal/)."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from dorylus_py.errors import ConfigError
+from dorylus_py.rehearsal import audit
+from dorylus_py.rehearsal.iam import allowed, decision
+from dorylus_py.rehearsal.moto_aws import Call, MotoAws
+from dorylus_py.rehearsal.terraform import find_tools
+
+FN = "arn:aws:lambda:us-east-1:123456789012:function:"
+
+
+def doc(*statements) -> dict:
+    return {"Version": "2012-10-17", "Statement": list(statements)}
+
+
+def test_policy_evaluation_wildcards_conditions_and_deny():
+    p = doc({"Effect": "Allow", "Action": "S3:Get*", "Resource": "arn:aws:s3:::b/data/*"},
+            {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::b",
+             "Condition": {"StringLike": {"s3:prefix": "data/*"}}},
+            {"Effect": "Deny", "Action": "s3:*", "Resource": "arn:aws:s3:::b/data/secret",
+             "Condition": {"Bool": {"aws:SecureTransport": "false"}}})
+    assert allowed([p], "s3:GetObject", "arn:aws:s3:::b/data/x")  # actions fold case, resources do not
+    assert not allowed([p], "s3:GetObject", "arn:aws:s3:::b/Data/x")
+    assert allowed([p], "s3:ListBucket", "arn:aws:s3:::b", {"s3:prefix": "data/a"})
+    assert not allowed([p], "s3:ListBucket", "arn:aws:s3:::b", {"s3:prefix": "other/"})
+    assert not allowed([p], "s3:ListBucket", "arn:aws:s3:::b")  # a missing key fails the condition
+    assert decision([p], "s3:GetObject", "arn:aws:s3:::b/data/secret", {"aws:SecureTransport": "false"}) == "deny"
+    assert allowed([p], "s3:GetObject", "arn:aws:s3:::b/data/secret", {"aws:SecureTransport": "true"})
+    assert not allowed([doc({"Effect": "Allow", "Action": "kms:CreateKey", "Resource": "arn:aws:kms:*:*:key/*"})],
+                       "kms:CreateKey", "*")  # an action not scoped to resources needs "Resource": "*"
+    with pytest.raises(ValueError, match="NumericLessThan"):
+        allowed([doc({"Effect": "Allow", "Action": "*", "Resource": "*", "Condition": {"NumericLessThan": {"k": "1"}}})],
+                "s3:GetObject", "x", {"k": "0"})
+
+
+def test_moto_enforces_statements_scoped_to_one_function_and_checks_passrole(moto_aws, monkeypatch):
+    iam = boto3.client("iam")
+    roles = [iam.create_role(RoleName=n, AssumeRolePolicyDocument="{}")["Role"]["Arn"] for n in ("mine", "other")]
+    iam.create_user(UserName="u")
+    iam.put_user_policy(UserName="u", PolicyName="p", PolicyDocument=json.dumps(doc(
+        {"Effect": "Allow", "Action": ["lambda:CreateFunction", "lambda:GetFunctionConfiguration"],
+         "Resource": FN + "mine-*"},
+        {"Effect": "Allow", "Action": "iam:PassRole", "Resource": roles[0]})))
+    key = iam.create_access_key(UserName="u")["AccessKey"]
+    lam = boto3.client("lambda", aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"])
+    image = {"ImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/x:v1"}
+    moto_aws.enforce(True)
+    lam.create_function(FunctionName="mine-1", Role=roles[0], PackageType="Image", Code=image)
+    assert lam.get_function_configuration(FunctionName="mine-1")["FunctionName"] == "mine-1"
+    for name, role in (("theirs", roles[0]), ("mine-2", roles[1])):  # another function; another role to pass
+        with pytest.raises(ClientError, match="403|AccessDenied"):
+            lam.create_function(FunctionName=name, Role=role, PackageType="Image", Code=image)
+    denied = {(c.action, c.resource) for c in moto_aws.calls if not c.allowed}
+    assert denied == {("lambda:CreateFunction", FN + "theirs"), ("iam:PassRole", roles[1])}
+
+
+def test_audit_finds_denied_calls_unused_grants_and_a_stale_docs_table(tmp_path):
+    docs = tmp_path / "aws.md"
+    docs.write_text("## Permissions the rehearsal does not use\n\n| who | actions | why |\n| --- | --- | --- |\n"
+                    "| server | `s3:ListBucket` | reasons |\n| server | `s3:GetObject` (statement `Old`) | resume |\n")
+    server = doc({"Sid": "Read", "Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"], "Resource": "*"},
+                 {"Sid": "Old", "Effect": "Allow", "Action": ["s3:GetObject", "s3:DeleteObject"], "Resource": "arn:aws:s3:::b/old/*"})
+    role = "arn:aws:sts::123456789012:assumed-role/dorylus-server/i-1"
+    calls = [Call(role, "s3:GetObject", "arn:aws:s3:::b/data/x", True), Call(role, "s3:PutObject", "arn:aws:s3:::b/y", False),
+             Call("arn:aws:iam::123456789012:user/rehearsal-harness", "s3:DeleteBucket", "*", True)]
+    found = audit.check(calls, {"server": server, "lambda": doc()}, doc(), docs)
+    assert found.problems == ["server was denied s3:PutObject on arn:aws:s3:::b/y",
+                              "server may s3:DeleteObject (Old) but no step used it, and docs/aws.md does not say why"]
+    calls.append(Call(role, "s3:ListBucket", "arn:aws:s3:::b", True))
+    assert "docs/aws.md says the rehearsal does not use server's s3:ListBucket, but it did" in \
+        audit.check(calls, {"server": server, "lambda": doc()}, doc(), docs).problems
+
+
+def test_a_missing_terraform_or_provider_is_named_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("TERRAFORM", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigError, match="needs terraform on PATH"):
+        find_tools()
+    (tmp_path / "terraform").write_text("#!/bin/sh\n")
+    (tmp_path / "terraform").chmod(0o755)
+    with pytest.raises(ConfigError, match=r"needs a mirror of the hashicorp/aws provider .* none in " + str(tmp_path)):
+        find_tools(str(tmp_path))
+
+
+def test_the_bucket_policy_denies_plain_http_and_its_condition_holds_over_tls(tmp_path):
+    """moto's own bucket-policy check denies whenever a statement has a condition; here the condition is
+    evaluated: TLS-only holds over HTTPS, and refuses plain HTTP."""
+    import os
+
+    policy = json.dumps(doc({"Effect": "Deny", "Principal": "*", "Action": "s3:*", "Resource": ["arn:aws:s3:::tls-only", "arn:aws:s3:::tls-only/*"],
+                             "Condition": {"Bool": {"aws:SecureTransport": "false"}}}))
+    for tls, ok in ((tmp_path / "tls", True), (None, False)):
+        aws = MotoAws(tls_dir=tls)
+        aws.start()
+        try:
+            s3 = boto3.client("s3", endpoint_url=aws.url, region_name="us-east-1", aws_access_key_id="testing",
+                              aws_secret_access_key="testing", verify=aws.ca_bundle or None)
+            s3.create_bucket(Bucket="tls-only")
+            s3.put_bucket_policy(Bucket="tls-only", Policy=policy)
+            if ok:
+                s3.put_object(Bucket="tls-only", Key="k", Body=b"x")
+            else:
+                with pytest.raises(ClientError, match="403"):
+                    s3.put_object(Bucket="tls-only", Key="k", Body=b"x")
+        finally:
+            aws.stop()
+    assert os.path.exists(tmp_path / "tls" / "moto.pem")

@@ -1,0 +1,113 @@
+"""What a server runs, from its boot script (infra/templates/server.sh.tftpl): this project's wheel from
+the bucket and locked dependencies, every file's hash checked; the Lambda image's torch; its own user,
+sandboxed, started again after every exit."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("hcl2")
+from packaging.requirements import Requirement  # noqa: E402
+
+from dorylus_py.rehearsal.servers import Unit, heredoc  # noqa: E402
+from tests.aws.terraform import INFRA, blocks, user_data  # noqa: E402
+
+REPO = INFRA.parent
+SERVER = {"python_version": "3.11", "python_full_version": "3.11.0", "sys_platform": "linux",
+          "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+          "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+
+
+def _lock() -> dict[str, tuple[str, list[str]]]:
+    out = {}
+    for line in (INFRA / "server-requirements.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            pin, *hashes = line.split()
+            name, _, version = pin.partition("==")
+            out[name] = (version, [h.removeprefix("--hash=sha256:") for h in hashes])
+    return out
+
+
+def _dockerfile_pins() -> dict[str, str]:
+    text = (REPO / "lambda_functions" / "Dockerfile").read_text()
+    return {m.group(1).lower(): m.group(2) for m in re.finditer(r"\b([A-Za-z][\w.-]*)==([\w.+]+)", text)}
+
+
+def test_servers_install_this_projects_wheel_from_the_bucket_with_every_hash_checked():
+    script = user_data(wheel_sha256="ab" * 32)
+    assert "dorylus-py[" not in script and "dorylus-py==" not in script  # nothing by name from an index
+    assert "aws s3 cp --only-show-errors --region us-east-1 's3://dorylus-data-x/packages/dorylus_py-0.1.0-py3-none-any.whl' " \
+           "'/opt/dorylus/wheels/dorylus_py-0.1.0-py3-none-any.whl'" in script
+    requirements = heredoc(script, "/opt/dorylus/requirements.txt").splitlines()
+    assert requirements[-1] == f"/opt/dorylus/wheels/dorylus_py-0.1.0-py3-none-any.whl --hash=sha256:{'ab' * 32}"
+    assert all(re.fullmatch(r"\S+ --hash=sha256:[0-9a-f]{64}", r) for r in requirements if not r.startswith("#"))
+    pip = [line for line in script.splitlines() if "/opt/dorylus/bin/pip install" in line]
+    assert len(pip) == 1 and "--require-hashes" in pip[0] and "-r /opt/dorylus/requirements.txt" in script
+    # Terraform hands the template the uploaded object's key and the file's own hash
+    args = blocks("resource")[("aws_instance", "server")]["user_data"]
+    assert "wheel_sha256 = filesha256(var.server_wheel)" in args and "aws_s3_object.server_wheel.key" in args
+    wheel = blocks("resource")[("aws_s3_object", "server_wheel")]
+    assert wheel["source"] == "${var.server_wheel}" and wheel["kms_key_id"] == "${aws_kms_key.data.arn}"
+
+
+def test_servers_get_the_lambda_images_torch_and_pins():
+    lock, image = _lock(), _dockerfile_pins()
+    assert lock["torch"][0] == image["torch"] + "+cpu"  # the image installs from the CPU index
+    assert "download.pytorch.org/whl/cpu" in (REPO / "lambda_functions" / "Dockerfile").read_text()
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in user_data()
+    for name in set(image) & set(lock) - {"torch"}:
+        assert lock[name][0] == image[name], f"{name}: servers {lock[name][0]}, Lambda image {image[name]}"
+
+
+def test_the_lock_covers_every_dependency_of_the_wheel():
+    """pip --require-hashes refuses a dependency missing from the lock: the boot would stop. The
+    closure of pyproject's dependencies (and the aws extra), from the installed packages' metadata for
+    the servers' platform, must be exactly the lock, at the versions installed here."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    todo = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["aws"]]
+    need: dict[str, str] = {}
+    while todo:
+        req = todo.pop()
+        name = req.name.lower().replace("_", "-")
+        if name in need:
+            continue
+        need[name] = metadata.version(req.name)
+        for extra in [""] + sorted(req.extras):
+            for sub in metadata.requires(req.name) or []:
+                sub = Requirement(sub)
+                if sub.marker is None or sub.marker.evaluate(SERVER | {"extra": extra}):
+                    todo.append(sub)
+    lock = {n.replace("_", "-"): v for n, (v, _) in _lock().items()}
+    assert set(need) == set(lock), f"missing from the lock: {sorted(set(need) - set(lock))}; not needed: " \
+                                   f"{sorted(set(lock) - set(need))} (python infra/lock_server_requirements.py)"
+    assert {n: v for n, v in need.items() if lock[n] != v} == {}
+
+
+def test_servers_run_as_their_own_user_sandboxed_and_come_back_after_every_exit():
+    script = user_data("weight-server", 0)
+    unit = Unit.parse(heredoc(script, "/etc/systemd/system/dorylus.service"))
+    assert unit.exec_start == ["/opt/dorylus/bin/dorylus", "weight-server", "--cluster", "/etc/dorylus/cluster.json",
+                               "--rank", "0"]
+    assert unit.one("User") == "dorylus" and re.search(r"^useradd --system .*--home-dir /var/lib/dorylus .*dorylus$",
+                                                       script, re.M)
+    assert {k: unit.one(k) for k in ("NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp")} == {
+        "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes"}
+    writes = [unit.environment["HOME"], unit.environment["DORYLUS_CACHE"], unit.one("WorkingDirectory")]
+    for path in writes:  # everything the server writes is under a writable path; its code is not
+        assert any(Path(path).is_relative_to(w) for w in unit.writable), path
+    assert not any(Path("/opt/dorylus").is_relative_to(w) or Path(w).is_relative_to("/opt/dorylus") for w in unit.writable)
+    assert all(unit.restarts_after(code) for code in (0, 2, 3, 130))  # a finished job, a missing key, a crash
+    assert unit.one("Restart") == "always"
+
+
+def test_reserved_concurrency_is_unset_unless_asked():
+    """Reserving concurrency needs a quota of N + 100, which new accounts lack: apply would fail there."""
+    var = blocks("variable")[("lambda_reserved_concurrency",)]
+    assert var["default"] is None and "quota" in var["description"]
+    assert blocks("resource")[("aws_lambda_function", "tensor")]["reserved_concurrent_executions"] == \
+        "${var.lambda_reserved_concurrency}"
