@@ -412,6 +412,10 @@ def _add_train(sub, data) -> None:
                    help="a server whose serving loop has not turned for this long, or whose send to a peer has waited "
                         "this long, is hung: it exits and is restarted like a dead one, within --max-restarts "
                         f"(default {d.hang_timeout_s:.0f}; longer than any single step of the job)")
+    c.add_argument("--replace-timeout-s", type=float, default=d.replace_timeout_s,
+                   help="--cluster: when a server is lost, the others drop the job and the driver waits this long "
+                        "for every server to say hello again (the lost one restarted by its supervisor or systemd), "
+                        f"then resumes from the newest checkpoint, within --max-restarts (default {d.replace_timeout_s:.0f})")
     add_lambda_pool(p, d)
     g = p.add_argument_group("decentralised modes (--mode gossip | allreduce): Cluster-GCN batches on data-parallel workers")
     g.add_argument("--workers", type=int, default=d.workers, help=f"worker processes (default {d.workers}; under torchrun: its world size)")

@@ -15,7 +15,7 @@ from dorylus_py.errors import ConfigError, DorylusError
 
 # What --resume RUN_DIR lets change; the rest of the configuration is the record's.
 RESUME_OVERRIDES = ("epochs", "checkpoint_every", "target_acc", "max_restarts", "wait_timeout_s", "hang_timeout_s",
-                    "relaunch_min_s", "relaunch_factor")
+                    "replace_timeout_s", "relaunch_min_s", "relaunch_factor")
 
 
 def resume_args(args, given: set[str]) -> dict:

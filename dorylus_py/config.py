@@ -80,6 +80,7 @@ class TrainConfig:
     relaunch_factor: float = 3.0
     wait_timeout_s: float = 300.0  # any single wait (a peer, a task, the driver) gives up after this
     hang_timeout_s: float = 60.0  # distributed: a server whose loop stands still (or whose send waits) this long is hung
+    replace_timeout_s: float = 120.0  # --cluster: how long a restart waits for a lost server to come back
     checkpoint_every: int | None = None  # distributed: checkpoint every N epochs and at the end (None: 10; 0: never)
     checkpoint_dir: str = ""  # distributed: where checkpoints go, a folder or s3:// prefix ("": RUN_DIR/checkpoints)
     max_restarts: int = 3  # distributed: restart dead servers from the last checkpoint at most this often
@@ -187,6 +188,7 @@ class TrainConfig:
         at_least("--relaunch-factor", self.relaunch_factor, 1)
         above("--wait-timeout-s", self.wait_timeout_s, 0)
         above("--hang-timeout-s", self.hang_timeout_s, 0)
+        above("--replace-timeout-s", self.replace_timeout_s, 0)
 
     def check_lambdas(self) -> None:
         if self.lambdas != "auto":

@@ -26,6 +26,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -144,15 +145,24 @@ class DriverLink:
         self.procs.clear()
         self._forget_servers()
 
-    def stop(self) -> None:
-        if sum(self.rejections.counts.values()):
-            log.warning("driver refused messages: %s", self.rejections)
+    def release_servers(self) -> None:
+        """Tell every server of this start to drop the job (remote servers go on to wait for the next
+        start and say hello again) and forget them; messages still queued from them are dropped."""
+        self._stop_all()
+        self._forget_servers()
+
+    def _stop_all(self) -> None:
         for ident in self.identities.values():
             try:
                 self.router.send_multipart([ident, *self.session.encode(Message("stop"), self.senders[ident])],
                                            zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
+
+    def stop(self) -> None:
+        if sum(self.rejections.counts.values()):
+            log.warning("driver refused messages: %s", self.rejections)
+        self._stop_all()
         deadline = time.monotonic() + 10
         for proc, _ in self.procs.values():
             try:
@@ -164,9 +174,13 @@ class DriverLink:
                     proc.kill()
                 proc.wait(timeout=10)
         self.procs.clear()
-        # Ending the context waits (up to 2 s) until the stops still queued have left: a process that exits
-        # first loses them, and a server then waits out its 6 s of silence instead of serving the next job.
-        self.ctx.destroy(linger=2000)
+        # Ending the context waits (up to 2 s: the linger) until the stops still queued have left: a process
+        # that exits first loses them, and a server then waits out its 6 s of silence instead of serving the
+        # next job. term(), not destroy(): the ZAP handler's thread closes its own socket when told (ETERM).
+        self.router.close(2000)
+        ending = threading.Thread(target=self.ctx.term, name="driver-context", daemon=True)
+        ending.start()
+        ending.join(timeout=5)
 
     def _forget_servers(self) -> None:
         self.identities.clear()

@@ -8,11 +8,13 @@ them up into ``metrics.jsonl`` and ``tasks.jsonl``, keeps the best epoch's weigh
 version that ended that epoch, joined from the weight servers' row blocks (the weight servers keep
 epoch snapshots, so the checkpoint is consistent while training runs on). It is written to ``RUN_DIR/checkpoints`` and kept in memory.
 
-Recovery: when a server process dies or goes silent (:class:`ServerLost`, noticed within seconds), the
-driver kills the job's remaining servers, starts a new set and resumes from the last checkpoint,
-sending the weight servers its state; it gives up after ``--max-restarts`` restarts, or at once when a
-server stopped itself with an error (a restart would only repeat it) or in a ``--cluster`` job (the
-driver cannot start remote servers), with one line saying why.
+Recovery: when a server process dies, hangs or goes silent (:class:`ServerLost`, noticed within
+seconds), the driver kills the job's remaining servers, starts a new set and resumes from the last
+checkpoint, sending the weight servers its state. In a ``--cluster`` job it cannot start remote
+servers: it tells the others to drop the job (servers serve job after job, so each says hello again)
+and waits up to ``--replace-timeout-s`` for every rank, the lost one restarted by its supervisor or
+systemd. It gives up after ``--max-restarts`` restarts, or at once when a server stopped itself with an
+error (a restart would only repeat it), with one line saying why.
 """
 
 from __future__ import annotations
@@ -158,9 +160,6 @@ class _Run:
                 self.train(link)
                 return
             except ServerLost as e:
-                if self.cluster is not None:
-                    raise DorylusError(f"{e}; the job stops (start that server again, then resume from "
-                                       f"{self.checkpoint_dir})") from None
                 if e.deliberate or self.restarts >= self.cfg.max_restarts:
                     why = "" if e.deliberate else f" after {self.restarts} restarts (--max-restarts)"
                     raise DorylusError(f"{e}; the job stops{why}") from None
@@ -175,8 +174,17 @@ class _Run:
                 link.spawn(name, "dorylus_py.weights" if role == "weight-server" else "graph_servers", int(rank))
         link.expect(names)
         addresses: dict[str, str] = {}
+        # a --cluster restart waits for the lost server to come back (its supervisor, or systemd, starts it)
+        wait_s = self.cfg.replace_timeout_s if self.cluster is not None and self.restarts else self.cfg.wait_timeout_s
+        deadline = time.monotonic() + wait_s
         while len(addresses) < len(names):
-            name, msg = link.recv(self.cfg.wait_timeout_s)
+            try:
+                name, msg = link.recv(max(0.1, deadline - time.monotonic()))
+            except DorylusError:
+                missing = ", ".join(n for n in names if n not in addresses)
+                raise DorylusError(f"{missing} did not say hello within {wait_s:.0f} s" + (
+                    " (--replace-timeout-s: is each server run under a supervisor that restarts it?)"
+                    if self.cluster is not None and self.restarts else "")) from None
             if msg.op == "hello":
                 addresses[name] = msg["address"]
         first = self.first_epoch()
@@ -192,7 +200,13 @@ class _Run:
         self.spec = spec
 
     def restart(self, link: DriverLink, why: ServerLost) -> None:
-        link.kill_servers()
+        """Every server again from the newest checkpoint: those started here are killed and started anew;
+        a --cluster job's are told to drop the job (each then says hello for the next) and the lost one is
+        waited for, up to --replace-timeout-s, as its supervisor restarts it."""
+        if self.cluster is None:
+            link.kill_servers()
+        else:
+            link.release_servers()
         self.restarts += 1
         self.counts = {k: self.counts[k] + self.current[k] for k in self.counts}
         self.current = dict.fromkeys(self.counts, 0)
@@ -205,8 +219,9 @@ class _Run:
         self.bar.n = done
         self.bar.refresh()
         where = f"the checkpoint of epoch {done}" if done else "the start"
-        log.warning("%s; restarting every server from %s (restart %d of at most %d)", why, where, self.restarts,
-                    self.cfg.max_restarts)
+        how = "restarting every server" if self.cluster is None else \
+            f"waiting up to {self.cfg.replace_timeout_s:.0f} s for every server to say hello, to resume"
+        log.warning("%s; %s from %s (restart %d of at most %d)", why, how, where, self.restarts, self.cfg.max_restarts)
         self.last = time.perf_counter()
 
     # --- one start's epochs ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import logging
 import os
 
 from dorylus_py.errors import DorylusError
+from dorylus_py.protocol.messages import StaleMessage
 
 log = logging.getLogger("dorylus_py.cluster.node")
 STRICT_ENV = "DORYLUS_STRICT"  # "1": a bug met while handling a peer's message is fatal (tests), not logged and dropped
@@ -32,7 +33,9 @@ class Rejections:
     def add(self, kind: str, error: Exception) -> None:
         self.counts[kind] += 1
         n = self.counts[kind]
-        if n <= 5 or n % 1000 == 0:
+        if isinstance(error, StaleMessage):  # counted; expected at a start (hellos said before a driver listened)
+            log.debug("%s: %s message #%d refused: %s", self.who, kind, n, error)
+        elif n <= 5 or n % 1000 == 0:
             log.warning("%s: %s message #%d refused: %s", self.who, kind, n, error)
 
     def bug(self, op: str, sender: bytes, error: Exception) -> None:

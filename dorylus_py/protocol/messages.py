@@ -43,6 +43,11 @@ class AuthError(ProtocolError):
     cannot be trusted with even an error)."""
 
 
+class StaleMessage(AuthError):
+    """A signed message older than the session receiving it: a replay, or (expected, and not worth a
+    warning) a server's hello that waited in its queue while no driver was listening."""
+
+
 @dataclass
 class Message:
     op: str

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from dorylus_py.protocol.messages import AuthError
+from dorylus_py.protocol.messages import AuthError, StaleMessage
 
 WINDOW = 1024
 _MASK = (1 << WINDOW) - 1
@@ -60,7 +60,7 @@ class ReplayGuard:
             state = self.senders.get(sender)
             if state is None:
                 if ts_us <= self.floor:
-                    raise AuthError("message older than this session, or than what a sender forgotten for inactivity sent")
+                    raise StaleMessage("message older than this session, or than what a sender forgotten for inactivity sent")
                 self.senders[sender] = _Sender(seq, 1, ts_us, now)
                 if len(self.senders) > self.capacity:
                     self._forget(next(iter(self.senders)))

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from dorylus_py.cli import main
-from dorylus_py.cluster.node import SILENCE_S
+from dorylus_py.cluster.heartbeat import SILENCE_S
 from dorylus_py.cluster.spec import ClusterSpec
 from dorylus_py.data import write_npz
 from dorylus_py.errors import ConfigError, DorylusError
@@ -151,7 +151,7 @@ def test_keys_gen_and_curve_settings_in_the_cluster_file(tmp_path, capsys):
             ClusterSpec.load(path)
 
 
-def start_cluster_job(small_graph, tmp_path):
+def start_cluster_job(small_graph, tmp_path, flags=("--epochs", "100000", "--max-restarts", "0"), jobs: int = 1):
     """Servers from a cluster file and a driver, each its own process; returns them once an epoch is done."""
     write_npz(small_graph, tmp_path / "g.npz")
     assert main(["prepare", str(tmp_path / "g.npz"), "-k", "2", "--out", str(tmp_path / "parts")]) == 0
@@ -162,11 +162,12 @@ def start_cluster_job(small_graph, tmp_path):
     env = dict(os.environ, DORYLUS_KEY="ab" * 32)
     servers = {f"{role}-{rank}": subprocess.Popen(
         [sys.executable, "-m", "dorylus_py", role, "--cluster", str(tmp_path / "cluster.json"), "--rank", str(rank),
-         "--bind", "127.0.0.1", "--jobs", "1"], env=env, stderr=subprocess.PIPE, text=True)
+         "--bind", "127.0.0.1", "--jobs", str(jobs)], env=env, stderr=subprocess.PIPE, text=True)
         for role, rank in [("graph-server", 0), ("graph-server", 1), ("weight-server", 0)]}
     driver = subprocess.Popen([sys.executable, "-m", "dorylus_py", "train", "--data", str(tmp_path / "parts"), "--backend",
-                               "cpu", "--cluster", str(tmp_path / "cluster.json"), "--epochs", "100000", "--out",
-                               str(tmp_path / "run"), "--quiet"], env=env, stderr=subprocess.PIPE, text=True)
+                               "cpu", "--cluster", str(tmp_path / "cluster.json"), *flags, "--out",
+                               str(tmp_path / "run"), "--quiet"],  # by default a loss ends the job at once
+                              env=env, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size):
@@ -201,10 +202,37 @@ def test_the_driver_reports_a_dead_server_soon(small_graph, tmp_path):
         assert driver.returncode == 2, err[-2000:]
         last = [line.strip() for line in err.splitlines() if line.strip()][-1]
         assert last.startswith("error: graph-server-1 at tcp://127.0.0.1:"), last
-        assert f"has not been heard from for {SILENCE_S:.0f} s (presumed dead)" in last, last
+        assert f"has not been heard from for {SILENCE_S:.0f} s (presumed dead); the job stops after 0 restarts" in last, last
         for name in ("graph-server-0", "weight-server-0"):
             err = servers[name].communicate(timeout=60)[1]
             assert servers[name].returncode == 0 and "has not answered" not in err, (name, err[-2000:])
     finally:
         for p in [driver, *servers.values()]:
             p.kill()
+
+def test_a_lost_cluster_server_is_waited_for_and_the_job_resumes(small_graph, tmp_path, capsys):
+    """A --cluster job cannot start a remote server, but the server's supervisor (systemd) does: the
+    driver tells the others to drop the job, waits for every rank to say hello again, and resumes from
+    the newest checkpoint; the losses are those of an undisturbed run."""
+    driver, servers = start_cluster_job(small_graph, tmp_path, ["--epochs", "40", "--checkpoint-every", "1",
+                                                                "--replace-timeout-s", "60", "--dropout", "0"], jobs=2)
+    cluster = tmp_path / "cluster.json"
+    env = dict(os.environ, DORYLUS_KEY="ab" * 32)
+    try:
+        servers["graph-server-1"].kill()  # its supervisor starts it again
+        servers["graph-server-1"].wait(timeout=30)
+        servers["graph-server-1"] = subprocess.Popen(
+            [sys.executable, "-m", "dorylus_py", "graph-server", "--cluster", str(cluster), "--rank", "1",
+             "--bind", "127.0.0.1", "--jobs", "1"], env=env, stderr=subprocess.PIPE, text=True)
+        err = driver.communicate(timeout=300)[1]
+        assert driver.returncode == 0, err[-3000:]
+        assert "graph-server-1" in err and "waiting up to 60 s for every server to say hello, to resume" in err
+    finally:
+        for p in [driver, *servers.values()]:
+            p.kill()
+    resumed = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert main(["train", "--data", str(tmp_path / "parts"), "--backend", "cpu", "--epochs", "40", "--dropout", "0",
+                 "--out", str(tmp_path / "straight"), "--quiet"]) == 0
+    straight = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in resumed] == list(range(1, 41))
+    np.testing.assert_allclose([r["loss"] for r in resumed], [r["loss"] for r in straight], rtol=1e-5)

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from dorylus_py.cluster.node import REJECTED
+from dorylus_py.cluster.rejections import REJECTED
 from dorylus_py.protocol import Message, ProtocolError
 
 log = logging.getLogger(__name__)

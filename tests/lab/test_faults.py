@@ -19,10 +19,6 @@ from dorylus_py.lab.shaping import Link
 from tests.lab.conftest import JOB, MAX_FDS, MAX_MB, losses
 
 pytestmark = pytest.mark.lab
-REPLACE = ("needs servers that serve job after job and a driver that, when a --cluster server is lost, waits "
-           "--replace-timeout-s for that rank to come back and resumes from the newest checkpoint (cluster/node.py, "
-           "launcher.py: the lead's change)")
-
 
 def after_first_epoch(lab: LabCluster, run: Path, job: subprocess.Popen, timeout_s: float = 300) -> None:
     """Wait until the job has recorded an epoch (a fault then lands mid-job)."""
@@ -109,7 +105,6 @@ def lost_and_back(lab_data, one_machine, tmp_path, fault) -> None:
     assert bounded(peaks), peaks
 
 
-@pytest.mark.xfail(strict=True, reason=REPLACE)
 def test_a_graph_servers_cable_pulled_for_10_s(lab_data, one_machine, tmp_path):
     """Longer than the 6 s after which a silent server is presumed dead (and the server exits, and its
     supervisor starts it again): the driver must wait for rank 0 to say hello again and resume."""
@@ -121,7 +116,6 @@ def test_a_graph_servers_cable_pulled_for_10_s(lab_data, one_machine, tmp_path):
     lost_and_back(lab_data, one_machine, tmp_path, pull)
 
 
-@pytest.mark.xfail(strict=True, reason=REPLACE)
 def test_a_graph_servers_host_killed_whole_and_booted_again(lab_data, one_machine, tmp_path):
     """Every process on host b (the supervisor, graph server 0, whatever it started) killed at once; the
     machine boots again and its supervisor starts graph server 0, which says hello to the driver."""
