@@ -44,7 +44,7 @@ def single_process(model: str, data: str, epochs: int, threads: int) -> dict[str
     from torch_geometric.nn import GATConv, SAGEConv
 
     from dorylus_py.cli import build_parser
-    from dorylus_py.config import TrainConfig
+    from dorylus_py.config import SECTION_OF, TrainConfig
     from dorylus_py.data import load_graph
     from dorylus_py.training import train_reference
 
@@ -70,7 +70,7 @@ def single_process(model: str, data: str, epochs: int, threads: int) -> dict[str
 
     opt = torch.optim.Adam(convs.parameters(), lr=0.005)
     flags = vars(build_parser().parse_args(["train", *SETTINGS[model]]))
-    cfg = TrainConfig(**{k: v for k, v in flags.items() if k in TrainConfig.__dataclass_fields__}
+    cfg = TrainConfig(**{k: v for k, v in flags.items() if k in SECTION_OF}
                       | dict(epochs=1, threads=threads, feature_norm="none"))
     times: dict[str, list[float]] = {"pyg": [], "reference": []}
     for epoch in range(epochs):

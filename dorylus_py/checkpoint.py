@@ -24,20 +24,16 @@ from pathlib import Path
 
 import numpy as np
 
+from dorylus_py import s3
 from dorylus_py.atomic import atomic_file
 from dorylus_py.checksum import sha256_file
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.jsonfile import read_json
-from dorylus_py.partition import s3
 
 log = logging.getLogger(__name__)
 LATEST = "latest.json"
 NAME = re.compile(r"epoch-\d{6}\.npz")
 KEEP = 4  # checkpoints latest.json lists (the newest and those before it, to fall back on)
-
-
-def checkpoint_root(store: str) -> str:
-    return f"{str(store).rstrip('/')}/checkpoints"
 
 
 def checkpoint_name(epoch: int) -> str:
@@ -52,19 +48,6 @@ def fingerprint(manifest: dict, model: str, widths: list[int]) -> dict:
                                             "partitions", "parts")}
     store = hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
     return {"store": store, "model": model, "widths": [int(w) for w in widths], "partitions": int(manifest["partitions"])}
-
-
-def refuse_to_delete_checkpoints(store) -> None:
-    """Raise if replacing ``store`` would delete checkpoints: the weights of training runs, which
-    re-partitioning cannot bring back."""
-    root = checkpoint_root(str(store))
-    if s3.is_s3(root):
-        found = s3.count_objects(root)
-    else:
-        found = sum(1 for p in Path(root).rglob("*") if p.is_file()) if Path(root).is_dir() else 0
-    if found:
-        raise DataError(f"{root}: holds {found} checkpoint files that --overwrite would delete; move them away first, "
-                        "or pass --delete-checkpoints as well")
 
 
 def save_checkpoint(root: str, epoch: int, arrays: dict[str, np.ndarray], job: dict | None = None) -> str:

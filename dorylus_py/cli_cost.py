@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dorylus_py.cli import command
-from dorylus_py.cli_lambdas import count_or_auto
+from dorylus_py.cli_parser import command
 from dorylus_py.config import at_least
+from dorylus_py.settings import count_or_auto
 from dorylus_py.errors import DorylusError
 
 
@@ -143,7 +143,9 @@ ESTIMATE_COLUMNS = [
 
 
 def _run_cost_estimate(args) -> int:
-    from dorylus_py.cost.estimate import Calibration, Setup, Workload, chunks_for, search
+    from dorylus_py.config import TrainConfig
+    from dorylus_py.cost.estimate import Calibration, Setup, Workload, search
+    from dorylus_py.plan import plan
     from dorylus_py.cost.model import Prices
     from dorylus_py.cost.report import text_table
 
@@ -161,7 +163,7 @@ def _run_cost_estimate(args) -> int:
             if manifest.get("partitions") == args.graph_servers and args.edge_cut is None:  # it counted its ghosts
                 known_ghosts = (args.graph_servers, sum(p["ghosts"] for p in manifest["parts"]) / args.graph_servers)
         else:
-            from dorylus_py.data import load_graph
+            from dorylus_py.partition import load_dataset as load_graph
 
             s = load_graph(args.data).summary()
         counts = {k: s[k] for k in ("nodes", "edges", "features", "classes")}
@@ -177,9 +179,11 @@ def _run_cost_estimate(args) -> int:
         at_least(f"--{name.replace('_', '-')}", value, 1)
     if args.edge_cut is not None and not 0.0 <= args.edge_cut <= 1.0:
         raise DorylusError(f"--edge-cut must be a fraction between 0 and 1, not {args.edge_cut}")
-    chunks = chunks_for(args.chunks, args.backend, args.graph_servers, args.lambdas, counts["nodes"])
-    at_least("--chunks", chunks, 1)
-    dims = [counts["features"]] + [args.hidden] * (args.layers - 1) + [counts["classes"]]
+    settings = TrainConfig(backend=args.backend, graph_servers=args.graph_servers, lambdas=args.lambdas,
+                           chunks=args.chunks, layers=args.layers, hidden=args.hidden)
+    settings.pipeline.check()
+    run = plan(settings, counts["features"], counts["classes"], counts["nodes"])
+    chunks, dims = run.config.chunks, run.widths
     work = Workload(counts["nodes"], counts["edges"], dims, args.edge_cut, known_ghosts)
     cal = (Calibration.from_record(args.calibration, args.calibration_instance) if args.calibration
            else Calibration.default())

@@ -1,6 +1,7 @@
-"""How `dorylus train` turns its flags into a run: --resume RUN_DIR (the record's configuration, its
-checkpoints), --cluster (server counts from the file), the deployed Lambda's memory, and the partition
-store a distributed run reads (the data itself, or a copy in the record that --no-data-copy drops).
+"""`dorylus train`: its flags (generated from the settings sections, ``config.py``), and how they become a
+run: --resume RUN_DIR (the record's configuration, its checkpoints), --cluster (server counts from the
+file), the deployed Lambda's memory, the run plan, and the partition store a distributed run reads (the
+data itself, or a copy in the record that --no-data-copy drops).
 
 Only the standard library is imported at the top, like the CLI's: the parser stays fast.
 """
@@ -8,10 +9,12 @@ Only the standard library is imported at the top, like the CLI's: the parser sta
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
+from dorylus_py.cli_data import DATA_FORMATS, check_partitioner, config_from_args, sources_of
+from dorylus_py.cli_parser import command
 from dorylus_py.errors import ConfigError, DorylusError
-
 
 # What --resume RUN_DIR lets change; the rest of the configuration is the record's.
 RESUME_OVERRIDES = ("epochs", "checkpoint_every", "target_acc", "max_restarts", "wait_timeout_s", "hang_timeout_s",
@@ -21,7 +24,7 @@ RESUME_OVERRIDES = ("epochs", "checkpoint_every", "target_acc", "max_restarts", 
 def resume_args(args, given: set[str]) -> dict:
     """``--resume RUN_DIR``: the run's flags and data from RUN_DIR/config.json (but RESUME_OVERRIDES given
     now) and --out RUN_DIR. Returns the recorded configuration."""
-    from dorylus_py.config import DECENTRAL_MODES, TrainConfig
+    from dorylus_py.config import DECENTRAL_MODES, SECTION_OF, TrainConfig
     from dorylus_py.jsonfile import read_json
 
     run_dir = Path(args.resume_dir)
@@ -33,11 +36,12 @@ def resume_args(args, given: set[str]) -> dict:
     if fixed:
         raise ConfigError(f"--{fixed[0].replace('_', '-')}: --resume {run_dir} continues the run as configured in its "
                           f"config.json; only {', '.join('--' + k.replace('_', '-') for k in RESUME_OVERRIDES)} may change")
-    for name in [*TrainConfig.__dataclass_fields__, *old.get("sources", {})]:
+    recorded = TrainConfig.from_dict({k: v for k, v in old.items() if k in SECTION_OF})  # checked, typed
+    for name in [*SECTION_OF, *old.get("sources", {})]:
         if name in old.get("sources", {}):
             setattr(args, name, old["sources"][name])
         elif name in old and name not in given:
-            setattr(args, name, old[name])
+            setattr(args, name, getattr(recorded, name))
     args.out, args.resume, args.cluster = str(run_dir), True, old.get("cluster")
     if "no_data_copy" not in given:
         args.no_data_copy = old.get("no_data_copy", False)
@@ -161,6 +165,152 @@ def is_prepared_store(data: str | None) -> bool:
 
 
 def is_s3(path: str) -> bool:
-    from dorylus_py.partition import s3
+    from dorylus_py import s3
 
     return s3.is_s3(path)
+
+
+TRAIN_GROUPS = {  # the settings sections of TrainConfig, as --help groups them
+    "run": "what to train on, and how long",
+    "gnn": "model and optimiser",
+    "pipeline": "distributed backends (local, lambda, cpu, gpu)",
+    "pool": "Lambda pool (--backend local or lambda)",
+    "aws": "AWS Lambda (--backend lambda; docs/aws.md)",
+    "recovery": "timeouts, checkpoints and restarts (distributed backends)",
+    "gossip": "decentralised modes (--mode gossip | allreduce): Cluster-GCN batches on data-parallel workers",
+}
+
+
+def add_train(sub, data) -> None:
+    from dorylus_py.config import SECTIONS
+    from dorylus_py.settings import add_flags
+
+    p = command(
+        sub,
+        "train",
+        "train a GNN (GCN, GAT or GraphSAGE) and write a run record (config.json, metrics.jsonl, summary.json, weights)",
+        [data],
+        DATA_FORMATS + "\nWithout --data, a graph is generated with `dorylus synth`'s defaults.\n",
+    )
+    p.add_argument("--out", metavar="RUN_DIR", help="run record folder (default runs/DATE-TIME-BACKEND)")
+    p.add_argument("--overwrite", action="store_true", help="replace RUN_DIR if it holds a run record")
+    p.add_argument("--no-data-copy", action="store_true",
+                   help="keep no copy of the data in RUN_DIR: the partitions a distributed run makes when --data is "
+                        "not a prepared store of K parts (RUN_DIR/partitions), gossip's graph.npz and clusters.npy, "
+                        "are deleted when the run ends (so is its --resume point; pass a `dorylus prepare` store as "
+                        "--data to keep both out of the record)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    groups = {name: p.add_argument_group(title) for name, title in TRAIN_GROUPS.items()}
+    for name, section in SECTIONS.items():
+        add_flags(groups[name], section)
+    groups["pipeline"].add_argument("--no-fuse", dest="fuse", action="store_const", const="off",
+                                    help="the same as --fuse off")
+    groups["pipeline"].add_argument("--cluster", metavar="FILE", help="multi-machine: the servers in this cluster file "
+                                    "are started by hand (`dorylus graph-server`/`weight-server`); --data must be a "
+                                    "prepared folder they can read")
+    groups["recovery"].add_argument(
+        "--resume", dest="resume_dir", metavar="RUN_DIR",
+        help="continue the distributed run recorded in RUN_DIR (interrupted, failed, or to go on to more --epochs) "
+             "from its newest checkpoint, in that record and with its configuration; only "
+             + ", ".join("--" + k.replace("_", "-") for k in RESUME_OVERRIDES) + " may change")
+    p.set_defaults(run=_run_train)
+
+
+def _run_train(args) -> int:
+    from dorylus_py.config import DECENTRAL_MODES, TrainConfig
+    from dorylus_py.plan import plan
+    from dorylus_py.settings import AUTO
+    from dorylus_py.data import SynthConfig, generate
+    from dorylus_py.partition import load_dataset as load_graph
+    from dorylus_py.progress import status
+    from dorylus_py.training import RunRecord, train_reference
+    from dorylus_py.training.reference import feature_norm_for, resolve_feature_norm
+
+    given = args.given
+    resumed = resume_args(args, given) if args.resume_dir else None
+    cfg = config_from_args(TrainConfig, args)
+    distributed = cfg.backend != "reference" and cfg.mode not in DECENTRAL_MODES
+    cluster = None
+    if args.cluster:
+        cfg, cluster = with_cluster(cfg, args.cluster, given)
+    elif distributed and "graph_servers" not in given and is_prepared_store(cfg.data):
+        from dorylus_py.partition import PartitionStore
+
+        cfg = dataclasses.replace(cfg, graph_servers=PartitionStore.open(cfg.data).num_parts)
+    cfg.check()
+    check_partitioner(cfg.partitioner)
+    if cfg.backend == "lambda" and cluster is None and not cfg.lambda_run_here:
+        raise DorylusError("--backend lambda needs --cluster FILE: Lambdas must reach the graph and weight servers at "
+                           "addresses in that file (or --lambda-run-here, for tests against moto)")
+    if cfg.backend == "lambda":
+        cfg = with_deployed_memory(cfg, given)
+    run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode if cfg.mode in DECENTRAL_MODES else cfg.backend}")
+    checkpoints = checkpoints_of(cfg, run_dir)
+    store, copy = (store_for(cfg, run_dir, reuse=resumed is not None) if distributed
+                   else (None, cfg.mode in DECENTRAL_MODES))  # copy: the run writes the data into its record
+    done = (checkpoint_epoch(cfg, checkpoints, None if copy else store) if resumed is not None
+            else None)  # before any write
+    graph = None
+    if distributed and not copy:  # the graph servers read the store; the driver needs only its manifest
+        from dorylus_py.partition import PartitionStore
+
+        manifest = PartitionStore.open(store).manifest
+        summary, source = manifest["summary"], cfg.data
+        norm = feature_norm_for(cfg.feature_norm, manifest["features_nonnegative"], store)
+    elif cfg.data is None:
+        synth = SynthConfig()
+        status(f"no --data: generating a graph ({synth.nodes:,} vertices, {synth.edges:,} edges, seed {synth.seed})")
+        graph = generate(synth)
+    else:
+        status(f"loading {cfg.data}")
+        graph = load_graph(cfg.data, sources_of(args))
+    if graph is not None:
+        summary, source, norm = graph.summary(), graph.source, resolve_feature_norm(cfg, graph)
+    if args.overwrite and cfg.data and not is_s3(cfg.data) and Path(cfg.data).resolve().is_relative_to(run_dir.resolve()):
+        raise ConfigError(f"--data {cfg.data} lies inside {run_dir}, which --overwrite would delete")
+    if distributed and cfg.chunks is AUTO:  # the record keeps the count the run used: the run plan's
+        cfg = plan(cfg, summary["features"], summary["classes"], summary["nodes"]).config
+        status(f"--chunks auto: {cfg.chunks} a graph server ({cfg.mode}, {cfg.backend}"
+               f"{', --lambdas ' + str(cfg.lambdas) if cfg.backend in ('local', 'lambda') else ''})")
+    config = cfg.to_dict() | {"feature_norm": norm, "graph": summary, "graph_source": source,
+                              "sources": dataclasses.asdict(sources_of(args)), "cluster": args.cluster,
+                              "no_data_copy": args.no_data_copy, "store": None if copy and args.no_data_copy else store}
+    if resumed is not None:  # the record's configuration, with what may change and when it was resumed
+        config = resumed | {k: config[k] for k in RESUME_OVERRIDES} | {
+            "resumed_after": [*resumed.get("resumed_after", []), done]}
+    try:
+        if cfg.mode in DECENTRAL_MODES:
+            from dorylus_py.decentral.launcher import train_decentral
+
+            result = train_decentral(cfg, graph, run_dir, config, args.overwrite, show_progress=not args.quiet)
+            if result is None:  # a torchrun rank that did not write the record (the lowest live rank does)
+                return 0
+            s = result.summary
+            lost = s["worker_deaths"]
+            print(f"{s['batches_trained']} batches trained by {s['workers']} workers ({s['batches_per_worker']} by "
+                  f"rank), {s['gossip_rounds']} gossip exchanges" + (f"; lost worker(s) {lost}: the job finished with "
+                                                                   f"{s['workers_at_end']} workers" if lost else ""))
+        elif cfg.backend == "reference":
+            record = RunRecord(run_dir, config, overwrite=args.overwrite)
+            s = train_reference(graph, cfg, record, show_progress=not args.quiet).summary
+        else:
+            from dorylus_py.cluster.launcher import train_distributed
+
+            record = RunRecord(run_dir, config, overwrite=args.overwrite, continue_after=done)
+            status(last_layer_note(cfg))
+            if copy:
+                partition_into(cfg, graph, Path(store))
+            result = train_distributed(cfg, store, record, norm, show_progress=not args.quiet, cluster=cluster,
+                                       resume_from=checkpoints if resumed is not None else None,
+                                       checkpoint_dir=checkpoints)
+            s = record.summary or result.summary
+    finally:
+        if args.no_data_copy and copy:
+            drop_data_copy(run_dir)
+    print(
+        f"best validation accuracy {s['best_val_acc']:.4f} at epoch {s['best_epoch']}, "
+        f"test accuracy there {s['test_acc_at_best_val']:.4f}; final loss {s['final_loss']:.4f}; "
+        f"{s['epochs']} epochs in {s['wall_s']:.1f} s (median {1000 * s['median_epoch_s']:.1f} ms/epoch); "
+        f"run record in {run_dir}"
+    )
+    return 0

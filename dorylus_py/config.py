@@ -1,12 +1,23 @@
-"""Typed configurations: a training run's (passed everywhere and saved as ``config.json``) and
-`dorylus synth`'s. Only the standard library is imported here, so the CLI parses flags (and answers
-``--help``) without loading numpy or torch."""
+"""Typed settings: a training run's (in sections, passed everywhere and saved in the run record) and
+`dorylus synth`'s. Each field is declared once, with its default and help (``settings.py``), and the
+CLI's flags are generated from it. Only the standard library is imported here, so the CLI parses flags
+(and answers ``--help``) without loading numpy or torch.
+
+A :class:`TrainConfig` is made of sections, each checking its own values: :class:`RunSettings` (data,
+epochs, seed), :class:`ModelSettings`, :class:`PipelineSettings` (backend, servers, chunks, modes),
+:class:`PoolSettings` (the Lambda pool and its emulation), :class:`AwsSettings`,
+:class:`RecoverySettings` (timeouts, checkpoints, restarts) and :class:`GossipSettings`; the checks that
+relate sections are :meth:`TrainConfig.check`'s. Field names are unique across sections: a
+``TrainConfig`` is made from them flat (``TrainConfig(epochs=4, chunks=2)``), reads them flat
+(``cfg.hidden``) or by section (``cfg.gnn.hidden``), and writes them flat (:meth:`TrainConfig.to_dict`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 
 from dorylus_py.errors import ConfigError
+from dorylus_py.settings import AUTO, Auto, Section, fits, section, setting
 
 BACKENDS = ("reference", "local", "lambda", "cpu", "gpu")
 MODES = ("sync", "async", "gossip", "allreduce")
@@ -14,6 +25,10 @@ DECENTRAL_MODES = ("gossip", "allreduce")  # data-parallel Cluster-GCN workers (
 FEATURE_NORMS = ("auto", "row", "none")
 MODELS = ("gcn", "gat", "sage")  # dorylus_py/models/spec.py describes each
 FUSE_CHOICES = ("auto", "on", "off")  # GCN's fused last layer; auto: where tensor tasks are Lambda invocations
+LAMBDA_BACKENDS = ("local", "lambda")  # tensor tasks in Lambda containers (emulated, or AWS's)
+INPROC_BACKENDS = ("cpu", "gpu")  # tensor tasks in the graph servers' own threads
+AUTO_CHUNK_ROWS = 150_000  # --chunks auto: at most this many rows a chunk (a tensor task's memory grows with them)
+ASYNC_CHUNKS = 4  # --chunks auto in async mode, or on an autotuned pool: chunks a server pipelines at least
 
 
 def at_least(flag: str, value: float, low: float) -> None:
@@ -26,78 +41,52 @@ def above(flag: str, value: float, low: float) -> None:
         raise ConfigError(f"{flag} must be > {low}, got {value}")
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    data: str | None = None  # dataset path; None = a generated graph (see `dorylus synth`)
-    backend: str = "reference"  # where the work runs; `reference` is the single-process oracle
-    model: str = "gcn"  # gcn (Kipf & Welling) | gat (Veličković et al.) | sage (GraphSAGE, mean aggregator)
-    layers: int = 2  # layers (Gather + ApplyVertex each)
-    hidden: int = 16  # width of every hidden layer (GAT: of each head)
-    dropout: float = 0.5  # on each layer's input, as in Kipf & Welling
-    heads: int = 8  # GAT: attention heads of the hidden layers (concatenated)
-    out_heads: int = 1  # GAT: heads of the last layer (averaged)
-    attn_dropout: float | None = None  # GAT: dropout on attention coefficients (None: the same as `dropout`)
-    negative_slope: float = 0.2  # GAT: LeakyReLU slope of the attention scores
-    weight_decay: float = 5e-4  # L2 on the first layer only (the paper's choice)
-    lr: float = 0.01  # Adam learning rate
-    epochs: int = 200
-    seed: int = 0  # weights init and dropout
-    feature_norm: str = "auto"  # `row`: rows scaled to sum 1 (bag-of-words practice); `auto`: row if all >= 0
-    threads: int = 0  # torch intra-op threads; 0 = torch's default
-    target_acc: float = 0.0  # stop once validation accuracy reaches this (0 = run all epochs)
-    # --- distributed backends (local, cpu, gpu) ---
-    graph_servers: int = 2  # K: partitions, one graph-server process each
-    weight_servers: int = 1  # M: layer l lives on weight server l % M
-    chunks: int | str = "auto"  # per graph server: vertex intervals that move through the pipeline independently;
-    # auto: chunks_per_server's rule (one wave of tensor tasks in sync mode), resolved before the run starts
-    mode: str = "sync"  # sync: barriers per layer, equals full-batch training; async: bounded staleness
-    staleness: int = 1  # async: a chunk may run at most this many epochs ahead of the slowest
-    switch_threshold: float = 0.0  # async: switch to sync once validation accuracy is within this of --target-acc
-    async_update: str = "epoch"  # async: one Adam step per epoch's worth of chunk gradients, or per `chunk`
-    fuse: str = "auto"  # gcn, 2+ layers: one task does the last layer's forward, loss and backward; auto: on Lambdas
-    remat: bool = False  # sync: graph servers keep only what backward reads (graph_servers/graph_state.py)
-    partitioner: str = "auto"  # how --data is split into K parts when it is not a store of K parts already
-    lambdas: int | str = 4  # local/lambda: tensor workers at once in all, shared among graph servers; or "auto"
-    lambdas_min: int = 2  # --lambdas auto: fewest and most tensor workers at once, in all
-    lambdas_max: int = 32
-    lambda_latency_ms: float = 0.0  # local: injected invoke latency per task
-    lambda_bandwidth_mbps: float = 0.0  # local: each emulated Lambda's transfer rate, each way (0: unlimited)
-    lambda_fail_rate: float = 0.0  # local: chance that an invocation fails (before or part-way)
-    lambda_cold_start_ms: float = 0.0  # local: the first invocation on each emulated worker waits this long
-    lambda_memory_mb: int = 3008  # billed memory per Lambda (AWS bills GB-seconds)
-    lambda_timeout_s: float = 60.0  # a Lambda's own time limit
-    row_cache_mb: int | None = None  # local/lambda: a warm worker keeps the feature rows it pulled, up to this
-    # (None: a quarter of --lambda-memory-mb; 0: off); cpu/gpu never cache (the rows are in the same process)
-    stream_rows: int = 0  # local/lambda: a row-wise task pulls, computes and pushes its chunk this many rows at a time
-    lambda_function: str = ""  # lambda: the function's name or ARN (or the cluster file's "lambda_function")
-    aws_region: str = ""  # lambda: region (default: the AWS chain's)
-    aws_profile: str = ""  # lambda: credentials profile (default: the AWS chain's)
-    lambda_endpoint: str = ""  # lambda: API endpoint instead of AWS's (moto, LocalStack)
-    lambda_run_here: bool = False  # lambda: run each accepted invocation's handler here (endpoints that run no code)
-    tensor_threads: int = 2  # cpu/gpu: threads running tensor tasks inside each graph server
-    device: str = ""  # cpu/gpu: torch device; default cpu for `cpu`, cuda for `gpu`
-    relaunch_min_s: float = 5.0  # relaunch a task after max(this, factor x its kind's average)
-    relaunch_factor: float = 3.0
-    wait_timeout_s: float = 300.0  # any single wait (a peer, a task, the driver) gives up after this
-    hang_timeout_s: float = 60.0  # distributed: a server whose loop stands still (or whose send waits) this long is hung
-    replace_timeout_s: float = 120.0  # --cluster: how long a restart waits for a lost server to come back
-    checkpoint_every: int | None = None  # distributed: checkpoint every N epochs and at the end (None: 10; 0: never)
-    checkpoint_dir: str = ""  # distributed: where checkpoints go, a folder or s3:// prefix ("": RUN_DIR/checkpoints)
-    max_restarts: int = 3  # distributed: restart dead servers from the last checkpoint at most this often
-    resume: bool = False  # distributed: this run continues a record's newest checkpoint (--resume RUN_DIR)
-    # --- decentralised modes (gossip, allreduce) ---
-    workers: int = 4  # data-parallel worker processes
-    clusters: int = 40  # Cluster-GCN: METIS parts of the graph
-    clusters_per_batch: int = 4  # Cluster-GCN: clusters joined into one batch
-    diag_lambda: float = 1.0  # Cluster-GCN diagonal enhancement: Ã + λ diag(Ã)
-    gossip_every: int = 1  # gossip: swap parameters and the latest gradient with a random peer every k steps
-    straggler: str = ""  # RANK:FACTOR: that worker's compute takes FACTOR times as long (experiments)
-    peer_timeout_s: float = 5.0  # gossip/allreduce: a peer silent this long to a request is dead
-    average_every: int = 0  # gossip: every E epochs all workers adopt the recorder's average (0: never)
+def one_of(flag: str, value, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def count(flag: str, value, low: int = 1) -> None:
+    """An integer setting (a bool or a float is none) of at least ``low``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{flag} must be a number{' or auto' if flag in ('--chunks', '--lambdas') else ''}, got {value!r}")
+    at_least(flag, value, low)
+
+
+@section
+class RunSettings(Section):
+    data: str | None = setting(None, "dataset or prepared folder (default: a generated graph)", metavar="PATH",
+                               show_default=False)
+    epochs: int = setting(200, "epochs")
+    seed: int = setting(0, "weights and dropout seed")
+    threads: int = setting(0, "torch threads (default: torch's choice)")
+    target_acc: float = setting(0.0, "stop once validation accuracy reaches this (0: run every epoch)")
 
     def check(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        at_least("--epochs", self.epochs, 1)
+        if not 0.0 <= self.target_acc <= 1.0:
+            raise ConfigError(f"--target-acc must be in [0, 1], got {self.target_acc}")
+        at_least("--threads", self.threads, 0)
+
+
+@section
+class ModelSettings(Section):
+    model: str = setting("gcn", "gcn: Kipf & Welling; gat: graph attention (Velickovic et al.), attention per edge "
+                         "computed in ApplyEdge tasks; sage: GraphSAGE with the mean aggregator", choices=MODELS)
+    layers: int = setting(2, "layers (Gather + ApplyVertex each)")
+    hidden: int = setting(16, "hidden width; for gat the width of each head")
+    dropout: float = setting(0.5, "dropout on each layer's input")
+    heads: int = setting(8, "gat: attention heads of each hidden layer, concatenated")
+    out_heads: int = setting(1, "gat: heads of the last layer, averaged")
+    attn_dropout: float | None = setting(None, "gat: dropout on the attention coefficients, keyed by edge (default: the "
+                                         "same as --dropout)", metavar="P")
+    negative_slope: float = setting(0.2, "gat: LeakyReLU slope of the attention scores")
+    weight_decay: float = setting(5e-4, "L2 weight decay: gcn on the first layer, gat and sage on every weight but "
+                                  "the biases")
+    lr: float = setting(0.01, "Adam learning rate")
+    feature_norm: str = setting("auto", "row: rows sum to 1; auto: row when all features are >= 0", choices=FEATURE_NORMS)
+
+    def check(self) -> None:
         if self.model not in MODELS:
             raise ConfigError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
         at_least("--layers", self.layers, 1)
@@ -113,122 +102,190 @@ class TrainConfig:
             raise ConfigError(f"--dropout must be in [0, 1), got {self.dropout}")
         above("--lr", self.lr, 0)
         at_least("--weight-decay", self.weight_decay, 0)
-        at_least("--epochs", self.epochs, 1)
-        if self.feature_norm not in FEATURE_NORMS:
-            raise ConfigError(f"--feature-norm must be one of {', '.join(FEATURE_NORMS)}, got {self.feature_norm!r}")
-        if not 0.0 <= self.target_acc <= 1.0:
-            raise ConfigError(f"--target-acc must be in [0, 1], got {self.target_acc}")
-        if self.fuse not in FUSE_CHOICES:
-            raise ConfigError(f"--fuse must be one of {', '.join(FUSE_CHOICES)}, got {self.fuse!r}")
-        self.check_lambdas()  # every backend: `auto` is refused where there is no Lambda pool to size
-        if self.chunks != "auto":  # every backend, as --lambdas: a bad count is an error even where unused
-            if not isinstance(self.chunks, int) or isinstance(self.chunks, bool):
-                raise ConfigError(f"--chunks must be a number or auto, got {self.chunks!r}")
-            at_least("--chunks", self.chunks, 1)
-        if self.mode in DECENTRAL_MODES:
-            self.check_decentral()
-        elif self.backend != "reference":
-            self.check_distributed()
-        if self.remat and (self.backend == "reference" or self.mode != "sync"):
-            raise ConfigError("--remat is for --mode sync on the distributed backends (local, lambda, cpu, gpu): "
-                              "asynchronous chunks read each other's rows at different stages, so no buffer is free")
-        if (self.resume or self.checkpoint_every) and (self.backend == "reference" or self.mode in DECENTRAL_MODES):
-            raise ConfigError("--checkpoint-every and --resume are for the distributed backends (local, lambda, cpu, gpu)")
-        at_least("--threads", self.threads, 0)
+        one_of("--feature-norm", self.feature_norm, FEATURE_NORMS)
 
-    def check_distributed(self) -> None:
-        at_least("--graph-servers", self.graph_servers, 1)
-        at_least("--weight-servers", self.weight_servers, 1)  # more than the layers is fine: weights go by row block
-        if self.mode not in MODES:
-            raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.switch_threshold:
-            if not 0 < self.switch_threshold < 1:
-                raise ConfigError(f"--switch-threshold must be in (0, 1), got {self.switch_threshold}")
-            if self.mode != "async" or not self.target_acc:
-                raise ConfigError("--switch-threshold needs --mode async and --target-acc")
-            if self.async_update != "epoch":
-                raise ConfigError("--switch-threshold needs --async-update epoch (weight versions then count epochs)")
-        if self.async_update not in ("epoch", "chunk"):
-            raise ConfigError(f"--async-update must be epoch or chunk, got {self.async_update!r}")
-        at_least("--staleness", self.staleness, 0)
-        at_least("--tensor-threads", self.tensor_threads, 1)
-        if not 0.0 <= self.lambda_fail_rate < 1.0:
-            raise ConfigError(f"--lambda-fail-rate must be in [0, 1), got {self.lambda_fail_rate}")
-        at_least("--lambda-latency-ms", self.lambda_latency_ms, 0)
-        at_least("--lambda-bandwidth-mbps", self.lambda_bandwidth_mbps, 0)
-        if self.lambda_bandwidth_mbps and self.backend != "local":
-            raise ConfigError(f"--lambda-bandwidth-mbps caps the links of emulated Lambdas (--backend local), not "
-                              f"--backend {self.backend}")
-        at_least("--lambda-memory-mb", self.lambda_memory_mb, 128)
-        above("--lambda-timeout-s", self.lambda_timeout_s, 0)
-        if self.row_cache_mb is not None:
-            at_least("--row-cache-mb", self.row_cache_mb, 0)
-            if self.row_cache_mb and self.backend not in ("local", "lambda"):
-                raise ConfigError(f"--row-cache-mb is for Lambda containers (--backend local or lambda); --backend "
-                                  f"{self.backend} runs tensor tasks inside the graph server, which has the rows")
-            if self.row_cache_mb >= self.lambda_memory_mb:
-                raise ConfigError(f"--row-cache-mb {self.row_cache_mb} leaves no room in a Lambda of "
-                                  f"--lambda-memory-mb {self.lambda_memory_mb}")
-        at_least("--stream-rows", self.stream_rows, 0)
-        if self.stream_rows and self.backend not in ("local", "lambda"):
-            raise ConfigError(f"--stream-rows streams a Lambda's transfers (--backend local or lambda); --backend "
-                              f"{self.backend} runs tensor tasks inside the graph server, which transfers nothing")
-        if self.stream_rows and self.model == "gat":
-            raise ConfigError("--stream-rows streams GCN and GraphSAGE tasks; GAT's vertex forward returns its bias "
-                              "row with the rows, which no block owns")
-        if self.backend in ("cpu", "gpu"):
-            self.check_device()
-        if self.backend == "lambda" and not self.lambda_function:
-            raise ConfigError("--backend lambda needs --lambda-function NAME (or \"lambda_function\" in the cluster file)")
-        if self.checkpoint_every is not None:
-            at_least("--checkpoint-every", self.checkpoint_every, 0)
-        at_least("--max-restarts", self.max_restarts, 0)
-        at_least("--lambda-cold-start-ms", self.lambda_cold_start_ms, 0)
-        above("--relaunch-min-s", self.relaunch_min_s, 0)
-        at_least("--relaunch-factor", self.relaunch_factor, 1)
-        above("--wait-timeout-s", self.wait_timeout_s, 0)
-        above("--hang-timeout-s", self.hang_timeout_s, 0)
-        above("--replace-timeout-s", self.replace_timeout_s, 0)
-
-    def check_lambdas(self) -> None:
-        if self.lambdas != "auto":
-            if not isinstance(self.lambdas, int) or isinstance(self.lambdas, bool):
-                raise ConfigError(f"--lambdas must be a number or auto, got {self.lambdas!r}")
-            at_least("--lambdas", self.lambdas, 1)
-            return
-        if self.backend not in ("local", "lambda"):
-            raise ConfigError(f"--lambdas auto sizes Lambda pools (--backend local or lambda); --backend {self.backend} "
-                              "has none")
-        at_least("--lambdas-min", self.lambdas_min, 1)
-        if self.lambdas_max < self.lambdas_min:
-            raise ConfigError(f"--lambdas-max ({self.lambdas_max}) is below --lambdas-min ({self.lambdas_min})")
-
-    def lambdas_per_server(self, graph_servers: int) -> tuple[int, int, int]:
-        """(start, fewest, most) tensor workers of one graph server: ``--lambdas`` (or, with ``auto``,
-        ``--lambdas-min`` and ``--lambdas-max``) shared out among the graph servers, at least one each.
-        An autotuned pool starts at its fewest and grows as its tasks wait."""
-        def share(n: int) -> int:
-            return max(1, n // graph_servers)
-
-        if self.lambdas == "auto":
-            return share(self.lambdas_min), share(self.lambdas_min), share(self.lambdas_max)
-        return (share(self.lambdas),) * 3
+    def attention_dropout(self) -> float:
+        """GAT's dropout on attention coefficients: ``attn_dropout``, or ``dropout`` when unset."""
+        return self.dropout if self.attn_dropout is None else self.attn_dropout
 
     def widths(self, features: int, classes: int) -> list[int]:
         """The model's layer widths, input to output, for a graph of ``features`` and ``classes``."""
         return [features] + [self.hidden] * (self.layers - 1) + [classes]
 
-    def resolved_chunks(self, nodes: int) -> int:
-        """``--chunks``, with ``auto`` worked out for a graph of ``nodes`` vertices (see :func:`chunks_per_server`)."""
-        if self.chunks != "auto":
-            return self.chunks
-        fixed_pool = self.backend in ("local", "lambda") and self.lambdas != "auto"
-        workers = self.lambdas_per_server(self.graph_servers)[0] if fixed_pool else None
-        return chunks_per_server(self.backend, self.mode, workers, -(-nodes // self.graph_servers))
 
-    def check_decentral(self) -> None:
-        if self.backend != "reference":
-            raise ConfigError(f"--mode {self.mode} starts its own workers (--workers, --device); drop --backend {self.backend}")
+@section
+class PipelineSettings(Section):
+    backend: str = setting("reference", "reference: single-process full-batch oracle; local: graph/weight server "
+                           "processes with tensor work in emulated Lambdas; lambda: the same with AWS Lambda (see "
+                           "docs/aws.md); cpu/gpu: the same pipeline with tensor work inside the graph servers, on the "
+                           "CPU or a CUDA device", choices=BACKENDS)
+    graph_servers: int = setting(2, "graph servers = partitions (default: the prepared store's partitions, else 2)",
+                                 short="-k")
+    weight_servers: int = setting(1, "weight servers; every weight tensor is cut into row blocks dealt over them, so M "
+                                  "may exceed the layers")
+    chunks: int | Auto = setting(AUTO, "vertex intervals per graph server, each a tensor task per stage (default auto: "
+                                 "in sync mode one per tensor worker of a fixed --lambdas pool, and 1 on cpu/gpu, since "
+                                 f"every stage waits for all chunks; {ASYNC_CHUNKS} in async mode or with --lambdas "
+                                 f"auto; at most about {AUTO_CHUNK_ROWS:,} rows each)", metavar="N|auto")
+    mode: str = setting("sync", "sync: barriers per layer, equals full-batch training; async: bounded staleness; "
+                        "gossip / allreduce: decentralised Cluster-GCN workers (see below)", choices=MODES)
+    staleness: int = setting(1, "async: max epochs a chunk runs ahead")
+    switch_threshold: float = setting(0.0, "async: switch to sync mode once validation accuracy is within this of "
+                                      "--target-acc, as the original Dorylus does (default 0: never)")
+    async_update: str = setting("epoch", "async: one weight update per epoch's worth of chunk gradients, taken without "
+                                "a barrier (default; Cora 81 %), or one per chunk gradient (78 %)",
+                                choices=("epoch", "chunk"))
+    fuse: str = setting("auto", "gcn with --layers >= 2: one task per chunk computes the last layer's forward, the loss "
+                        "and its gradient, and the first backward step, where unfused it takes three (forward, loss, "
+                        "backward). auto (default): fused where a task saved is a round trip saved, on lambda and on "
+                        "local with --lambda-latency-ms above 0; elsewhere fusing only widens the last layer's Gather. "
+                        "gat, sage and a one-layer gcn always run unfused", choices=FUSE_CHOICES)
+    remat: bool = setting(False, "sync: graph servers keep only what backward reads. The evaluation pass reuses the "
+                          "training pass's buffers, Gather backward writes dZ over Z (dead once Gather ran), and the "
+                          "fused last layer's input is recomputed from the layer below for backward instead of kept. "
+                          "Tasks always recompute activations and dropout masks. Same results; a server starts an "
+                          "epoch once every server finished the one before (default off)")
+    partitioner: str = setting("auto", "auto, metis, fennel or hash: how --data is partitioned when it is not a prepared "
+                               "store of --graph-servers parts (default auto; see `dorylus prepare --help`)")
+    tensor_threads: int = setting(2, "cpu/gpu: tensor threads per graph server")
+    device: str = setting("", "cpu/gpu backends and gossip/allreduce workers: torch device (default cuda for "
+                          "--backend gpu, else cpu)")
+
+    def check(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        one_of("--mode", self.mode, MODES)
+        one_of("--fuse", self.fuse, FUSE_CHOICES)
+        one_of("--async-update", self.async_update, ("epoch", "chunk"))
+        if self.chunks is not AUTO:  # every backend: a bad count is an error even where unused
+            count("--chunks", self.chunks)
+        at_least("--staleness", self.staleness, 0)
+        at_least("--tensor-threads", self.tensor_threads, 1)
+        if not 0 <= self.switch_threshold < 1:
+            raise ConfigError(f"--switch-threshold must be in (0, 1), got {self.switch_threshold}")
+
+    @property
+    def distributed(self) -> bool:
+        """The Dorylus pipeline: graph servers, weight servers, tensor workers."""
+        return self.backend != "reference" and self.mode not in DECENTRAL_MODES
+
+    def resolved_device(self) -> str:
+        return self.device or ("cuda" if self.backend == "gpu" else "cpu")
+
+
+@section
+class PoolSettings(Section):
+    lambdas: int | Auto = setting(4, "tensor workers (emulated Lambdas, or concurrent AWS invocations) at once in all, "
+                                  "shared out among the graph servers; auto: each graph server sizes its pool as the run "
+                                  "goes, growing while tasks wait for a worker and its graph stages idle (keeping a "
+                                  "growth only if it raised throughput) and shrinking while workers idle; each decision "
+                                  "is in the server log and tasks.jsonl (kind resize)", metavar="N|auto")
+    lambdas_min: int = setting(2, "--lambdas auto: fewest workers in all, where each pool starts", metavar="N")
+    lambdas_max: int = setting(32, "--lambdas auto: most workers in all", metavar="N")
+    lambda_latency_ms: float = setting(0.0, "local: injected latency per invocation")
+    lambda_bandwidth_mbps: float = setting(0.0, "local: cap each emulated Lambda's transfers at this rate, each way (the "
+                                           "Dorylus paper measured about 200 between a Lambda and an EC2 server; "
+                                           "default 0: unlimited)", metavar="MBPS")
+    lambda_fail_rate: float = setting(0.0, "local: chance an invocation fails")
+    lambda_cold_start_ms: float = setting(0.0, "local: the first invocation on each emulated Lambda (and on each "
+                                          "replacement of a dead one) waits this long, as a cold container does")
+    lambda_memory_mb: int = setting(3008, "local: billed memory of an emulated Lambda (default 3008); lambda: read from "
+                                    "the deployed function")
+    lambda_timeout_s: float = setting(60.0, "a Lambda's time limit")
+    row_cache_mb: int | None = setting(None, "each warm tensor worker keeps the input-feature rows it pulled (the only "
+                                       "rows that never change in training, and the widest), up to this many MB (once "
+                                       "full it keeps what it holds); the graph server then does not send them to it "
+                                       "again (default: a quarter of --lambda-memory-mb; 0: off; the cpu and gpu "
+                                       "backends never cache)", metavar="MB")
+    stream_rows: int = setting(0, "stream each row-wise tensor task (GCN and GraphSAGE) in blocks of this many rows: the "
+                               "worker asks for every block at once, computes on each as it arrives and sends its rows "
+                               "of the result back at once, so its downloads, compute and uploads overlap; the graph "
+                               "server takes the result only when the last message is in (default 0: whole chunks)",
+                               metavar="ROWS")
+
+    def check(self) -> None:
+        if self.lambdas is not AUTO:
+            count("--lambdas", self.lambdas)
+        at_least("--lambdas-min", self.lambdas_min, 1)
+        if self.lambdas_max < self.lambdas_min:
+            raise ConfigError(f"--lambdas-max ({self.lambdas_max}) is below --lambdas-min ({self.lambdas_min})")
+        if not 0.0 <= self.lambda_fail_rate < 1.0:
+            raise ConfigError(f"--lambda-fail-rate must be in [0, 1), got {self.lambda_fail_rate}")
+        at_least("--lambda-latency-ms", self.lambda_latency_ms, 0)
+        at_least("--lambda-bandwidth-mbps", self.lambda_bandwidth_mbps, 0)
+        at_least("--lambda-cold-start-ms", self.lambda_cold_start_ms, 0)
+        at_least("--lambda-memory-mb", self.lambda_memory_mb, 128)
+        above("--lambda-timeout-s", self.lambda_timeout_s, 0)
+        if self.row_cache_mb is not None:
+            at_least("--row-cache-mb", self.row_cache_mb, 0)
+            if self.row_cache_mb >= self.lambda_memory_mb:
+                raise ConfigError(f"--row-cache-mb {self.row_cache_mb} leaves no room in a Lambda of "
+                                  f"--lambda-memory-mb {self.lambda_memory_mb}")
+        at_least("--stream-rows", self.stream_rows, 0)
+
+
+@section
+class AwsSettings(Section):
+    lambda_function: str = setting("", "lambda: function name or ARN (default: the cluster file's)")
+    aws_region: str = setting("", "lambda: AWS region (default: from the AWS environment)")
+    aws_profile: str = setting("", "lambda: AWS credentials profile (default: from the AWS environment)")
+    lambda_endpoint: str = setting("", "lambda: Lambda API endpoint URL (moto, LocalStack, the lab's Lambda service)")
+    lambda_run_here: bool = setting(False, "lambda: also run each accepted invocation's handler on this machine; only "
+                                    "for endpoints that record invocations without running code (moto). Servers may "
+                                    "then be local")
+
+    def check(self) -> None:
+        """Nothing to check alone: whether a function is named depends on the backend (TrainConfig.check)."""
+
+
+@section
+class RecoverySettings(Section):
+    checkpoint_every: int | None = setting(None, "save every layer's weights and Adam state, all at the same epoch, "
+                                           "every N epochs and at the end, into RUN_DIR/checkpoints/; a dead server is "
+                                           "restarted from the newest (default 10; 0: never)", metavar="N")
+    checkpoint_dir: str = setting("", "write checkpoints here instead of RUN_DIR/checkpoints: a folder, or an s3:// "
+                                  "prefix that outlives the driver's machine", metavar="DIR", show_default=False)
+    max_restarts: int = setting(3, "restart the servers after one dies, hangs or goes silent at most this often, each "
+                                "time from the newest checkpoint, before the job stops with the reason")
+    relaunch_min_s: float = setting(5.0, "relaunch a task after max(this, factor x average)")
+    relaunch_factor: float = setting(3.0, "relaunch a task after max(--relaunch-min-s, this x its kind's average)")
+    wait_timeout_s: float = setting(300.0, "give up on any single wait after this")
+    hang_timeout_s: float = setting(60.0, "a server whose serving loop has not turned for this long, or whose send to a "
+                                    "peer has waited this long, is hung: it exits and is restarted like a dead one, "
+                                    "within --max-restarts (default 60; longer than any single step of the job)")
+    replace_timeout_s: float = setting(120.0, "--cluster: when a server is lost, the others drop the job and the driver "
+                                       "waits this long for every server to say hello again (the lost one restarted by "
+                                       "its supervisor or systemd), then resumes from the newest checkpoint, within "
+                                       "--max-restarts")
+    resume: bool = False  # this run continues a record's newest checkpoint (`--resume RUN_DIR` sets it)
+
+    def check(self) -> None:
+        if self.checkpoint_every is not None:
+            at_least("--checkpoint-every", self.checkpoint_every, 0)
+        at_least("--max-restarts", self.max_restarts, 0)
+        above("--relaunch-min-s", self.relaunch_min_s, 0)
+        at_least("--relaunch-factor", self.relaunch_factor, 1)
+        for flag, value in (("--wait-timeout-s", self.wait_timeout_s), ("--hang-timeout-s", self.hang_timeout_s),
+                            ("--replace-timeout-s", self.replace_timeout_s)):
+            above(flag, value, 0)
+
+
+@section
+class GossipSettings(Section):
+    workers: int = setting(4, "worker processes (default 4; under torchrun: its world size)")
+    clusters: int = setting(40, "METIS clusters of the graph")
+    clusters_per_batch: int = setting(4, "clusters joined into one batch")
+    diag_lambda: float = setting(1.0, "diagonal enhancement of the batch adjacency")
+    gossip_every: int = setting(1, "gossip: swap parameters and the latest gradient with a random peer every k local "
+                                "steps")
+    average_every: int = setting(0, "gossip: every E epochs every worker adopts the average of all models, without "
+                                 "stopping (default 0: never)", metavar="E")
+    peer_timeout_s: float = setting(5.0, "a worker that does not answer a peer within this is dead; its batches go to "
+                                    "the others")
+    straggler: str = setting("", "slow worker RANK down FACTOR times (experiments)", metavar="RANK:FACTOR",
+                             show_default=False)
+
+    def check(self) -> None:
         at_least("--workers", self.workers, 1)
         at_least("--gossip-every", self.gossip_every, 1)
         if not 1 <= self.clusters_per_batch <= self.clusters:
@@ -242,42 +299,143 @@ class TrainConfig:
                 ok = False
             if not ok:
                 raise ConfigError(f"--straggler wants RANK:FACTOR with 0 <= RANK < --workers and FACTOR >= 1, got {self.straggler!r}")
-        above("--wait-timeout-s", self.wait_timeout_s, 0)
         above("--peer-timeout-s", self.peer_timeout_s, 0)
         at_least("--average-every", self.average_every, 0)
-        if self.average_every and self.mode != "gossip":
+
+
+SECTIONS = {"run": RunSettings, "gnn": ModelSettings, "pipeline": PipelineSettings, "pool": PoolSettings,
+            "aws": AwsSettings, "recovery": RecoverySettings, "gossip": GossipSettings}
+SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}  # field -> its section
+FIELD_TYPES = {f.name: str(f.type) for cls in SECTIONS.values() for f in fields(cls)}  # field -> its annotation
+
+
+@dataclass(frozen=True, init=False)
+class TrainConfig:
+    """A training run's settings: its sections, made flat (``TrainConfig(epochs=4)``) or by section."""
+
+    run: RunSettings
+    gnn: ModelSettings
+    pipeline: PipelineSettings
+    pool: PoolSettings
+    aws: AwsSettings
+    recovery: RecoverySettings
+    gossip: GossipSettings
+
+    def __init__(self, **values):
+        by_section: dict[str, dict] = {name: {} for name in SECTIONS}
+        for name, value in values.items():
+            if name in SECTIONS:
+                continue
+            if name not in SECTION_OF:
+                raise TypeError(f"TrainConfig has no setting {name!r}")
+            by_section[SECTION_OF[name]][name] = value
+        for name, cls in SECTIONS.items():
+            base = values.get(name) or cls()
+            object.__setattr__(self, name, replace(base, **by_section[name]) if by_section[name] else base)
+
+    def __getattr__(self, name: str):
+        section = SECTION_OF.get(name)
+        if section is None:
+            raise AttributeError(f"TrainConfig has no setting {name!r}")
+        return getattr(object.__getattribute__(self, section), name)
+
+    def to_dict(self) -> dict:
+        """Every setting by name, flat, as JSON takes it (``auto`` as the string)."""
+        return {k: ("auto" if v is AUTO else v) for name in SECTIONS for k, v in asdict(getattr(self, name)).items()}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        """The settings :meth:`to_dict` wrote, each checked against its field (ConfigError naming it);
+        ``auto`` back to :data:`AUTO`. Every name must be a setting."""
+        if not isinstance(values, dict):
+            raise ConfigError("the settings must be an object")
+        unknown = sorted(set(values) - set(SECTION_OF))
+        if unknown:
+            raise ConfigError(f"unknown settings {unknown[:5]}")
+        for name, value in values.items():
+            if not fits(FIELD_TYPES[name], value):
+                raise ConfigError(f"setting {name}: {str(value)[:40]!r} is not {FIELD_TYPES[name]}")
+        return cls(**{k: (AUTO if v == "auto" and "Auto" in FIELD_TYPES[k] else v) for k, v in values.items()})
+
+    def check(self) -> None:
+        """Each section's own values, then what relates them."""
+        for name in SECTIONS:
+            getattr(self, name).check()
+        p, pool = self.pipeline, self.pool
+        if pool.lambdas is AUTO and p.backend not in LAMBDA_BACKENDS:
+            raise ConfigError(f"--lambdas auto sizes Lambda pools (--backend local or lambda); --backend {p.backend} "
+                              "has none")
+        if p.mode in DECENTRAL_MODES:
+            self._check_decentral()
+        elif p.backend != "reference":
+            self._check_distributed()
+        if p.remat and not p.distributed or p.remat and p.mode != "sync":
+            raise ConfigError("--remat is for --mode sync on the distributed backends (local, lambda, cpu, gpu): "
+                              "asynchronous chunks read each other's rows at different stages, so no buffer is free")
+        if (self.recovery.resume or self.recovery.checkpoint_every) and not p.distributed:
+            raise ConfigError("--checkpoint-every and --resume are for the distributed backends (local, lambda, cpu, gpu)")
+
+    def _check_distributed(self) -> None:
+        p, pool = self.pipeline, self.pool
+        if p.switch_threshold and (p.mode != "async" or not self.run.target_acc):
+            raise ConfigError("--switch-threshold needs --mode async and --target-acc")
+        if p.switch_threshold and p.async_update != "epoch":
+            raise ConfigError("--switch-threshold needs --async-update epoch (weight versions then count epochs)")
+        if pool.lambda_bandwidth_mbps and p.backend != "local":
+            raise ConfigError(f"--lambda-bandwidth-mbps caps the links of emulated Lambdas (--backend local), not "
+                              f"--backend {p.backend}")
+        if pool.row_cache_mb and p.backend not in LAMBDA_BACKENDS:
+            raise ConfigError(f"--row-cache-mb is for Lambda containers (--backend local or lambda); --backend "
+                              f"{p.backend} runs tensor tasks inside the graph server, which has the rows")
+        if pool.stream_rows and p.backend not in LAMBDA_BACKENDS:
+            raise ConfigError(f"--stream-rows streams a Lambda's transfers (--backend local or lambda); --backend "
+                              f"{p.backend} runs tensor tasks inside the graph server, which transfers nothing")
+        if pool.stream_rows and self.gnn.model == "gat":
+            raise ConfigError("--stream-rows streams GCN and GraphSAGE tasks; GAT's vertex forward returns its bias "
+                              "row with the rows, which no block owns")
+        if p.backend in INPROC_BACKENDS:
+            self.check_device()
+        if p.backend == "lambda" and not self.aws.lambda_function:
+            raise ConfigError("--backend lambda needs --lambda-function NAME (or \"lambda_function\" in the cluster file)")
+
+    def _check_decentral(self) -> None:
+        if self.pipeline.backend != "reference":
+            raise ConfigError(f"--mode {self.pipeline.mode} starts its own workers (--workers, --device); drop --backend "
+                              f"{self.pipeline.backend}")
+        if self.gossip.average_every and self.pipeline.mode != "gossip":
             raise ConfigError(f"--average-every is for --mode gossip (all-reduce workers always hold one model), "
-                              f"got {self.average_every} with --mode {self.mode}")
+                              f"got {self.gossip.average_every} with --mode {self.pipeline.mode}")
         self.check_device()
 
     def check_device(self) -> None:
         """A CUDA device that is not there is a configuration error, not a silent CPU fallback."""
         import torch
 
-        device = self.resolved_device()
+        device = self.pipeline.resolved_device()
         if device.startswith("cuda") and not torch.cuda.is_available():
-            who = f"--mode {self.mode}" if self.mode in DECENTRAL_MODES else f"--backend {self.backend}"
+            p = self.pipeline
+            who = f"--mode {p.mode}" if p.mode in DECENTRAL_MODES else f"--backend {p.backend}"
             raise ConfigError(f"{who} wants device {device}, but torch sees no CUDA device "
                               "(use --device cpu, or --backend cpu)")
 
     def attention_dropout(self) -> float:
-        """GAT's dropout on attention coefficients: ``attn_dropout``, or ``dropout`` when unset."""
-        return self.dropout if self.attn_dropout is None else self.attn_dropout
+        return self.gnn.attention_dropout()
+
+    def widths(self, features: int, classes: int) -> list[int]:
+        return self.gnn.widths(features, classes)
+
+    def resolved_device(self) -> str:
+        return self.pipeline.resolved_device()
 
     def checkpoint_interval(self) -> int:
         """Epochs between checkpoints (0: none): every 10 for distributed runs unless set."""
-        if self.backend == "reference" or self.mode in DECENTRAL_MODES:
+        if not self.pipeline.distributed:
             return 0
-        return 10 if self.checkpoint_every is None else self.checkpoint_every
+        every = self.recovery.checkpoint_every
+        return 10 if every is None else every
 
     def resolved_row_cache_mb(self) -> int:
-        return row_cache_mb(self.backend, self.lambda_memory_mb, self.row_cache_mb)
-
-    def resolved_device(self) -> str:
-        return self.device or ("cuda" if self.backend == "gpu" else "cpu")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+        return row_cache_mb(self.pipeline.backend, self.pool.lambda_memory_mb, self.pool.row_cache_mb)
 
 
 @dataclass(frozen=True)
@@ -309,10 +467,6 @@ class SynthConfig:
             raise ConfigError(f"--homophily must be in [0, 1], got {self.homophily}")
         if self.degree_exponent <= 1.0:
             raise ConfigError(f"--degree-exponent must be > 1, got {self.degree_exponent}")
-
-
-AUTO_CHUNK_ROWS = 150_000  # --chunks auto: at most this many rows a chunk (a tensor task's memory grows with them)
-ASYNC_CHUNKS = 4  # --chunks auto in async mode, or on an autotuned pool: chunks a server pipelines at least
 
 
 def chunks_per_server(backend: str, mode: str, workers: int | None, rows: int) -> int:

@@ -11,6 +11,7 @@ import time
 from dorylus_py.cluster.job import JobSpec
 from dorylus_py.pipeline.autotune import PoolTuner, TunerPolicy
 from dorylus_py.platforms.base import Completion, Platform
+from dorylus_py.settings import AUTO
 
 log = logging.getLogger("dorylus.graph_server")
 
@@ -23,9 +24,9 @@ class AutoPool:
     def of(cls, spec: JobSpec, platform: Platform, rank: int, tasks_per_epoch: int) -> AutoPool | None:
         """A tuner for this server's pool under ``--lambdas auto`` (None otherwise), its windows an epoch
         long."""
-        if spec.config.lambdas != "auto" or not platform.resizable:
+        if spec.config.lambdas is not AUTO or not platform.resizable:
             return None
-        start, low, high = spec.config.lambdas_per_server(len(spec.graph_servers))
+        start, low, high = spec.lambda_share  # the run plan's
         return cls(platform, PoolTuner(start, TunerPolicy(low=low, high=high, min_tasks=max(4, tasks_per_epoch // 2))),
                    rank)
 

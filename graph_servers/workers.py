@@ -16,7 +16,7 @@ def make_platform(spec: JobSpec, rank: int, node: Node):
     if cfg.backend not in ("local", "lambda"):
         return InprocPlatform(cfg.tensor_threads, cfg.resolved_device(), node.session.sibling(),
                               DirectLink(node.ctx, node.poller))
-    per_server, _, _ = cfg.lambdas_per_server(len(spec.graph_servers))
+    per_server = spec.lambda_share[0]  # the run plan's share of --lambdas
     seed = cfg.seed * 1000 + rank + 7919 * spec.restart
     if cfg.backend == "local":
         return LocalLambdaPlatform(per_server, cfg.lambda_latency_ms, cfg.lambda_fail_rate, cfg.lambda_memory_mb,

@@ -7,24 +7,31 @@ import pytest
 
 from dorylus_py.cli import build_parser, main
 from dorylus_py.cluster.job import JobSpec
-from dorylus_py.config import TrainConfig
+from dorylus_py.config import SECTION_OF, TrainConfig
+from dorylus_py.plan import lambda_share, plan
 from dorylus_py.protocol import ProtocolError
+from dorylus_py.settings import AUTO
 
 
 def config_of(*argv) -> TrainConfig:
     args = build_parser().parse_args(["train", *argv])
-    return TrainConfig(**{k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__})
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in SECTION_OF})
+
+
+def chunks_of(cfg: TrainConfig, nodes: int) -> int:
+    """The run plan's chunk count for a graph of ``nodes`` vertices (an even split)."""
+    return plan(cfg, 1, 1, nodes).config.chunks
 
 
 def test_auto_and_its_bounds_parse_into_the_config_and_survive_the_wire():
     cfg = config_of("--backend", "local", "--lambdas", "auto", "--lambdas-min", "4", "--lambdas-max", "12")
     cfg.check()
-    assert (cfg.lambdas, cfg.lambdas_min, cfg.lambdas_max) == ("auto", 4, 12)
+    assert (cfg.lambdas, cfg.lambdas_min, cfg.lambdas_max) == (AUTO, 4, 12)
     spec = JobSpec(cfg, "parts", "none", [16, 4], [0, 10], [1, 1], graph_servers=["a", "b"])
     again = JobSpec.from_wire(spec.to_wire())
-    assert again.config == cfg and again.config.lambdas_per_server(2) == (2, 2, 6)  # starts at its fewest
-    assert config_of("--lambdas", "6").lambdas_per_server(4) == (1, 1, 1)  # at least one each
-    assert config_of("--lambdas", "6").lambdas_per_server(2) == (3, 3, 3)
+    assert again.config == cfg and lambda_share(again.config, 2) == (2, 2, 6)  # starts at its fewest
+    assert lambda_share(config_of("--lambdas", "6"), 4) == (1, 1, 1)  # at least one each
+    assert lambda_share(config_of("--lambdas", "6"), 2) == (3, 3, 3)
     with pytest.raises(ProtocolError, match="lambdas"):
         JobSpec.from_wire(spec.to_wire() | {"config": cfg.to_dict() | {"lambdas": [4]}})
 
@@ -77,19 +84,19 @@ def test_the_row_cache_is_on_for_lambda_containers_only_and_survives_the_wire():
 def test_chunks_auto_is_one_wave_of_tasks_in_sync_mode_and_a_pipeline_in_async():
     from dorylus_py.config import AUTO_CHUNK_ROWS, chunks_per_server
 
-    assert config_of().chunks == "auto"
-    assert config_of("--backend", "local").resolved_chunks(200_000) == 2  # 4 Lambdas over 2 servers
-    assert config_of("--backend", "lambda", "--lambdas", "32").resolved_chunks(200_000) == 16
-    assert config_of("--backend", "cpu").resolved_chunks(200_000) == 1  # torch spreads one task over the cores
-    assert config_of("--backend", "local", "--mode", "async").resolved_chunks(200_000) == 4
-    assert config_of("--backend", "local", "--lambdas", "auto").resolved_chunks(200_000) == 4  # the pool resizes
-    assert config_of("--backend", "local", "--chunks", "3").resolved_chunks(200_000) == 3
+    assert config_of().chunks is AUTO
+    assert chunks_of(config_of("--backend", "local"), 200_000) == 2  # 4 Lambdas over 2 servers
+    assert chunks_of(config_of("--backend", "lambda", "--lambdas", "32"), 200_000) == 16
+    assert chunks_of(config_of("--backend", "cpu"), 200_000) == 1  # torch spreads one task over the cores
+    assert chunks_of(config_of("--backend", "local", "--mode", "async"), 200_000) == 4
+    assert chunks_of(config_of("--backend", "local", "--lambdas", "auto"), 200_000) == 4  # the pool resizes
+    assert chunks_of(config_of("--backend", "local", "--chunks", "3"), 200_000) == 3
     # rows cap, rounded up to whole waves; never more chunks than rows
     assert chunks_per_server("local", "sync", 2, 5_000_000) == 34
     assert chunks_per_server("local", "sync", 4, 5_000_000) == 36
     assert chunks_per_server("cpu", "sync", None, AUTO_CHUNK_ROWS + 1) == 2
     assert chunks_per_server("local", "sync", 8, 3) == 3
-    assert config_of("--backend", "local", "-k", "4").resolved_chunks(10) == 1  # 4 Lambdas over 4 servers
+    assert chunks_of(config_of("--backend", "local", "-k", "4"), 10) == 1  # 4 Lambdas over 4 servers
 
 
 def test_chunks_auto_is_resolved_into_the_record(graph_npz, tmp_path):

@@ -25,6 +25,7 @@ def bench():
     return module
 
 
+@pytest.mark.timeout(1800)  # 2.2 min at load 10, minutes more on a slow machine
 def test_millions_of_edges_train_in_bounded_memory(bench, tmp_path):
     nodes, edges = bench.parse_size(os.environ.get("DORYLUS_SCALE_SIZE", "1M/20M"))
     graph, parts, run_dir = tmp_path / "g.npz", tmp_path / "parts", tmp_path / "run"

@@ -8,10 +8,12 @@ does not fit them, so no server reads an untyped dict.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 from dorylus_py.config import TrainConfig
+from dorylus_py.errors import ConfigError
 from dorylus_py.protocol import ProtocolError
+from dorylus_py.settings import fits
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class JobSpec:
     first_epoch: int = 1  # 1, or one past the checkpoint this start resumes from
     mode: str = "sync"  # sync | async: the config's mode, or sync after a switch before the checkpoint
     restart: int = 0  # how many times the driver restarted the job's servers before this start
+    lambda_share: list[int] = field(default_factory=lambda: [1, 1, 1])  # a graph server's tensor workers: start,
+    # fewest, most (plan.py)
 
     @property
     def layers(self) -> int:
@@ -40,14 +44,18 @@ class JobSpec:
         return sum(self.chunk_counts)
 
     def to_wire(self) -> dict:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "config"} | {"config": self.config.to_dict()}
 
     @classmethod
     def from_wire(cls, raw) -> "JobSpec":
         if not isinstance(raw, dict):
             raise ProtocolError("job spec must be an object")
         values = _typed(cls, {k: v for k, v in raw.items() if k != "config"}, skip={"config"})
-        return cls(config=TrainConfig(**_typed(TrainConfig, raw.get("config"))), **values)
+        try:
+            config = TrainConfig.from_dict(raw.get("config"))
+        except ConfigError as e:
+            raise ProtocolError(f"job spec: {e}") from None
+        return cls(config=config, **values)
 
 
 def _typed(cls, raw, skip=frozenset()) -> dict:
@@ -60,25 +68,7 @@ def _typed(cls, raw, skip=frozenset()) -> dict:
         raise ProtocolError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
     out = {}
     for name, value in raw.items():
-        if not _fits(known[name].type, value):
+        if not fits(known[name].type, value):
             raise ProtocolError(f"{cls.__name__}.{name}: {value!r} is not {known[name].type}")
         out[name] = value
     return out
-
-
-def _fits(annotation: str, value) -> bool:
-    for option in str(annotation).replace(" ", "").split("|"):
-        if option == "None" and value is None:
-            return True
-        if option == "bool" and isinstance(value, bool):
-            return True
-        if option == "int" and isinstance(value, int) and not isinstance(value, bool):
-            return True
-        if option == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return True
-        if option == "str" and isinstance(value, str):
-            return True
-        if option.startswith("list[") and isinstance(value, list):
-            inner = option[5:-1]
-            return all(_fits(inner, v) for v in value)
-    return False

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dorylus_py import s3
 from dorylus_py.checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from dorylus_py.cluster import reports
 from dorylus_py.cluster.driver_link import DriverLink, ServerLost
@@ -33,13 +34,13 @@ from dorylus_py.cluster.job import JobSpec
 from dorylus_py.cluster.spec import ClusterSpec
 from dorylus_py.config import TrainConfig
 from dorylus_py.errors import DorylusError
-from dorylus_py.partition import s3
+from dorylus_py.models import spec_of
 from dorylus_py.partition.store import PartitionStore
+from dorylus_py.plan import plan
 from dorylus_py.progress import progress_bar
 from dorylus_py.protocol import Message, ProtocolError
 from dorylus_py.training.record import BestTracker, RunRecord, run_summary
 from dorylus_py.training.reference import TrainResult
-from dorylus_py.models import spec_of
 from dorylus_py.weights.blocks import Block, join, split, weight_blocks
 from dorylus_py.weights.store import STATE_FIELDS
 
@@ -61,23 +62,21 @@ class JobPlan:
 
     @classmethod
     def of(cls, cfg: TrainConfig, parts_dir, feature_norm: str, weight_servers: int) -> "JobPlan":
-        store = PartitionStore.open(parts_dir)
-        m = store.manifest
+        m = PartitionStore.open(parts_dir).manifest
         sizes = [p["nodes"] for p in m["parts"]]
-        splits = np.array([m["summary"][s] for s in ("train", "val", "test")], dtype=np.int64)  # no partition read
+        run = plan(cfg, m["features"], m["classes"], m["nodes"], sizes, weight_servers)  # --chunks auto: a count from here on
+        splits = [int(m["summary"][s]) for s in ("train", "val", "test")]  # no partition read
         edges = np.concatenate([[0], np.cumsum([p["nnz"] for p in m["parts"]])]).astype(int).tolist()
         data_dir = str(parts_dir) if s3.is_s3(parts_dir) else str(Path(parts_dir).resolve())
-        cfg = replace(cfg, chunks=cfg.resolved_chunks(sum(sizes)))  # --chunks auto: a count from here on
-        spec = JobSpec(config=cfg, data_dir=data_dir, feature_norm=feature_norm,
-                       dims=cfg.widths(m["features"], m["classes"]),
+        spec = JobSpec(config=run.config, data_dir=data_dir, feature_norm=feature_norm, dims=run.widths,
                        id_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist(),
-                       chunk_counts=[max(1, min(cfg.chunks, s)) for s in sizes], edge_offsets=edges, num_train=int(splits[0]),
-                       mode=cfg.mode)
-        blocks = weight_blocks(spec_of(cfg, spec.dims).tensors(), weight_servers)
+                       chunk_counts=run.chunk_counts, edge_offsets=edges, num_train=splits[0], mode=cfg.mode,
+                       lambda_share=list(run.lambda_share))
+        blocks = weight_blocks(spec_of(run.config, spec.dims).tensors(), weight_servers)
         if len({b.server for b in blocks}) < weight_servers:
             raise DorylusError(f"--weight-servers {weight_servers}: the model's tensors have only {len(blocks)} row "
                                "blocks, so some weight servers would hold nothing")
-        return cls(spec, splits.tolist(), weight_servers, blocks, fingerprint(m, cfg.model, spec.dims))
+        return cls(spec, splits, weight_servers, blocks, fingerprint(m, cfg.model, spec.dims))
 
     @property
     def graph_servers(self) -> int:

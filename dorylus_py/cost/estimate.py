@@ -42,9 +42,11 @@ import statistics
 from dataclasses import asdict, dataclass
 from importlib import resources
 
-from dorylus_py.config import TrainConfig, row_cache_mb
+from dorylus_py.config import SECTION_OF, TrainConfig, row_cache_mb
 from dorylus_py.cost.model import Prices, read_record
 from dorylus_py.errors import ConfigError, DataError
+from dorylus_py.plan import plan
+from dorylus_py.settings import AUTO
 
 FULL_CPU_MB = 1769  # AWS: one full vCPU at this memory size
 GRAPH_KINDS = ("gather", "gather_bwd", "attn_grad", "activate", "activate_bwd")  # graph work in tasks.jsonl
@@ -215,30 +217,37 @@ class Calibration:
 
 def chunks_for(chunks: int | str, backend: str, graph_servers: int, lambdas: int | str, nodes: int,
                mode: str = "sync") -> int:
-    """``--chunks`` as `dorylus train` resolves it (``auto``: :func:`dorylus_py.config.chunks_per_server`)."""
-    return TrainConfig(backend=backend, graph_servers=graph_servers, lambdas=lambdas, mode=mode,
-                       chunks=chunks).resolved_chunks(nodes)
+    """``--chunks`` as `dorylus train` resolves it: the run plan's (``plan.py``)."""
+    cfg = TrainConfig.from_dict({"backend": backend, "graph_servers": graph_servers, "lambdas": lambdas, "mode": mode,
+                                 "chunks": chunks})
+    return plan(cfg, 1, 1, nodes).config.chunks if cfg.pipeline.distributed else int(chunks)
 
 
 def setup_of(config: dict, instance: str) -> Setup:
-    lambdas = config.get("lambdas", 1)
-    k = int(config.get("graph_servers", 1))
-    chunks = config.get("chunks", 1)  # a record written by `dorylus train` holds the count; one of the API may say auto
-    if chunks == "auto":
-        chunks = chunks_for(chunks, config.get("backend", "local"), k, lambdas, workload_of(config).nodes,
-                            config.get("mode", "sync"))
-    lambdas = config.get("lambdas_max", 32) if lambdas == "auto" else lambdas  # an autotuned run: its bound
-    return Setup(config.get("backend", "local"), k, int(config.get("weight_servers", 1)),
-                 instance, int(lambdas), int(config.get("lambda_memory_mb", 3008)),
-                 int(chunks), int(config.get("epochs", 1)), int(config.get("tensor_threads", 2)),
-                 config.get("row_cache_mb"))
+    """The setup a run record's ``config.json`` describes, read as `dorylus train` wrote it (its settings,
+    typed, with the same defaults; ``--chunks auto`` in a record of the API resolved by the run plan)."""
+    cfg = config_of(config)
+    chunks = plan(cfg, 1, 1, workload_of(config).nodes).config.chunks if cfg.pipeline.distributed else 1
+    pool = cfg.pool
+    lambdas = pool.lambdas_max if pool.lambdas is AUTO else pool.lambdas  # an autotuned run: its bound
+    p = cfg.pipeline
+    return Setup(p.backend, p.graph_servers, p.weight_servers, instance, int(lambdas), pool.lambda_memory_mb,
+                 int(chunks), cfg.run.epochs, p.tensor_threads, pool.row_cache_mb)
+
+
+def config_of(config: dict) -> TrainConfig:
+    """The settings of a record's ``config.json`` (its other fields, such as the graph's counts, left out)."""
+    try:
+        return TrainConfig.from_dict({k: v for k, v in config.items() if k in SECTION_OF})
+    except ConfigError as e:
+        raise DataError(f"config.json: {e}") from None
 
 
 def workload_of(config: dict) -> Workload:
     g = config.get("graph") or {}
     try:
-        dims = [int(g["features"])] + [int(config.get("hidden", 16))] * (int(config.get("layers", 2)) - 1) + [int(g["classes"])]
-        return Workload(int(g["nodes"]), int(g["edges"]), dims)
+        widths = config_of(config).widths(int(g["features"]), int(g["classes"]))
+        return Workload(int(g["nodes"]), int(g["edges"]), widths)
     except (KeyError, TypeError, ValueError):
         raise DataError("config.json lacks the graph's counts (nodes, edges, features, classes)") from None
 

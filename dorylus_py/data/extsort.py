@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 BUCKET_KEYS = 1 << 23  # keys per bucket aimed at: 64 MB
 
 

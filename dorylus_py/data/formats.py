@@ -9,7 +9,7 @@
   ``features.bsnap`` (uint32 dimension, then float32 rows), ``labels.bsnap`` (uint32 class count,
   then one uint32 per vertex).
 - ``.pt``: a saved PyG ``Data`` object (needs torch_geometric; a pickle, so load only trusted files).
-- a folder made by ``dorylus prepare``: the partitions, put back together.
+- (a folder made by ``dorylus prepare`` is ``partition.load_dataset``'s: the partitions, put back together).
 
 Where a file carries no split, a seeded random split of the labelled vertices is drawn.
 """
@@ -43,21 +43,14 @@ class Sources:
 
 
 def load_graph(path: str | os.PathLike, sources: Sources = Sources()) -> Graph:
-    """Load and validate a graph from any supported format; raise :class:`DataError` on any problem."""
-    from dorylus_py.partition.s3 import is_s3
-
-    if is_s3(path):  # a store made by `dorylus prepare --out s3://...`
-        from dorylus_py.partition.store import PartitionStore
-
-        return PartitionStore.open(path).assemble()
+    """Load and validate a graph from any supported file format; raise :class:`DataError` on any problem.
+    (A folder made by ``dorylus prepare`` is read by ``partition.load_dataset``.)"""
     p = Path(path)
+    if str(path).startswith("s3://") or p.is_dir() and (p / "manifest.json").exists():
+        raise DataError(f"{path}: a folder made by `dorylus prepare`; read it with partition.load_dataset")
     if not p.exists():
         raise DataError(f"{p}: no such file or folder")
     if p.is_dir():
-        if (p / "manifest.json").exists():
-            from dorylus_py.partition.store import PartitionStore
-
-            return PartitionStore.open(p).assemble()
         if (p / "graph.bsnap").exists():
             return read_bsnap(p, sources)
         raise DataError(f"{p}: folder holds neither a manifest.json (from `dorylus prepare`) nor graph.bsnap")
@@ -82,7 +75,7 @@ def read_npz(path: Path, sources: Sources = Sources()) -> Graph:
     missing = [k for k in ("src", "dst", "features", "labels") if k not in arrays]
     if missing:
         raise DataError(f"{path}: missing array(s) {', '.join(missing)} (expected src, dst, features, labels)")
-    masks = _masks_from(arrays, path, arrays["labels"], sources)
+    masks = masks_from(arrays, path, arrays["labels"], sources)
     return Graph.from_edges(
         arrays["src"],
         arrays["dst"],
@@ -129,7 +122,7 @@ def read_edge_list(path: Path, sources: Sources = Sources()) -> Graph:
         raise DataError(f"{path}: expected 2 columns (src dst) per line, found {edges.shape[1]}")
     features = _load_npy(sources.features, "features")
     labels = _load_npy(sources.labels, "labels")
-    masks = _masks_from({}, path, labels, sources)
+    masks = masks_from({}, path, labels, sources)
     return Graph.from_edges(edges[:, 0], edges[:, 1], features, labels, *masks, source=str(path))
 
 
@@ -169,7 +162,7 @@ def read_bsnap(folder: Path, sources: Sources = Sources()) -> Graph:
     if n and labels.max() >= num_classes:
         v = int(np.argmax(labels >= num_classes))
         raise DataError(f"{lpath}: label {labels[v]} of vertex {v} is out of range [0, {num_classes}) set by its header")
-    masks = _masks_from({}, gpath, labels, sources)
+    masks = masks_from({}, gpath, labels, sources)
     return Graph.from_edges(
         pairs[:, 0], pairs[:, 1], features, labels, *masks, num_nodes=n, num_classes=num_classes, source=str(gpath)
     )
@@ -217,7 +210,7 @@ def from_pyg(data, sources: Sources = Sources(), source: str = "<pyg Data>") -> 
         for s in SPLITS
         if getattr(data, f"{s}_mask", None) is not None
     }
-    masks = _masks_from(arrays, source, labels, sources)
+    masks = masks_from(arrays, source, labels, sources)
     return Graph.from_edges(ei[0], ei[1], data.x.detach().cpu().numpy(), labels, *masks, source=source)
 
 
@@ -237,7 +230,7 @@ def read_pyg_file(path: Path, sources: Sources = Sources()) -> Graph:
 # --- helpers ---------------------------------------------------------------------------------------
 
 
-def _masks_from(arrays: dict, path, labels, sources: Sources):
+def masks_from(arrays: dict, path, labels, sources: Sources):
     if sources.masks is not None:
         try:
             with np.load(sources.masks, allow_pickle=False) as z:

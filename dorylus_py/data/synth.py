@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from dorylus_py.atomic import atomic_file
-from dorylus_py.config import SynthConfig  # defined there so that `dorylus synth --help` needs no numpy
+from dorylus_py.config import (
+    SynthConfig,  # defined there so that `dorylus synth --help` needs no numpy
+)
 from dorylus_py.data.extsort import KeyBuckets
 from dorylus_py.data.graph import Graph, random_split
 from dorylus_py.data.npystream import NpzWriter

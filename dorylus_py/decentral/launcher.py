@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from dorylus_py.config import TrainConfig
+from dorylus_py.config import SECTION_OF, TrainConfig
 from dorylus_py.data.formats import write_npz
 from dorylus_py.data.graph import Graph
 from dorylus_py.decentral.batches import ClusterBatches
@@ -168,7 +168,7 @@ def worker_process(argv=None) -> int:
         exit_with_parent(3)
         run = Path(args.run_dir)
         config = json.loads((run / "config.json").read_text())
-        cfg = TrainConfig(**{k: v for k, v in config.items() if k in TrainConfig.__dataclass_fields__})
+        cfg = TrainConfig.from_dict({k: v for k, v in config.items() if k in SECTION_OF})
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         host, port = args.store.rsplit(":", 1)
         key = load_job_key()

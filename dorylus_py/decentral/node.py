@@ -37,7 +37,6 @@ from dorylus_py.decentral.ledger import EpochLedger
 from dorylus_py.decentral.peers import Inbox, Links
 from dorylus_py.decentral.recorder import RecorderDuty
 from dorylus_py.decentral.pool import Report, Steal, WorkPool, watched
-from dorylus_py.errors import DorylusError
 from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.protocol.bounded_json import parse
 

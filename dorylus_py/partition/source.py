@@ -15,8 +15,14 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from dorylus_py.data.formats import Sources, _masks_from, load_graph
-from dorylus_py.data.graph import Graph, _as_labels, _as_mask, _inferred_classes, validate_vertices
+from dorylus_py.data.formats import Sources, load_graph, masks_from
+from dorylus_py.data.graph import (
+    Graph,
+    _as_labels,
+    _as_mask,
+    _inferred_classes,
+    validate_vertices,
+)
 from dorylus_py.data.npystream import npz_members
 from dorylus_py.errors import DataError
 
@@ -91,7 +97,7 @@ def npz_source(path: Path, sources: Sources = Sources()) -> GraphSource:
     labels = _as_labels(arrays["labels"].read(), str(path))
     small = {k: arrays[k].read() for k in ("train_mask", "val_mask", "test_mask") if k in arrays}
     masks = tuple(_as_mask(m, name, str(path)) for m, name in
-                  zip(_masks_from(small, path, labels, sources), ("train_mask", "val_mask", "test_mask")))
+                  zip(masks_from(small, path, labels, sources), ("train_mask", "val_mask", "test_mask")))
     classes = int(arrays["num_classes"].read()) if "num_classes" in arrays else _inferred_classes(labels, str(path))
     validate_vertices(labels, masks, classes, n, str(path))
 

@@ -1,6 +1,6 @@
 """A folder of partitions: ``manifest.json`` plus one sub-folder of ``.npy`` files per partition.
 
-The folder may also be an ``s3://bucket/prefix`` (``partition/s3.py``): it is written by uploading a
+The folder may also be an ``s3://bucket/prefix`` (``s3.py``): it is written by uploading a
 finished local folder, and read by fetching the manifest and then only the partitions loaded.
 
 :func:`prepare` streams (``source.py`` -> ``csr.py`` -> ``partitioners.py`` -> ``build.py``): the
@@ -22,16 +22,23 @@ from pathlib import Path
 
 import numpy as np
 
+from dorylus_py import s3
 from dorylus_py.atomic import atomic_dir
 from dorylus_py.checksum import sha256_file
 from dorylus_py.data.graph import Graph
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.jsonfile import read_json
-from dorylus_py.partition import s3
 from dorylus_py.partition.build import LayoutWriter
 from dorylus_py.partition.csr import DiskCSR, build_csr, symmetrized
 from dorylus_py.partition.layout import FEATURE_DTYPES, Partition, decode_features
-from dorylus_py.partition.partitioners import check_parts, choose, fennel, fill_empty, hash_owner, metis
+from dorylus_py.partition.partitioners import (
+    check_parts,
+    choose,
+    fennel,
+    fill_empty,
+    hash_owner,
+    metis,
+)
 from dorylus_py.partition.source import GraphSource, graph_source
 
 FORMAT = "dorylus-partitions"
@@ -62,8 +69,6 @@ def prepare(
     if feature_dtype not in FEATURE_DTYPES:
         raise ConfigError(f"--feature-dtype must be one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
     if overwrite and not delete_checkpoints:
-        from dorylus_py.checkpoint import refuse_to_delete_checkpoints  # (checkpoint imports this package)
-
         refuse_to_delete_checkpoints(out)
     if s3.is_s3(out):
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:
@@ -264,3 +269,20 @@ class PartitionStore:
             num_classes=m["classes"],
             source=self.remote or str(self.root),
         )
+
+
+def checkpoint_root(store: str) -> str:
+    return f"{str(store).rstrip('/')}/checkpoints"
+
+
+def refuse_to_delete_checkpoints(store) -> None:
+    """Raise if replacing ``store`` would delete checkpoints: the weights of training runs, which
+    re-partitioning cannot bring back."""
+    root = checkpoint_root(str(store))
+    if s3.is_s3(root):
+        found = s3.count_objects(root)
+    else:
+        found = sum(1 for p in Path(root).rglob("*") if p.is_file()) if Path(root).is_dir() else 0
+    if found:
+        raise DataError(f"{root}: holds {found} checkpoint files that --overwrite would delete; move them away first, "
+                        "or pass --delete-checkpoints as well")

@@ -67,6 +67,7 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+@pytest.mark.timeout(1200)  # pip installs torch into a folder
 def test_the_images_packages_and_context_run_a_jobs_tasks_alone(moto_aws, small_graph, tmp_path, monkeypatch):
     pins = dockerfile_pins()
     assert {p.split("==")[0] for p in pins} >= {"torch", "numpy", "pyzmq", "cryptography", "boto3"}

@@ -26,6 +26,7 @@ def rehearsal_tools():
         pytest.fail(str(e), pytrace=False)
 
 
+@pytest.mark.timeout(1500)  # 3.5 min alone, over 6 under load
 def test_rehearsal_from_terraform_apply_to_trained_models_and_back_to_nothing(rehearsal_tools, tmp_path, monkeypatch):
     from dorylus_py.rehearsal.run import STEPS, Rehearsal
 

@@ -8,11 +8,12 @@ import boto3
 import numpy as np
 import pytest
 
-from dorylus_py.checkpoint import checkpoint_root, load_checkpoint, save_checkpoint
+from dorylus_py.checkpoint import load_checkpoint, save_checkpoint
 from dorylus_py.cli import main
 from dorylus_py.data import write_npz
 from dorylus_py.errors import DataError
 from dorylus_py.partition import PartitionStore, prepare
+from dorylus_py.partition.store import checkpoint_root
 
 
 @pytest.fixture()

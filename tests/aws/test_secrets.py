@@ -7,12 +7,13 @@ import boto3
 import numpy as np
 import pytest
 
-from dorylus_py.checkpoint import checkpoint_root, load_checkpoint, save_checkpoint
+from dorylus_py import s3 as s3store
+from dorylus_py.checkpoint import load_checkpoint, save_checkpoint
 from dorylus_py.cli import main
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.jobkey import load_job_key
 from dorylus_py.partition import PartitionStore, prepare
-from dorylus_py.partition import s3 as s3store
+from dorylus_py.partition.store import checkpoint_root
 from dorylus_py.platforms.aws import deployed_memory_mb
 
 pytest.importorskip("hcl2")

@@ -11,7 +11,6 @@ All times are `time.time()` on this one machine.
 
 import json
 import time
-from collections import defaultdict
 
 import pytest
 

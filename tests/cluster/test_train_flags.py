@@ -3,14 +3,12 @@ Ctrl-C, --no-data-copy, the data flags in config.json, server counts from a prep
 file."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
-import pytest
 
 from dorylus_py.cli import main
 from tests.cluster.test_cluster_file import free_ports

@@ -2,9 +2,10 @@
 
 import numpy as np
 
-from dorylus_py.checkpoint import checkpoint_root, save_checkpoint
+from dorylus_py.checkpoint import save_checkpoint
 from dorylus_py.cli import main
 from dorylus_py.data import write_npz
+from dorylus_py.partition.store import checkpoint_root
 
 
 def test_overwrite_keeps_checkpoints_unless_told(small_graph, tmp_path, capsys):

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from dorylus_py.data import Graph, load_graph
+from dorylus_py.data import Graph
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.kernels import NormalizedAdjacency
 from dorylus_py.kernels.sparse import BlockAdjacency
-from dorylus_py.partition import PartitionStore, prepare
+from dorylus_py.partition import PartitionStore, load_dataset, prepare
 from tests.data.test_formats import same
 
 
@@ -25,7 +25,7 @@ def test_cora_partitions_reassemble_exactly(cora, tmp_path, method):
     assert m["partitions"] == 4 and len(m["parts"]) == 4
     assert sum(p["nodes"] for p in m["parts"]) == cora.num_nodes
     assert same(PartitionStore.open(tmp_path / "p").assemble(), cora)
-    assert same(load_graph(tmp_path / "p"), cora)
+    assert same(load_dataset(tmp_path / "p"), cora)
     if method == "metis":
         assert m["edge_cut"] < m["hash_edge_cut"] / 3  # METIS really minimises the cut
     if method == "fennel":

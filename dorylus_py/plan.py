@@ -1,0 +1,67 @@
+"""The run plan: what a run's settings come to on its data, worked out once by one pure function.
+
+:func:`plan` takes the settings (:class:`~dorylus_py.config.TrainConfig`) and what is known of the data
+(the graph's counts, and each partition's vertex count once it is prepared) and resolves everything
+derived: the model's layer widths, ``--chunks auto`` and each graph server's chunk count, each graph
+server's share of the Lambda pool, the server counts. The CLI (for the run record), the driver (for the
+servers' ``start``), the cost estimator and the reports ask it; nothing else works these values out.
+Only the standard library is imported here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from dorylus_py.config import LAMBDA_BACKENDS, TrainConfig, chunks_per_server
+from dorylus_py.errors import DataError
+from dorylus_py.settings import AUTO
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    config: TrainConfig  # with --chunks resolved to a count (a distributed run's)
+    widths: list[int]  # layer widths: features, hidden..., classes
+    graph_servers: int  # partitions (0: no graph servers: the reference trainer, the decentralised modes)
+    weight_servers: int
+    chunk_counts: list[int]  # each graph server's chunks
+    lambda_share: tuple[int, int, int]  # a graph server's tensor workers: at the start, fewest, most
+
+    @property
+    def total_chunks(self) -> int:
+        return sum(self.chunk_counts)
+
+
+def plan(cfg: TrainConfig, features: int, classes: int, nodes: int, parts: list[int] | None = None,
+         weight_servers: int | None = None) -> RunPlan:
+    """The plan of ``cfg`` on a graph of ``nodes`` vertices, ``features`` and ``classes``; ``parts``: each
+    partition's vertices once the data is prepared (else an even split of ``cfg.graph_servers``);
+    ``weight_servers``: a cluster file's count (else ``cfg.weight_servers``)."""
+    p = cfg.pipeline
+    widths = cfg.gnn.widths(features, classes)
+    if not p.distributed:
+        return RunPlan(cfg, widths, 0, 0, [], (0, 0, 0))
+    k = len(parts) if parts is not None else p.graph_servers
+    if k < 1 or (parts is not None and min(parts) < 1):
+        raise DataError(f"a distributed run needs partitions of at least one vertex each, got {parts or k}")
+    share = lambda_share(cfg, k)
+    chunks = p.chunks
+    if chunks is AUTO:
+        workers = share[0] if p.backend in LAMBDA_BACKENDS and cfg.pool.lambdas is not AUTO else None
+        chunks = chunks_per_server(p.backend, p.mode, workers, -(-nodes // k))
+    sizes = parts if parts is not None else [max(1, nodes // k)] * k
+    resolved = cfg if chunks == p.chunks else replace(cfg, chunks=chunks)
+    return RunPlan(resolved, widths, k, weight_servers or p.weight_servers,
+                   [max(1, min(chunks, s)) for s in sizes], share)
+
+
+def lambda_share(cfg: TrainConfig, graph_servers: int) -> tuple[int, int, int]:
+    """(start, fewest, most) tensor workers of one graph server: ``--lambdas`` (or, with ``auto``,
+    ``--lambdas-min`` and ``--lambdas-max``) shared out among the graph servers, at least one each.
+    An autotuned pool starts at its fewest and grows as its tasks wait."""
+    def share(n: int) -> int:
+        return max(1, n // graph_servers)
+
+    pool = cfg.pool
+    if pool.lambdas is AUTO:
+        return share(pool.lambdas_min), share(pool.lambdas_min), share(pool.lambdas_max)
+    return (share(pool.lambdas),) * 3
