@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from dorylus_py.config import TrainConfig
 from dorylus_py.data import SynthConfig, generate
 from dorylus_py.kernels import NormalizedAdjacency
-from dorylus_py.models import GCN
+from dorylus_py.models.gcn import GCN
 from dorylus_py.training.reference import model_dims
 
 

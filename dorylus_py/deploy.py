@@ -16,11 +16,11 @@ REPO = Path(__file__).resolve().parents[1]
 # The handler imports these and nothing else of the package (tests/aws/test_deploy.py checks it).
 HANDLER_MODULES = ["__init__.py", "errors.py", "jobkey.py", "kernels/__init__.py", "kernels/attention.py",
                    "kernels/dropout.py", "kernels/gat_ops.py", "kernels/gcn_ops.py", "kernels/sage_ops.py",
-                   "kernels/sparse.py", "kernels/tasks.py", "models/__init__.py", "models/gcn.py", "models/spec.py",
-                   "pipeline/__init__.py", "pipeline/events.py", "pipeline/stages.py", "pipeline/tasks.py",
-                   "protocol/__init__.py", "protocol/bounded_json.py", "protocol/messages.py", "protocol/replay.py",
-                   "protocol/session.py", "protocol/transport.py", "weights/__init__.py", "weights/adam.py",
-                   "weights/blocks.py", "weights/store.py"]
+                   "kernels/sparse.py", "kernels/tasks.py", "models/__init__.py", "models/architectures.py",
+                   "models/spec.py", "pipeline/__init__.py", "pipeline/events.py", "pipeline/stages.py",
+                   "pipeline/tasks.py", "protocol/__init__.py", "protocol/bounded_json.py", "protocol/messages.py",
+                   "protocol/replay.py", "protocol/session.py", "protocol/transport.py", "protocol/zap.py",
+                   "weights/__init__.py", "weights/adam.py", "weights/blocks.py", "weights/store.py"]
 
 
 def build_context(out: Path, overwrite: bool = False) -> list[Path]:

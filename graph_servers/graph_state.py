@@ -1,4 +1,5 @@
-"""One graph server's arrays and its graph work: no sockets, no decisions (those are the scheduler's).
+"""One graph server's arrays, their layout and how the graph work uses them: no sockets, no decisions
+(those are the scheduler's). The graph stages are ``gather.py``'s, the peer exchange ``ghost_exchange.py``'s.
 
 Every model's layer is ``G_l = A_l Z_l [+ S_l]`` (``models/spec.py``): tensor tasks compute ``Z_l``
 (and the self term ``S_l``) chunk by chunk; each finished chunk's ``Z_l`` rows go to the peers that
@@ -51,13 +52,12 @@ import torch
 
 from dorylus_py.data.graph import row_normalized
 from dorylus_py.heap import return_freed_memory
-from dorylus_py.kernels import gcn_ops
-from dorylus_py.kernels.dropout import dropout_keep_mask
-from dorylus_py.kernels.heads import HeadBlocks, gather_heads_backward, row_sums
+from dorylus_py.kernels.heads import HeadBlocks
 from dorylus_py.kernels.sparse import BlockAdjacency, csr_nbytes
 from dorylus_py.models.spec import ModelSpec
 from dorylus_py.partition.layout import Partition
-from dorylus_py.protocol import ProtocolError
+from graph_servers.gather import GatherStages
+from graph_servers.ghost_exchange import GhostExchange
 from graph_servers.received import ALL_CHUNKS, NewestParts, OrderedSum
 
 
@@ -92,7 +92,7 @@ class FusedInput:
     id_start: int
 
 
-class GraphState:
+class GraphState(GatherStages, GhostExchange):
     def __init__(self, part: Partition, model: ModelSpec, chunk_counts: list[int], feature_norm: str, edge_offset: int = 0,
                  fused: FusedInput | None = None, sync: bool = False, remat: bool = False):
         """``chunk_counts``: how many chunks every graph server has (ours included); ``edge_offset``:
@@ -243,163 +243,6 @@ class GraphState:
 
     def _values(self, train: bool, layer: int) -> torch.Tensor:
         return torch.from_numpy(self.alpha[train][layer])
-
-    # --- graph work (on the graph thread; it touches rows no running task reads) -------------------
-
-    def run_graph(self, stage: str, epoch: int, layer: int, chunk: int | None) -> None:
-        """The graph stage ``stage`` of layer ``layer`` for one chunk's rows, or all rows (``chunk`` None)."""
-        if stage in ("gather", "egather"):
-            self.gather(stage == "gather", layer, chunk)
-        elif stage == "gather_bwd":
-            self.gather_backward(layer, chunk)
-        elif stage == "attn_grad":
-            self.attention_grad(layer, chunk)
-        elif stage in ("activate", "activate_bwd") and self.fused is not None and layer == self.layers - 1:
-            for c in range(self.chunks) if chunk is None else (chunk,):  # a chunk at a time: bounded temporaries
-                self.activate(epoch, c) if stage == "activate" else self.activate_backward(epoch, c)
-        else:
-            raise ValueError(f"unknown graph stage {stage!r} for layer {layer}")
-
-    def _rows(self, chunk: int | None):
-        """``((a, b), blocks)``: the chunk's row range and its rows of ``A`` (all rows for None)."""
-        return ((0, self.n), self.adj) if chunk is None else (self.chunk(chunk), self.rows_of[chunk])
-
-    def gather(self, train: bool, layer: int, chunk: int | None) -> None:
-        """``G_l`` of the chunk's rows, written in place."""
-        s, ((a, b), m) = self.shapes[layer], self._rows(chunk)
-        out, zg = self.G[train][layer][a:b], torch.from_numpy(self.ZG[train][layer])
-        if self.attention:
-            out[:] = m.gather(self._values(train, layer), zg, s.heads, s.concat).numpy()
-        else:
-            m.gather(zg, out=torch.from_numpy(out))
-        if self.S:
-            out += self.S[train][layer][a:b]
-
-    def gather_backward(self, layer: int, chunk: int | None) -> None:
-        """``dZ_l`` of the chunk's rows: our own chunks' ``dG_l`` through ``Aᵀ``, plus the peers' parts
-        (GAT: also the sources' score gradients, from our edges' ``ds`` and the peers' parts)."""
-        s, ((a, b), m) = self.shapes[layer], self._rows(chunk)
-        dz, dg = self.dZ[layer][a:b], torch.from_numpy(self.dG[layer])
-        if self.attention:
-            dz[:] = m.gather_t(self._values(True, layer), dg, s.heads, s.concat).numpy()
-            self.dsrc[layer][a:b] = row_sums(m.local_t, torch.from_numpy(self.ds[layer])).numpy()
-        else:
-            m.gather_t(dg, out=torch.from_numpy(dz))
-        self.received[("bwd", layer)].add_to(a, b, dz)
-        if self.attention:
-            self.received[("ebwd", layer)].add_to(a, b, self.dsrc[layer][a:b])
-
-    def activate(self, epoch: int, chunk: int) -> None:
-        """The fused last layer's input ``P̃ = dropout(relu(G_{L-2}))`` of the chunk's rows (into ``ZG``,
-        from where the chunk's rows go to the peers that hold them as ghosts)."""
-        a, b = self.chunk(chunk)
-        self.ZG[True][self.layers - 1][a:b] = self._fused_input(epoch, a, b).numpy()
-
-    def _fused_input(self, epoch: int, a: int, b: int) -> torch.Tensor:
-        f, l = self.fused, self.layers - 1
-        g = torch.from_numpy(self.G[True][l - 1][a:b])
-        keep = (dropout_keep_mask(f.id_start + a, f.id_start + b, g.shape[1], f.rate, f.seed, epoch, l)
-                if f.rate > 0 else None)
-        return gcn_ops.apply_vertex_input(g, l, keep, f.rate)
-
-    def activate_backward(self, epoch: int, chunk: int) -> None:
-        """``dG_{L-2}`` of the chunk's rows from ``dP̃`` (Gather backward's ``dZ_{L-1}``) and ``P̃`` (kept in
-        ``ZG``; with ``remat``, where ``dP̃`` now is, recomputed from ``G_{L-2}`` and the same mask)."""
-        l, (a, b) = self.layers - 1, self.chunk(chunk)
-        dp = torch.from_numpy(self.dZ[l][a:b])
-        p = self._fused_input(epoch, a, b) if self.remat else torch.from_numpy(self.ZG[True][l][a:b])
-        self.dG[l - 1][a:b] = gcn_ops.activation_backward(dp, p, self.fused.rate).numpy()
-
-    def attention_grad(self, layer: int, chunk: int | None) -> None:
-        """GAT: ``dα̃`` of the chunk's in-edges, ``<dG_l[v], Z_l[u]>`` per head (an SDDMM per block)."""
-        s, ((a, b), m) = self.shapes[layer], self._rows(chunk)
-        local, ghost = m.value_grads(torch.from_numpy(self.dG[layer][a:b]), torch.from_numpy(self.ZG[True][layer]),
-                                     s.heads, s.concat)
-        (llo, lhi), (glo, ghi) = m.edge_runs()
-        self.dalpha[: s.heads, llo:lhi] = local.numpy()
-        self.dalpha[: s.heads, glo:ghi] = ghost.numpy()
-
-    # --- what goes to the peers --------------------------------------------------------------------
-
-    def rows_for_peers(self, train: bool, layer: int, chunk: int) -> dict[int, tuple[np.ndarray, dict]]:
-        """Peer -> (positions in its ghost slice, tensors): the chunk's fresh ``Z_l`` rows it holds (GAT:
-        and their source scores)."""
-        z = self.ZG[train][layer]
-        out = {}
-        for p, (pos, rows) in self.send_in_chunk[chunk].items():
-            out[p] = (pos, {"rows": z[rows]} | ({"scores": self.SG[train][layer][rows]} if self.attention else {}))
-        return out
-
-    def contributions(self, phase: str, layer: int, chunk: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Peer -> (positions in its send list to us, rows): ``bwd``: ``A[chunk, its ghosts]ᵀ dG_l[chunk]``;
-        ``ebwd`` (GAT): per head, the sum of ``ds`` over the chunk's edges from each of its vertices."""
-        if not self.peers:
-            return {}
-        contrib = self._contribution(phase, layer, chunk)
-        return {p: (positions, contrib[lo:hi]) for p, (lo, hi, positions) in self.touched[chunk].items()}
-
-    def summed_contributions(self, phase: str, layer: int, chunk: int) -> dict[int, tuple[np.ndarray, np.ndarray]] | None:
-        """Sync mode: add the chunk's contribution to the epoch's sum (in chunk order, as the receiver
-        sums); once every chunk of ours is in, peer -> (positions, rows) of the sum, one message per peer
-        instead of one per chunk (at 10 M / 200 M, 34 chunks each touched about 0.77 M of the peer's
-        4.85 M ghosts here: 5.4 times the rows of the sum), else None."""
-        if not self.peers:
-            return {}
-        contrib, total = self._contribution(phase, layer, chunk), self.outgoing[(phase, layer)]
-        ghosts = np.empty(len(contrib), np.int32)  # contrib's rows as ghost indices
-        for p, (lo, hi, positions) in self.touched[chunk].items():
-            ghosts[lo:hi] = positions + self.part.ghost_offsets[p]
-        total.add((self.part.index, chunk), ghosts, contrib)
-        if total.done < len(total.keys):
-            return None
-        rows, offsets = total.take(), self.part.ghost_offsets
-        return {p: (np.arange(offsets[p + 1] - offsets[p], dtype=np.int64), rows[offsets[p]: offsets[p + 1]])
-                for p in self.peers}
-
-    def _contribution(self, phase: str, layer: int, chunk: int) -> np.ndarray:
-        """The chunk's contribution rows, one per ghost it touches (in ghost order)."""
-        s, (a, b), m = self.shapes[layer], self.chunk(chunk), self.ghost_t[chunk]
-        dg = torch.from_numpy(self.dG[layer][a:b])
-        if not self.attention:
-            contrib = torch.sparse.mm(m, dg).numpy()
-        elif phase == "bwd":
-            contrib = gather_heads_backward(m, self._values(True, layer), dg, s.heads, s.concat).numpy()
-        else:
-            contrib = row_sums(m, torch.from_numpy(self.ds[layer])).numpy()
-        return contrib
-
-    def store_peer_rows(self, phase: str, src: int, layer: int, src_chunk: int, tensors: dict[str, np.ndarray]) -> None:
-        """Keep a peer's rows (checked first: nothing out of range is written)."""
-        summed = self.sync and phase in self.phases  # sync contributions come summed over the peer's chunks
-        if (src not in self.peers or not 0 <= layer < self.layers or phase not in ("fwd", "efwd", *self.phases)
-                or not (src_chunk == ALL_CHUNKS if summed else 0 <= src_chunk < self.chunk_counts[src])):
-            raise ProtocolError(f"rows from {src} chunk {src_chunk} for layer {layer} phase {phase!r} are not expected")
-        s = self.shapes[layer]
-        positions = tensors.get("positions")
-        sl = self.part.ghosts_from(src)
-        backward = phase in self.phases
-        limit = len(self.send_ids[src]) if backward else sl.stop - sl.start
-        if positions is None or positions.dtype != np.int64 or positions.ndim != 1:
-            raise ProtocolError("ghost positions must be int64, one per row")
-        width = s.heads if phase == "ebwd" else self.widths(phase != "efwd", layer)[0]
-        named = {"rows": width} | ({"scores": s.heads} if self.attention and not backward else {})
-        for name, width in named.items():
-            t = tensors.get(name)
-            if t is None or t.dtype != np.float32 or t.shape != (len(positions), width):
-                raise ProtocolError(f"ghost {name} must be float32, {len(positions)} x {width}")
-        if len(positions) and (positions.min() < 0 or positions.max() >= limit):
-            raise ProtocolError(f"ghost positions out of range [0, {limit})")
-        if not backward:
-            train, at = phase == "fwd", self.n + sl.start + positions
-            self.ZG[train][layer][at] = tensors["rows"]
-            if self.attention:
-                self.SG[train][layer][at] = tensors["scores"]
-            return
-        increasing = bool(np.all(positions[1:] > positions[:-1]))  # as senders send them: no sort needed
-        if not increasing and len(np.unique(positions)) != len(positions):
-            raise ProtocolError("contribution positions repeat")
-        local = self.send_ids[src].numpy()[positions].astype(np.int32)
-        self.received[(phase, layer)].add((src, src_chunk), local, tensors["rows"])
 
     # --- tensor tasks' inputs (graph_servers/task_io.py) -------------------------------------------
 

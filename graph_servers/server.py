@@ -4,10 +4,11 @@ Everything it decides comes from :class:`~dorylus_py.pipeline.scheduler.Schedule
 each request from a tensor worker, each peer message, each platform completion, each finished graph
 job and the clock into an event, and carries out the instructions it gets back (invoke a task,
 answer a pull with rows or ``cancel``, apply a result, send rows to peers, forward a gradient, run
-Gather on the graph thread, report an epoch). The maths on the arrays is
-:class:`~graph_servers.graph_state.GraphState`'s. Graph jobs run on a thread of their own (torch
-releases the GIL in the sparse products), so the loop keeps answering the workers meanwhile; only
-the loop thread changes the scheduler or records task rows.
+Gather on the graph thread, report an epoch), each by the method named after it, as the scheduler
+handles each event. What arrives is checked and turned into events in ``requests.py``; the maths on
+the arrays is :class:`~graph_servers.graph_state.GraphState`'s. Graph jobs run on a thread of their
+own (``graph_thread.py``), so the loop keeps answering the workers meanwhile; only the loop thread
+changes the scheduler or records task rows.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -34,26 +33,33 @@ from dorylus_py.pipeline import events as ev
 from dorylus_py.pipeline.scheduler import Scheduler
 from dorylus_py.pipeline.stages import task_kinds, task_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy
-from dorylus_py.protocol import Message, ProtocolError, require
+from dorylus_py.protocol import Message
 from dorylus_py.weights.blocks import servers_of_layer, split, weight_blocks
-from graph_servers.direct import DirectLink, DirectSlot
+from graph_servers.direct import DirectLink
 from graph_servers.graph_state import FusedInput, GraphState
+from graph_servers.graph_thread import GraphThread
 from graph_servers.pool import AutoPool
 from graph_servers.received import ALL_CHUNKS
+from graph_servers.requests import Request, Requests
 from graph_servers.staging import BlockStaging
 from graph_servers.task_io import (
-    STATIC, apply_result, check_result, chunk_rows, has_static, per_row_widths, staging_cap, static_tokens, streams,
-    task_block, task_rows,
+    STATIC, apply_result, chunk_rows, has_static, staging_cap, static_tokens, streams, task_block, task_rows,
 )
 from graph_servers.usage import Usage
+from graph_servers.wire import held_tokens, task_event
 from graph_servers.workers import make_platform
-from graph_servers.wire import held_tokens, integer, peer_rows, run_id, task_event, task_of
 
 log = logging.getLogger("dorylus.graph_server")
 
+# what the scheduler may tell the server to do, each carried out by the method ``_on_<its class name>``
+INSTRUCTIONS = (ev.Invoke, ev.Serve, ev.Cancel, ev.Accept, ev.SendRows, ev.ForwardGradient, ev.RunGraph,
+                ev.SendProgress, ev.ReportEpoch, ev.Frozen, ev.Finished, ev.Stuck)
 
-class GraphServer:
+
+class GraphServer(Requests):
     def __init__(self, node: Node, start: Message):
+        super().__init__()  # the requests' handlers, by op (requests.py)
+        self.carry_out = {kind: getattr(self, f"_on_{kind.__name__}") for kind in INSTRUCTIONS}
         self.node = node
         self.spec = spec = JobSpec.from_wire(start["spec"])
         cfg = spec.config
@@ -89,18 +95,9 @@ class GraphServer:
             staleness=cfg.staleness, peers=tuple(self.peers), peer_chunks=spec.total_chunks - spec.chunk_counts[self.k],
             first_epoch=spec.first_epoch, policy=policy, stall_s=cfg.wait_timeout_s, stages=tuple(stages),
             workers=self.platform.concurrency, epoch_gate=0 if cfg.remat else 1)
-        # Graph jobs run on one thread of their own; a finished one wakes the loop through an inproc socket.
-        self.graph_pool = ThreadPoolExecutor(1, thread_name_prefix="graph")
-        self.graph_out = 0  # graph jobs submitted and not done
+        self.graph_thread = GraphThread(node.ctx, node.poller, self._graph_job)
         tasks_per_epoch = self.state.chunks * sum(s.task is not None for s in stages)
         self.auto_pool = AutoPool.of(spec, self.platform, self.k, tasks_per_epoch)
-        self.graph_done: queue.SimpleQueue = queue.SimpleQueue()
-        wake = f"inproc://graph-done-{id(self)}"
-        self.wake_recv = node.ctx.socket(zmq.PULL)
-        self.wake_recv.bind(wake)
-        self.wake_send = node.ctx.socket(zmq.PUSH)
-        self.wake_send.connect(wake)
-        node.poller.register(self.wake_recv, zmq.POLLIN)
         node.on_driver = self.on_driver
         self.loss_sum: dict[int, float] = {}
         self.correct: dict[int, np.ndarray] = {}
@@ -148,149 +145,46 @@ class GraphServer:
         if self.direct is not None:
             self.direct.serve(self.handle, REJECTED, lambda e: self.node.rejections.add("invalid", e))
 
-    def feed(self, event, request: tuple | None = None, msg: Message | None = None) -> None:
-        """Give the scheduler an event and carry out its instructions; ``request`` (identity, req,
-        op) and ``msg`` belong to the worker request the event came from."""
+    def feed(self, event, request: Request | None = None, msg: Message | None = None) -> None:
+        """Give the scheduler an event and carry out its instructions; ``request`` and ``msg`` belong to
+        the worker request the event came from (the instructions that answer it need them)."""
         for inst in self.scheduler.handle(event):
-            self.execute(inst, request, msg)
+            self.carry_out[type(inst)](inst, request, msg)
 
-    def execute(self, inst, request, msg) -> None:
-        kind = type(inst)
-        if kind is ev.Invoke:
-            self.stats["invoked"] += 1
-            key = inst.key
-            weighted = self.by_task[(key.kind, key.train, key.layer)].weights is not None
-            servers = [self.spec.weight_servers[w] for w in self.layer_servers[key.layer]] if weighted else []
-            self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.curve, self.node.session.job,
-                                            inst, servers, chunk_rows(self.state, key.chunk) if streams(self.state, key) else 0))
-        elif kind is ev.Serve:
-            key = inst.key
-            token = self.static_tokens[key.chunk] if self.static_tokens and has_static(key) else None
-            rows = task_rows(self.state, key, static_held=token is not None and token in held_tokens(msg.get("have")),
-                             span=task_block(self.state, key, msg))
-            (a, b), ((lo, _), (glo, _)) = self.state.chunk(key.chunk), self.state.edge_runs(key.chunk)
-            fields = {"start": a, "stop": b, "id_start": self.spec.id_offsets[self.k] + a, "sent": time.time(),
-                      "edge_start": self.state.edge_offset + lo, "ghost_edge_start": self.state.edge_offset + glo}
-            self._answer(request, Message("rows", fields | ({"static": {STATIC: token}} if token else {}), rows))
-        elif kind is ev.Cancel:
-            self._answer(request, Message("duplicate" if request[2] == "push_result" else "cancel", {"reason": inst.reason}))
-        elif kind is ev.Accept:
-            self._accept(inst.key, msg)
-            self._answer(request, Message("ok", {}))
-        elif kind is ev.SendRows:
-            self._send_rows(inst)
-        elif kind is ev.ForwardGradient:
-            self._forward_gradient(inst, msg)
-        elif kind is ev.RunGraph:
-            self.epoch_start.setdefault(inst.epoch, time.perf_counter())
-            self.graph_out += 1
-            self.graph_pool.submit(self._graph_job, inst)
-        elif kind is ev.SendProgress:
-            for sock in self.peers.values():
-                self._send(sock, Message("progress", {"src": self.k, "min_epoch": inst.min_epoch}))
-        elif kind is ev.ReportEpoch:
-            self._report(inst.epoch)
-        elif kind is ev.Frozen:
-            self.node.to_driver(Message("switch", {"rank": self.k, "frozen_at": inst.at_epoch}))
-        elif kind is ev.Finished:
-            self.finished = True
-        elif kind is ev.Stuck:
-            raise DorylusError(f"graph server {self.k}: {inst.reason}")
-        if kind is ev.Invoke:
-            self.epoch_start.setdefault(inst.key.epoch, time.perf_counter())
+    # --- the scheduler's instructions, each carried out by ``_on_<its name>`` ------------------------
 
-    # --- requests from tensor workers and peers ----------------------------------------------------
+    def _on_Invoke(self, inst: ev.Invoke, request, msg) -> None:
+        self.stats["invoked"] += 1
+        key = inst.key
+        weighted = self.by_task[(key.kind, key.train, key.layer)].weights is not None
+        servers = [self.spec.weight_servers[w] for w in self.layer_servers[key.layer]] if weighted else []
+        self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.curve, self.node.session.job,
+                                        inst, servers, chunk_rows(self.state, key.chunk) if streams(self.state, key) else 0))
+        self.epoch_start.setdefault(key.epoch, time.perf_counter())
 
-    def handle(self, identity: bytes, msg: Message) -> None:
-        s = self.state
-        if not isinstance(identity, DirectSlot):  # in-process requests cross no socket
-            self.usage.received(msg.tensors)
-        req = msg.get("req")
-        request = (identity, req if isinstance(req, str) else None, msg.op)
-        if msg.op == "pull_rows":
-            require(msg, "task")
-            key, attempt = task_of(msg["task"], s.layers, s.chunks, self.kinds)
-            held_tokens(msg.get("have"))  # checked before the scheduler hears of the pull; Serve reads it
-            task_block(s, key, msg)
-            self.feed(ev.TaskPulled(key, attempt, time.time()), request, msg)
-        elif msg.op == "push_block":  # staged, unanswered: the task's push_result commits or fails for it
-            require(msg, "task")
-            key, attempt = task_of(msg["task"], s.layers, s.chunks, self.kinds)
-            lo, hi = task_block(s, key, msg, required=True)
-            if self.scheduler.tracker.copy_running(key, attempt):  # else a late copy's: not kept
-                self.staging.add((key, attempt, run_id(msg)), chunk_rows(s, key.chunk), lo, hi, msg.tensors,
-                                 per_row_widths(s, key))
-                self.stats["blocks"] += 1
-        elif msg.op == "push_result":
-            require(msg, "task")
-            key, attempt = task_of(msg["task"], s.layers, s.chunks, self.kinds)
-            streamed, running = msg.get("streamed") is True and streams(s, key), self.scheduler.tracker.is_running(key)
-            if streamed and running:
-                msg.tensors.update(self.staging.take((key, attempt, run_id(msg)), per_row_widths(s, key)))
-            if running or not streamed:  # a late streamed copy carries no rows: it is told it is a duplicate
-                check_result(s, key, msg)
-            self.feed(ev.TaskResult(key, attempt, time.time(), msg.get("version")), request, msg)
-            if streamed:
-                self.staging.forget(key)  # accepted, or done before: no copy's blocks are wanted now
-        elif msg.op == "ghosts":
-            phase, src, epoch, layer, src_chunk, min_epoch = peer_rows(msg, s.layers)
-            self._check_peer_epoch(epoch, "ghosts")
-            self._check_peer_progress(min_epoch)
-            s.store_peer_rows(phase, src, layer, src_chunk, msg.tensors)
-            self.node.reply(identity, Message("ok", {}))
-            covers = s.chunk_counts[src] if src_chunk == ALL_CHUNKS else 1  # a sync sum stands for all its chunks
-            self.feed(ev.RowsArrived(phase, epoch, layer, src, covers))
-            self.feed(ev.PeerProgress(src, min_epoch))
-        elif msg.op == "progress":
-            require(msg, "src", "min_epoch")
-            src = integer(msg["src"], "src")
-            if src not in self.peers:
-                raise ProtocolError(f"progress from unexpected source {src}")
-            min_epoch = integer(msg["min_epoch"], "min_epoch", 1)
-            self._check_peer_progress(min_epoch)
-            self.node.reply(identity, Message("ok", {}))
-            self.feed(ev.PeerProgress(src, min_epoch))
-        else:
-            raise ProtocolError(f"op {msg.op} is not served by a graph server")
+    def _on_Serve(self, inst: ev.Serve, request: Request, msg: Message) -> None:
+        key = inst.key
+        token = self.static_tokens[key.chunk] if self.static_tokens and has_static(key) else None
+        rows = task_rows(self.state, key, static_held=token is not None and token in held_tokens(msg.get("have")),
+                         span=task_block(self.state, key, msg))
+        (a, b), ((lo, _), (glo, _)) = self.state.chunk(key.chunk), self.state.edge_runs(key.chunk)
+        fields = {"start": a, "stop": b, "id_start": self.spec.id_offsets[self.k] + a, "sent": time.time(),
+                  "edge_start": self.state.edge_offset + lo, "ghost_edge_start": self.state.edge_offset + glo}
+        self._answer(request, Message("rows", fields | ({"static": {STATIC: token}} if token else {}), rows))
 
-    def _check_peer_epoch(self, epoch: int, what: str) -> None:
-        """A peer's rows must be of an epoch this server can be at: rows of another would overwrite live ones."""
-        if not self.scheduler.expects_peer_epoch(epoch):
-            raise ProtocolError(f"{what} of epoch {epoch}: not an epoch near this server's {self.scheduler.pipe.min_epoch()}")
+    def _on_Cancel(self, inst: ev.Cancel, request: Request, msg) -> None:
+        self._answer(request, Message("duplicate" if request.op == "push_result" else "cancel", {"reason": inst.reason}))
 
-    def _check_peer_progress(self, min_epoch: int) -> None:
-        """A peer's slowest epoch cannot be past the end of the job, nor further ahead than staleness allows."""
-        sched = self.scheduler
-        if min_epoch > min(sched.epochs + 1, sched.pipe.min_epoch() + sched.staleness + 2):
-            raise ProtocolError(f"a peer at epoch {min_epoch}: further ahead than this server's "
-                                f"{sched.pipe.min_epoch()} allows")
-
-    def on_driver(self, msg: Message) -> None:
-        """The switch back to sync mode, in two steps so that no server has started the switch epoch:
-        freeze (start no epoch beyond those already started, and say how far that is); then the
-        driver's ``at_epoch``, one past every server's frozen epoch, is where sync mode begins."""
-        if msg.op != "switch":
-            return
-        at = msg.get("at_epoch")
-        self.feed(ev.Freeze() if at is None else ev.SwitchAt(integer(at, "at_epoch", 1)))
-
-    def _answer(self, request, reply: Message) -> None:
-        identity, req, _ = request
-        reply.fields["req"] = req
-        if isinstance(identity, DirectSlot):
-            identity.answer(reply)
-            return
-        self.usage.sent(reply.tensors)
-        self.node.reply(identity, reply)
-
-    def _accept(self, key: ev.TaskKey, msg: Message) -> None:
+    def _on_Accept(self, inst: ev.Accept, request: Request, msg: Message) -> None:
+        key = inst.key
         apply_result(self.state, key, msg.tensors)
         if key.kind in ("loss", "fused"):
             self.loss_sum[key.epoch] = self.loss_sum.get(key.epoch, 0.0) + float(msg["loss_sum"])
         elif key.kind == "eval":
             self.correct[key.epoch] = self.correct.get(key.epoch, np.zeros(3, np.int64)) + np.array(msg["correct"], np.int64)
+        self._answer(request, Message("ok", {}))
 
-    def _send_rows(self, inst: ev.SendRows) -> None:
+    def _on_SendRows(self, inst: ev.SendRows, request, msg) -> None:
         s, chunk = self.state, inst.chunk
         if inst.phase in ("fwd", "efwd"):
             parts = s.rows_for_peers(inst.phase == "fwd", inst.layer, inst.chunk)
@@ -305,7 +199,7 @@ class GraphServer:
         for p, (positions, tensors) in parts.items():
             self._send(self.peers[p], Message("ghosts", fields, {"positions": positions} | tensors))
 
-    def _forward_gradient(self, inst: ev.ForwardGradient, msg: Message) -> None:
+    def _on_ForwardGradient(self, inst: ev.ForwardGradient, request, msg: Message) -> None:
         """An accepted backward task's gradients, cut into row blocks: to each weight server its blocks."""
         key = inst.key
         tensors = {t.name: msg.tensors[f"grad:{t.name}"] for t in self.model.layer_tensors(key.layer)}
@@ -316,6 +210,28 @@ class GraphServer:
         for w in self.layer_servers[key.layer]:
             mine = {b.name: grads[b.name] for b in self.blocks if b.layer == key.layer and b.server == w}
             self._send(self.weight_servers[w], Message("push_grad", fields, mine))
+
+    def _on_RunGraph(self, inst: ev.RunGraph, request, msg) -> None:
+        self.epoch_start.setdefault(inst.epoch, time.perf_counter())
+        self.graph_thread.submit(inst)
+
+    def _on_SendProgress(self, inst: ev.SendProgress, request, msg) -> None:
+        for sock in self.peers.values():
+            self._send(sock, Message("progress", {"src": self.k, "min_epoch": inst.min_epoch}))
+
+    def _on_ReportEpoch(self, inst: ev.ReportEpoch, request, msg) -> None:
+        self._report(inst.epoch)
+
+    def _on_Frozen(self, inst: ev.Frozen, request, msg) -> None:
+        self.node.to_driver(Message("switch", {"rank": self.k, "frozen_at": inst.at_epoch}))
+
+    def _on_Finished(self, inst: ev.Finished, request, msg) -> None:
+        self.finished = True
+
+    def _on_Stuck(self, inst: ev.Stuck, request, msg) -> None:
+        raise DorylusError(f"graph server {self.k}: {inst.reason}")
+
+    # --- peers and weight servers ------------------------------------------------------------------
 
     def _send(self, sock: zmq.Socket, msg: Message) -> None:
         self.usage.sent(msg.tensors)
@@ -346,24 +262,12 @@ class GraphServer:
             self.staging.forget(key, t.get("attempt", 1))
 
     def _graph_job(self, inst: ev.RunGraph) -> None:
-        """Runs on the graph thread; the loop learns of it through ``graph_done`` and a wake-up message."""
+        """Runs on the graph thread (``graph_thread.py``)."""
         self.usage.on_graph_thread()
-        t0 = time.time()
-        try:
-            self.state.run_graph(inst.stage, inst.epoch, inst.layer, inst.chunk)
-            self.graph_done.put((inst, t0, time.time(), None))
-        except BaseException as e:  # noqa: BLE001  (re-raised on the loop's thread)
-            self.graph_done.put((inst, t0, time.time(), e))
-        self.wake_send.send(b"", zmq.NOBLOCK)
+        self.state.run_graph(inst.stage, inst.epoch, inst.layer, inst.chunk)
 
     def _graph_jobs_done(self) -> None:
-        while self.wake_recv.poll(0):
-            self.wake_recv.recv()
-        while not self.graph_done.empty():
-            inst, t0, t1, error = self.graph_done.get()
-            self.graph_out -= 1
-            if error is not None:
-                raise error
+        for inst, t0, t1 in self.graph_thread.finished():
             self.task_rows.append({"kind": inst.stage, "train": self.graph_train[inst.stage], "server": self.k,
                                    "chunk": inst.chunk, "epoch": inst.epoch, "layer": inst.layer, "attempt": 1,
                                    "where": "graph-server", "start": t0, "end": t1, "billed_ms": 0, "memory_mb": 0,
@@ -372,7 +276,7 @@ class GraphServer:
 
     def _tune_pool(self) -> None:
         """``--lambdas auto``: the tuner measures the pool; a resize it makes goes into tasks.jsonl."""
-        row = self.auto_pool.tick(self.graph_out > 0, self.scheduler.pipe.min_epoch())
+        row = self.auto_pool.tick(self.graph_thread.out > 0, self.scheduler.pipe.min_epoch())
         if row is not None:
             self.task_rows.append(row)
             self.scheduler.tracker.workers = self.platform.concurrency
@@ -419,10 +323,7 @@ class GraphServer:
 
     def close(self) -> None:
         self._log_end()
-        self.graph_pool.shutdown(wait=True, cancel_futures=True)
-        self.node.poller.unregister(self.wake_recv)  # the node serves the next job with its poller
-        self.wake_send.close(0)
-        self.wake_recv.close(0)
+        self.graph_thread.close()
         self.platform.close()
         if self.direct is not None:
             self.direct.close()

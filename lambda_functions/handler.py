@@ -46,6 +46,7 @@ import zmq
 
 from dorylus_py.jobkey import load_job_key
 from dorylus_py.kernels.tasks import TaskContext, run_task
+from dorylus_py.models.architectures import architecture
 from dorylus_py.protocol import Message, Session
 from dorylus_py.protocol.transport import Curve, dealer
 from dorylus_py.weights.blocks import join
@@ -153,7 +154,7 @@ def _run_streamed(event: dict, task: dict, spans: list, ch: Channel, curve, cont
 def _context(event: dict, task: dict, rows: Message, offset: int = 0) -> TaskContext:
     """What the kernels need to know of the task; ``offset``: the first row's place in the chunk."""
     train = task.get("train", True)
-    return TaskContext(model=event["model"], kind=task["kind"], layer=task["layer"], epoch=task["epoch"],
+    return TaskContext(model=architecture(event["model"]).kernels(), kind=task["kind"], layer=task["layer"], epoch=task["epoch"],
                        seed=event["seed"], rate=float(event["dropout"]) if train else 0.0,
                        attn_rate=float(event["attn_dropout"]) if train else 0.0,
                        negative_slope=float(event["negative_slope"]), id_start=rows["id_start"] + offset,

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from dorylus_py.config import DECENTRAL_MODES
 from dorylus_py.cost.model import Prices, read_record, run_cost
+from dorylus_py.errors import ConfigError, DataError
+from dorylus_py.models.architectures import architecture
 
 COLUMNS = [
     ("run", "{}"), ("backend", "{}"), ("status", "{}"), ("epochs", "{}"), ("best val", "{:.4f}"), ("test@best", "{:.4f}"),
@@ -28,12 +30,14 @@ def run_kind(config: dict) -> str:
     return backend if backend == "reference" else f"{backend} {config.get('mode', 'sync')}"
 
 
-def model_label(config: dict) -> str:
-    """``gcn``, ``sage``, ``gat 8x8/1`` (heads x width per head / output heads): what the model column shows."""
-    model = config.get("model", "gcn")  # records written before --model trained GCN
-    if model != "gat":
-        return model
-    return f"gat {config.get('heads', 8)}x{config.get('hidden', '?')}/{config.get('out_heads', 1)}"
+def model_label(config: dict, run_dir: str) -> str:
+    """``gcn``, ``sage``, ``gat 8x8/1`` (heads x width per head / output heads): what the model column shows.
+    A record of a model this version does not know is refused."""
+    try:
+        arch = architecture(config.get("model", "gcn"))  # records written before --model trained GCN
+    except ConfigError as e:
+        raise DataError(f"{Path(run_dir) / 'config.json'}: {e}") from None
+    return arch.label(config)
 
 
 def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: float | None) -> list[dict]:
@@ -45,7 +49,7 @@ def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: 
         reached = [m["wall_s"] for m in metrics if target_acc is not None and m["val_acc"] >= target_acc]
         backend = run_kind(config)
         rows.append({
-            "run": Path(d).name, "model": model_label(config), "backend": backend,
+            "run": Path(d).name, "model": model_label(config, d), "backend": backend,
             "status": summary.get("status", "completed").split(":")[0],
             "_status": summary.get("status", "completed"), "epochs": len(metrics),
             "best val": summary.get("best_val_acc"), "test@best": summary.get("test_acc_at_best_val"), "wall s": wall,

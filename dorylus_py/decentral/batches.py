@@ -17,7 +17,7 @@ import torch
 from dorylus_py.data.graph import Graph
 from dorylus_py.errors import ConfigError
 from dorylus_py.kernels.sparse import NormalizedAdjacency
-from dorylus_py.models import graph_input
+from dorylus_py.models import Architecture, architecture
 from dorylus_py.partition.partitioners import assign
 
 
@@ -29,7 +29,7 @@ def batch_count(clusters: int, per_batch: int) -> int:
 @dataclass(frozen=True, eq=False)
 class Batch:
     nodes: np.ndarray  # (B,) global vertex ids, sorted
-    adj: object  # what the model aggregates along: GCN: (B, B) normalised, diagonal enhanced (models.graph_input)
+    adj: object  # what the model aggregates along (batch_input): GCN: (B, B) normalised, diagonal enhanced
     x: torch.Tensor  # (B, F)
     y: torch.Tensor  # (B,)
     train: torch.Tensor  # (B,) bool
@@ -37,7 +37,7 @@ class Batch:
 
 @dataclass(frozen=True)
 class Subgraph:
-    """The in-edge CSR of the subgraph induced by some vertices (what ``models.graph_input`` reads)."""
+    """The in-edge CSR of the subgraph induced by some vertices (what ``Architecture.graph_input`` reads)."""
 
     indptr: np.ndarray
     indices: np.ndarray
@@ -84,12 +84,23 @@ def enhanced_adjacency(indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarra
     return NormalizedAdjacency.from_csr(csr_indptr, cols[order], weights[order].astype(np.float32), (m, m), device)
 
 
+def batch_input(arch: Architecture, graph: Graph, nodes: np.ndarray | None, diag_lambda: float, device="cpu"):
+    """What ``arch`` aggregates along in the subgraph induced by sorted ``nodes`` (``None``: the whole
+    graph, which the recorder evaluates on): Cluster-GCN's diagonal-enhanced ``Ã`` where the architecture
+    trains on it (GCN), else the architecture's own graph input."""
+    if arch.enhanced_batches:
+        every = np.arange(graph.num_nodes) if nodes is None else nodes
+        return enhanced_adjacency(graph.indptr, graph.indices, every, graph.num_nodes, diag_lambda, device)
+    sub = graph if nodes is None else induced_subgraph(graph.indptr, graph.indices, nodes, graph.num_nodes)
+    return arch.graph_input(sub, device)
+
+
 class ClusterBatches:
     def __init__(self, graph: Graph, features: np.ndarray, clusters: int, per_batch: int, diag_lambda: float,
                  seed: int = 0, device: str = "cpu", owner: np.ndarray | None = None, model: str = "gcn"):
         """``owner``: each vertex's cluster, when already computed (else METIS runs here); ``model``: what
         a batch's ``adj`` is for (GCN: Cluster-GCN's normalisation; GAT, GraphSAGE: their own)."""
-        self.model = model
+        self.arch = architecture(model)
         if clusters < 1 or per_batch < 1 or per_batch > clusters:
             raise ConfigError(f"need 1 <= --clusters-per-batch ({per_batch}) <= --clusters ({clusters})")
         self.graph, self.per_batch, self.diag_lambda, self.seed, self.device = graph, per_batch, diag_lambda, seed, device
@@ -115,11 +126,7 @@ class ClusterBatches:
     def batch(self, epoch: int, index: int) -> Batch:
         clusters = self.epoch_plan(epoch)[index]
         nodes = np.sort(np.concatenate([self.members[c] for c in clusters]))
-        g = self.graph
-        if self.model == "gcn":
-            adj = enhanced_adjacency(g.indptr, g.indices, nodes, g.num_nodes, self.diag_lambda, self.device)
-        else:
-            adj = graph_input(self.model, induced_subgraph(g.indptr, g.indices, nodes, g.num_nodes), self.device)
+        adj = batch_input(self.arch, self.graph, nodes, self.diag_lambda, self.device)
         idx = torch.from_numpy(nodes)
         dev = self.device
         return Batch(nodes, adj, self.x[idx].to(dev), self.y[idx].to(dev), self.train[idx].to(dev))

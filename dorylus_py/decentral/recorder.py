@@ -23,8 +23,8 @@ import torch
 
 from dorylus_py.config import TrainConfig
 from dorylus_py.data.graph import Graph
-from dorylus_py.decentral.batches import enhanced_adjacency
-from dorylus_py.models import build_module, graph_input, spec_of
+from dorylus_py.decentral.batches import batch_input
+from dorylus_py.models import architecture, build_module, spec_of
 from dorylus_py.protocol import ProtocolError
 from dorylus_py.training.record import BestTracker, RunRecord, run_summary
 from dorylus_py.training.reference import input_features, model_dims, model_weights
@@ -51,11 +51,7 @@ class Recorder:
     def __init__(self, cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict, rank: int):
         self.cfg, self.rank = cfg, rank
         self.start = time.perf_counter()  # the node sets it to the moment every worker was ready
-        if cfg.model == "gcn":
-            self.adj = enhanced_adjacency(graph.indptr, graph.indices, np.arange(graph.num_nodes), graph.num_nodes,
-                                          cfg.diag_lambda)
-        else:
-            self.adj = graph_input(cfg.model, graph)
+        self.adj = batch_input(architecture(cfg.model), graph, None, cfg.diag_lambda)
         self.x = torch.from_numpy(np.ascontiguousarray(input_features(cfg, graph)))
         self.y = torch.from_numpy(graph.labels)
         self.masks = {s: torch.from_numpy(graph.mask(s)) for s in ("train", "val", "test")}

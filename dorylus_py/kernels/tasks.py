@@ -16,12 +16,16 @@ Outputs: ``fwd`` -> ``Z`` [``S``] [``src``, ``dst``]; ``bwd`` -> ``grad:TENSOR``
 the layer [``dG`` below layer 0]; ``edge_fwd`` -> ``alpha``; ``edge_bwd`` -> ``ds``, ``ddst``;
 ``loss`` -> ``dG`` and the field ``loss_sum``; ``fused`` -> ``grad:W{l}``, ``dG`` (``dL/dAP``) and the
 field ``loss_sum``; ``eval`` -> the field ``correct``.
+
+What differs between the models is a :class:`ModelKernels` (below), which the model's architecture
+(``models/architectures.py``) picks: this module never reads a model's name.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,8 +35,20 @@ from dorylus_py.kernels.dropout import EDGE, dropout_keep_mask
 
 
 @dataclass(frozen=True)
+class ModelKernels:
+    """One model's own tensor maths: its ApplyVertex ``forward(P, weights, layer, keep, rate) -> outputs``
+    and ``backward(P, rows, weights, layer, keep, rate) -> (gradients by base name, dG or None)``, and
+    its fused last layer ``fused(AP, W, labels, train, num_train) -> (loss_sum, dW, dAP)`` if it has one."""
+
+    name: str  # what messages call the model
+    forward: Callable
+    backward: Callable
+    fused: Callable | None = None
+
+
+@dataclass(frozen=True)
 class TaskContext:
-    model: str  # gcn | gat | sage
+    model: ModelKernels  # the model's architecture picks them (models/architectures.py)
     kind: str
     layer: int
     epoch: int
@@ -68,7 +84,7 @@ def run_task(ctx: TaskContext, rows: dict[str, torch.Tensor], weights: dict[str,
         if ctx.kind == "eval":
             return {}, {"correct": gcn_ops.correct_counts(rows["logits"], rows["labels"], list(rows["masks"]))}
     except KeyError as e:
-        raise TaskError(f"{ctx.model} {ctx.kind} task: missing input {e}") from None
+        raise TaskError(f"{ctx.model.name} {ctx.kind} task: missing input {e}") from None
     raise TaskError(f"unknown task kind {ctx.kind!r}")
 
 
@@ -106,34 +122,19 @@ def _keep(ctx: TaskContext, p: torch.Tensor):
 
 
 def _forward(ctx, t, w) -> dict:
-    p, keep, l = t["P"], _keep(ctx, t["P"]), ctx.layer
-    if ctx.model == "gcn":
-        return {"Z": gcn_ops.apply_vertex_forward(p, w["W"], l, keep, ctx.rate)}
-    if ctx.model == "sage":
-        z, s = sage_ops.apply_vertex_forward(p, w["W_self"], w["W_neigh"], w["b"], l, keep, ctx.rate)
-        return {"Z": z, "S": s}
-    z, s_src, s_dst, s = gat_ops.apply_vertex_forward(p, w["W"], w["att_src"], w["att_dst"], w["b"], l, keep, ctx.rate)
-    return {"Z": z, "src": s_src, "dst": s_dst, "S": s}
+    return ctx.model.forward(t["P"], w, ctx.layer, _keep(ctx, t["P"]), ctx.rate)
 
 
 def _backward(ctx, t, w) -> dict:
-    p, keep, l = t["P"], _keep(ctx, t["P"]), ctx.layer
-    if ctx.model == "gcn":
-        dw, dg = gcn_ops.apply_vertex_backward(p, w["W"], t["dZ"], l, keep, ctx.rate)
-        grads = {"W": dw}
-    elif ctx.model == "sage":
-        grads, dg = sage_ops.apply_vertex_backward(p, w["W_self"], w["W_neigh"], t["dZ"], t["dOut"], l, keep, ctx.rate)
-    else:
-        grads, dg = gat_ops.apply_vertex_backward(p, w["W"], w["att_src"], w["att_dst"], t["dZ"], t["dsrc"], t["ddst"],
-                                                  t["dOut"], l, keep, ctx.rate)
-    out = {f"grad:{base}{l}": g for base, g in grads.items()}
+    grads, dg = ctx.model.backward(t["P"], t, w, ctx.layer, _keep(ctx, t["P"]), ctx.rate)
+    out = {f"grad:{base}{ctx.layer}": g for base, g in grads.items()}
     return out | ({"dG": dg} if dg is not None else {})
 
 
 def _fused(ctx, t, w):
-    if ctx.model != "gcn":
-        raise TaskError(f"the fused last layer is GCN's, not {ctx.model}'s")
-    loss_sum, dw, dap = gcn_ops.fused_last_layer(t["AP"], w["W"], t["labels"], t["train"], ctx.num_train)
+    if ctx.model.fused is None:
+        raise TaskError(f"the fused last layer is GCN's, not {ctx.model.name}'s")
+    loss_sum, dw, dap = ctx.model.fused(t["AP"], w["W"], t["labels"], t["train"], ctx.num_train)
     return {f"grad:W{ctx.layer}": dw, "dG": dap}, {"loss_sum": float(loss_sum)}
 
 
@@ -164,3 +165,36 @@ def _in_blocks(x: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
     out = torch.empty_like(x)
     out[:, order] = x
     return out
+
+
+def _gcn_forward(p, w, l, keep, rate) -> dict:
+    return {"Z": gcn_ops.apply_vertex_forward(p, w["W"], l, keep, rate)}
+
+
+def _gcn_backward(p, t, w, l, keep, rate):
+    dw, dg = gcn_ops.apply_vertex_backward(p, w["W"], t["dZ"], l, keep, rate)
+    return {"W": dw}, dg
+
+
+def _sage_forward(p, w, l, keep, rate) -> dict:
+    z, s = sage_ops.apply_vertex_forward(p, w["W_self"], w["W_neigh"], w["b"], l, keep, rate)
+    return {"Z": z, "S": s}
+
+
+def _sage_backward(p, t, w, l, keep, rate):
+    return sage_ops.apply_vertex_backward(p, w["W_self"], w["W_neigh"], t["dZ"], t["dOut"], l, keep, rate)
+
+
+def _gat_forward(p, w, l, keep, rate) -> dict:
+    z, s_src, s_dst, s = gat_ops.apply_vertex_forward(p, w["W"], w["att_src"], w["att_dst"], w["b"], l, keep, rate)
+    return {"Z": z, "src": s_src, "dst": s_dst, "S": s}
+
+
+def _gat_backward(p, t, w, l, keep, rate):
+    return gat_ops.apply_vertex_backward(p, w["W"], w["att_src"], w["att_dst"], t["dZ"], t["dsrc"], t["ddst"], t["dOut"],
+                                         l, keep, rate)
+
+
+GCN = ModelKernels("gcn", _gcn_forward, _gcn_backward, gcn_ops.fused_last_layer)
+SAGE = ModelKernels("sage", _sage_forward, _sage_backward)
+GAT = ModelKernels("gat", _gat_forward, _gat_backward)

@@ -10,14 +10,14 @@ from graph_servers.server import GraphServer
 class ResendingGraphServer(GraphServer):
     def __init__(self, node, start):
         super().__init__(node, start)
-        self.held: list = []  # (instruction, message) of the gradients forwarded once so far
+        self.held: list = []  # (instruction, request, message) of the gradients forwarded once so far
 
-    def _forward_gradient(self, inst, msg) -> None:
+    def _on_ForwardGradient(self, inst, request, msg) -> None:
         for old in [h for h in self.held if h[0].key.epoch < inst.key.epoch]:
-            super()._forward_gradient(*old)
+            super()._on_ForwardGradient(*old)
             self.held.remove(old)
-        self.held.append((inst, msg))
-        super()._forward_gradient(inst, msg)
+        self.held.append((inst, request, msg))
+        super()._on_ForwardGradient(inst, request, msg)
 
 
 if __name__ == "__main__":

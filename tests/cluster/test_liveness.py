@@ -18,8 +18,8 @@ from dorylus_py.cluster.driver_link import DriverLink, ServerLost
 from dorylus_py.cluster.node import Node, Peer, PeerStuck
 from dorylus_py.errors import DorylusError
 from dorylus_py.protocol import Message, Session
+from tests.clients import Client
 from tests.cluster.test_cluster_file import free_ports
-from tests.cluster.test_servers import Client
 
 KEY = b"k" * 32
 

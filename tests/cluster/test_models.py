@@ -78,6 +78,28 @@ def test_attention_dropout_keyed_by_edge_reproduces_the_reference(small_graph, t
     assert_gradients_once(got.summary, 3 * 2 * 4)
 
 
+def test_gat_attention_dropout_over_two_partitions_does_not_depend_on_the_chunking(small_graph, tmp_path):
+    """Edges keyed by their block position: every chunking of K = 2 draws the same masks (two runs per chunk)."""
+    from dorylus_py.cluster.launcher import train_distributed
+    from dorylus_py.config import TrainConfig
+    from dorylus_py.training import RunRecord
+
+    prepare(small_graph, tmp_path / "p", 2)
+    runs = []
+    for chunks in (1, 3):
+        cfg = TrainConfig(epochs=2, chunks=chunks, lambdas=2, feature_norm="none", model="gat", hidden=4, heads=2,
+                          dropout=0.0, attn_dropout=0.5, backend="cpu", graph_servers=2)
+        result = train_distributed(cfg, tmp_path / "p", RunRecord(tmp_path / f"c{chunks}", cfg.to_dict()), "none",
+                                   show_progress=False)
+        runs.append([r["loss"] for r in result.history])
+    np.testing.assert_allclose(runs[0], runs[1], rtol=1e-5)
+    no_dropout = TrainConfig(epochs=2, chunks=3, lambdas=2, feature_norm="none", model="gat", hidden=4, heads=2,
+                             dropout=0.0, attn_dropout=0.0, backend="cpu", graph_servers=2)
+    plain = train_distributed(no_dropout, tmp_path / "p", RunRecord(tmp_path / "plain", no_dropout.to_dict()), "none",
+                              show_progress=False)
+    assert [r["loss"] for r in plain.history] != pytest.approx(runs[0], rel=1e-4)  # the dropout did something
+
+
 def test_gat_async_with_failing_lambdas_applies_each_gradient_once(small_graph, tmp_path):
     got = run(small_graph, tmp_path, "run", backend="local", graph_servers=2, epochs=5, mode="async", staleness=1,
               lambda_fail_rate=0.2, relaunch_min_s=2.0, **GAT)

@@ -1,18 +1,16 @@
 """``--remat``: sync graph servers keep only what backward reads (``graph_servers/graph_state.py``).
 Nothing may change but the memory: the same losses and accuracies to the bit, for every model and the
-fused last layer, whose input backward now recomputes."""
+fused last layer, whose input backward now recomputes. Which buffers it shares:
+``tests/graph_servers/test_graph_state.py``."""
 
 import json
 
-import numpy as np
 import pytest
 
 from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import ConfigError, TrainConfig
-from dorylus_py.models.spec import model_spec
-from dorylus_py.partition import PartitionStore, prepare
+from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord
-from graph_servers.graph_state import FusedInput, GraphState
 from tests.cluster import assert_gradients_once
 
 
@@ -43,29 +41,6 @@ def test_remat_changes_no_bit_and_keeps_fewer_buffers(small_graph, tmp_path, kw)
     for a, b in zip(kept_starts, remat_starts):
         assert not a["remat"] and b["remat"]
         assert b["buffer_bytes"] < 0.75 * a["buffer_bytes"], (a["buffer_bytes"], b["buffer_bytes"])
-
-
-def test_the_buffers_remat_shares_are_the_ones_never_live_at_once(small_graph, tmp_path):
-    prepare(small_graph, tmp_path / "p", 2)
-    part = PartitionStore.open(tmp_path / "p").load(0)
-    gcn = model_spec("gcn", [16, 8, 4])
-    fused = FusedInput(0.5, 1, 0)
-    kept = GraphState(part, gcn, [3, 3], "none", fused=fused, sync=True)
-    remat = GraphState(part, gcn, [3, 3], "none", fused=fused, sync=True, remat=True)
-    n, g = remat.n, remat.g
-    for l in range(2):
-        assert np.shares_memory(remat.ZG[True][l], remat.ZG[False][l])
-        assert np.shares_memory(remat.G[True][l], remat.G[False][l])
-        assert np.shares_memory(remat.dZ[l], remat.ZG[True][l][:n]) and remat.dZ[l].shape == kept.dZ[l].shape
-        assert not np.shares_memory(remat.dZ[l], remat.ZG[True][l][n:])  # the peers' ghost rows stay clear
-        assert not np.shares_memory(kept.ZG[True][l], kept.ZG[False][l])
-        assert remat.ZG[False][l].shape == kept.ZG[False][l].shape == (n + g, kept.widths(False, l)[0])
-    assert not np.shares_memory(remat.dG[0], remat.dG[1])
-    saved = sum(a.nbytes for a in kept.ZG[False] + kept.G[False] + kept.dZ)
-    # the evaluation pass's buffers and dZ are gone (the training ones are as wide or wider)
-    assert kept.buffer_bytes - remat.buffer_bytes == saved
-    with pytest.raises(ValueError, match="sync"):
-        GraphState(part, gcn, [3, 3], "none", remat=True)
 
 
 def test_remat_is_refused_where_buffers_are_never_free():

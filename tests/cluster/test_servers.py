@@ -1,149 +1,16 @@
-"""Servers facing bad input: unauthenticated frames (truncated, unsigned, wrong key, replayed) are
+"""Weight servers facing bad input: unauthenticated frames (truncated, unsigned, wrong key, replayed) are
 dropped unanswered; authentic ones with wrong shapes or unknown ops get an error reply; and the same
-server then answers the next good request."""
-
-import json
-import time
+server then answers the next good request (the graph server's side: ``tests/graph_servers/test_requests.py``)."""
 
 import numpy as np
 import pytest
-import zmq
 
 from dorylus_py.cluster.job import JobSpec
 from dorylus_py.cluster.node import Node
 from dorylus_py.config import TrainConfig
-from dorylus_py.partition import prepare
-from dorylus_py.pipeline.events import Tick
-from dorylus_py.protocol import ProtocolError
-from dorylus_py.platforms import Platform
-from dorylus_py.protocol import Message, Session
+from dorylus_py.protocol import Message, ProtocolError
 from dorylus_py.weights.server import WeightServer
-from graph_servers.server import GraphServer
-from tests.protocol.forge import signed
-
-KEY = b"k" * 32
-
-
-@pytest.fixture()
-def driver():
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    yield f"tcp://127.0.0.1:{port}"
-    sock.close(0)
-
-
-class Client:
-    """A tensor worker's side: one DEALER and a session with the job key."""
-
-    def __init__(self, node, key=KEY):
-        self.node, self.session = node, Session(key)
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(node.address)
-
-    def frames(self, msg: Message) -> list:
-        return self.session.encode(msg, self.node.address)
-
-    def ask(self, handle, frames_or_msg):
-        frames = self.frames(frames_or_msg) if isinstance(frames_or_msg, Message) else frames_or_msg
-        self.sock.send_multipart(frames)
-        for _ in range(100):
-            self.node.serve_once(handle, 20)
-            if self.sock.poll(10):
-                return self.session.decode(self.sock.recv_multipart(), self.session.id)
-        raise AssertionError("no reply")
-
-    def unanswered(self, handle, frames) -> None:
-        before = self.node.rejections.counts["unauthenticated"]
-        self.sock.send_multipart(frames)
-        for _ in range(100):
-            self.node.serve_once(handle, 20)
-            if self.node.rejections.counts["unauthenticated"] > before:
-                break
-        assert self.node.rejections.counts["unauthenticated"] == before + 1
-        assert not self.sock.poll(50)  # nothing goes back, not even an error
-
-    def close(self):
-        self.sock.close(0)
-
-
-def unauthenticated(client, task) -> dict:
-    good = client.frames(Message("pull_rows", {"task": task}))
-    replayed = client.frames(Message("pull_rows", {"task": dict(task, epoch=9)}))
-    return {
-        "truncated frames": good[:1],
-        "unsigned": [b"\0" * 68, json.dumps({"op": "pull_rows", "task": task}).encode()],
-        "not json": [b"\xff\xfe"],
-        "altered": [good[0], bytes(good[1]) + b" "],  # still valid JSON, no longer what was signed
-        "wrong key": Client(client.node, b"another key, 32 bytes long......").frames(Message("pull_rows", {"task": task})),
-        "signed for another server": client.session.encode(Message("pull_rows", {"task": task}), "tcp://127.0.0.1:1"),
-        "replayed": replayed,
-    }, replayed
-
-
-def authentic_but_bad(client) -> dict:
-    header = {"op": "push_result", "task": {}, "tensors": [{"name": "Z", "dtype": "float32", "shape": [2, 4]}]}
-    return {
-        "short tensor": signed(client.session, json.dumps(header).encode(), b"\0" * 7, to=client.node.address),
-        "unknown op": signed(client.session, b'{"op": "format_disk"}', to=client.node.address),
-        "deep": signed(client.session, b'{"op": "pull_rows", "task": ' + b"[" * 5000 + b"}", to=client.node.address),
-        "huge number": signed(client.session, b'{"op": "pull_rows", "epoch": 1e999}', to=client.node.address),
-    }
-
-
-class Recorder(Platform):
-    def __init__(self):
-        super().__init__()
-        self.events = []
-
-    def invoke(self, event):
-        self.events.append(event)
-
-
-def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_path, driver):
-    prepare(small_graph, tmp_path / "p", 1)
-    node = Node("graph-server", 0, driver, KEY)
-    spec = JobSpec(config=TrainConfig(backend="cpu", tensor_threads=1, chunks=2), data_dir=str(tmp_path / "p"),
-                   feature_norm="none", dims=[16, 8, 4], id_offsets=[0, small_graph.num_nodes], chunk_counts=[2],
-                   graph_servers=[node.address], weight_servers=[])
-    gs = GraphServer(node, Message("start", {"spec": spec.to_wire()}))
-    gs.platform.close()
-    gs.platform = Recorder()  # the tasks are played by this test
-    client = Client(node)
-    try:
-        rows = int(gs.state.bounds[1])
-        task = {"kind": "fwd", "train": True, "epoch": 1, "layer": 0, "chunk": 0}
-        gs.feed(Tick(time.time()))
-        assert [e["task"]["chunk"] for e in gs.platform.events] == [0, 1]  # epoch 1's first tasks are out
-        assert all("token" not in e and KEY.hex() not in json.dumps(e) for e in gs.platform.events)
-        dropped, replayed = unauthenticated(client, task)
-        client.ask(gs.handle, replayed)  # once: an answer (cancel: nobody runs epoch 9)
-        for name, frames in dropped.items():
-            client.unanswered(gs.handle, frames)
-        for name, frames in authentic_but_bad(client).items():
-            assert client.ask(gs.handle, frames).op == "error", name
-        wrong_shape = Message("push_result", {"task": task, "version": 0}, {"Z": np.zeros((rows, 5), np.float32)})
-        assert "expected" in client.ask(gs.handle, wrong_shape)["reason"]
-        for bad_task in ["x", {"kind": "fwd"}, dict(task, chunk=99), dict(task, kind="rm")]:
-            assert client.ask(gs.handle, Message("pull_rows", {"task": bad_task})).op == "error"
-        assert node.rejections.counts == {"unauthenticated": 7, "invalid": 9, "bugs": 0}
-        not_running = dict(task, layer=1)  # a copy nobody wants (any more) is told to stop, and why
-        cancel = client.ask(gs.handle, Message("pull_rows", {"task": not_running, "req": "r1"}))
-        assert cancel.op == "cancel" and cancel["req"] == "r1" and "not running" in cancel["reason"]
-
-        got = client.ask(gs.handle, Message("pull_rows", {"task": task}))
-        assert got.op == "rows" and got.tensors["P"].shape == (rows, 16)
-        z = np.ones((rows, 8), np.float32)
-        result = Message("push_result", {"task": task, "version": 0}, {"Z": z})
-        assert client.ask(gs.handle, result).op == "ok"
-        assert client.ask(gs.handle, result).op == "duplicate"
-        np.testing.assert_array_equal(gs.state.ZG[True][0][:rows], z)
-        late = client.ask(gs.handle, Message("pull_rows", {"task": task, "req": "r2"}))
-        assert late.op == "cancel" and late["reason"] == "already done"
-    finally:
-        client.close()
-        gs.close()
-        node.close()
+from tests.clients import KEY, Client, authentic_but_bad, driver, unauthenticated  # noqa: F401  (a fixture)
 
 
 def test_weight_server_rejects_bad_messages_and_keeps_serving(driver):

@@ -1,7 +1,7 @@
-"""Streaming inside a task (``--stream-rows``): whole jobs equal whole-chunk ones; the graph server
-serves blocks of rows, stages result blocks and commits them only with the task's last message,
-refusing bad or missing blocks and surviving them; the worker's link credits replies that came while
-it computed."""
+"""Streaming inside a task (``--stream-rows``): whole jobs equal whole-chunk ones; the worker's link
+credits replies that came while it computed. How the graph server serves blocks of rows and stages
+result blocks until the task's last message commits them: ``tests/graph_servers/test_requests.py`` and
+``test_staging.py``."""
 
 import json
 import threading
@@ -13,15 +13,12 @@ import zmq
 
 from dorylus_py.cli import main
 from dorylus_py.config import ConfigError, TrainConfig
-from dorylus_py.pipeline.events import TaskKey
-from dorylus_py.protocol import Message, ProtocolError, Session
-from graph_servers.staging import BlockStaging
+from dorylus_py.protocol import Message, Session
 from lambda_functions.channel import Channel
 from lambda_functions.stream import MAX_BLOCKS, Totals, stream_spans
+from tests.clients import KEY
 from tests.cluster import assert_gradients_once
 from tests.cluster.test_fused import losses, run
-from tests.cluster.test_row_cache import TASK, pull, served  # noqa: F401  (a fixture)
-from tests.cluster.test_servers import KEY, driver  # noqa: F401  (a fixture)
 
 
 def end_stats(tmp_path, name) -> list[dict]:
@@ -48,82 +45,6 @@ def test_a_streamed_job_equals_whole_chunks(small_graph, tmp_path, kw, faults):
         assert sum(s["relaunches"] for s in after) > 0
     else:  # the same bytes, give or take headers: the features came in blocks once, then from the cache
         assert sum(s["bytes_sent"] for s in after) <= 1.05 * sum(s["bytes_sent"] for s in before)
-
-
-def test_the_server_serves_blocks_and_commits_a_streamed_result_only_whole(served):
-    gs, client = served(stream_rows=40)
-    rows = int(gs.state.bounds[1])  # chunk 0 of the one server
-    assert gs.platform.events[0]["stream"] == {"rows": rows, "block": 40}
-    whole = pull(gs, client).tensors["P"]
-    part = pull(gs, client, block=[40, 80])
-    np.testing.assert_array_equal(part.tensors["P"], whole[40:80])
-    assert part["start"] == 0 and part["stop"] == rows  # the chunk's bounds: the worker offsets its ids
-
-    def push(op, block=None, req="r", run="a", **tensors):
-        fields = {"task": TASK, "req": req, "run": run} | ({"block": block} if block else {})
-        if op == "push_result":
-            fields |= {"streamed": True, "version": 0}
-        return client.ask(gs.handle, Message(op, fields, tensors))
-
-    z = np.ones((rows, gs.state.shapes[0].z_width), np.float32)
-    for bad, why in [([0, rows + 1], "block end"), ([5, 5], "block end"), ([-1, 3], "block start"), ("0-3", "block")]:
-        got = push("push_block", bad, req="bad", Z=z[:3])
-        assert got.op == "error" and got["req"] == "bad" and why in got["reason"]
-    assert "shape" in push("push_block", [0, 3], Z=z[:4]).get("reason")
-    assert "names no block" in push("push_block", None, Z=z).get("reason")
-    assert "run" in push("push_block", [0, 3], run=["x"], Z=z[:3]).get("reason")
-
-    def stage(block, z, run="a", task=TASK, kept=True):  # unanswered; staged if the copy runs
-        before = gs.stats["blocks"]
-        client.sock.send_multipart(client.frames(Message("push_block", {"task": task, "block": block, "run": run},
-                                                         {"Z": z})))
-        for _ in range(100 if kept else 5):
-            gs.node.serve_once(gs.handle, 20)
-            if gs.stats["blocks"] > before:
-                break
-        assert gs.stats["blocks"] == before + kept and not client.sock.poll(50)
-
-    stage([0, 40], z[:40])
-    assert "came before" in push("push_block", [30, 50], Z=z[30:50]).get("reason")
-    stage([0, rows], z, task=dict(TASK, attempt=2), kept=False)  # no copy 2 was launched
-    assert len(gs.staging) == 1
-    stage([40, rows], z[40:], run="b")  # a retried invocation of the same copy is another run
-    assert "misses" in push("push_result").get("reason")  # run a's rows 40.. never came; nothing written
-    assert not gs.state.ZG[True][0][:rows].any() and len(gs.staging) == 1  # the failed commit took run a's
-    stage([0, 40], z[:40], run="b")
-    assert push("push_result", run="b").op == "ok"
-    np.testing.assert_array_equal(gs.state.ZG[True][0][:rows], z)
-    assert len(gs.staging) == 0 and pull(gs, client).op == "cancel"  # done: a late copy is told to stop
-    stage([0, 40], z[:40], run="c", kept=False)  # a late copy's blocks are not kept; its commit: a duplicate
-    assert push("push_result", run="c").op == "duplicate" and len(gs.staging) == 0
-
-
-def test_staging_refuses_bad_blocks_and_new_results_past_its_cap():
-    key, other = TaskKey("fwd", True, 1, 0, 0), TaskKey("fwd", True, 1, 0, 1)
-    one = 10 * (1 + 4 * 4)  # a 10-row partial result, 4 wide
-    s = BlockStaging(cap_bytes=2 * one)
-    with pytest.raises(ProtocolError, match="expected tensors"):
-        s.add((key, 1, "a"), 10, 0, 5, {"Y": np.zeros((5, 4), np.float32)}, {"Z": 4})
-    with pytest.raises(ProtocolError, match="float32"):
-        s.add((key, 1, "a"), 10, 0, 5, {"Z": np.zeros((5, 4), np.float64)}, {"Z": 4})
-    with pytest.raises(ProtocolError, match="no per-row"):
-        s.add((key, 1, "a"), 10, 0, 5, {}, {})
-    s.add((key, 1, "a"), 10, 0, 5, {"Z": np.ones((5, 4), np.float32)}, {"Z": 4})
-    s.add((key, 2, "a"), 10, 0, 10, {"Z": np.zeros((10, 4), np.float32)}, {"Z": 4})
-    with pytest.raises(ProtocolError, match="staging is full"):  # the newcomer, not the oldest
-        s.add((other, 1, "a"), 10, 5, 10, {"Z": np.zeros((5, 4), np.float32)}, {"Z": 4})
-    assert len(s) == 2 and s.nbytes == 2 * one
-    assert s.take((key, 3, "a"), {}) == {}  # a kind with no per-row outputs (evaluation) stages nothing
-    with pytest.raises(ProtocolError, match="5 rows"):
-        s.take((key, 1, "a"), {"Z": 4})
-    assert len(s) == 1  # a failed commit's blocks go too
-    assert s.take((key, 2, "a"), {"Z": 4})["Z"].shape == (10, 4) and len(s) == 0 and s.nbytes == 0
-    s.add((key, 1, "a"), 10, 0, 5, {"Z": np.ones((5, 4), np.float32)}, {"Z": 4})
-    s.add((key, 2, "b"), 10, 0, 5, {"Z": np.ones((5, 4), np.float32)}, {"Z": 4})
-    s.forget(key, 2)
-    assert len(s) == 1
-    s.forget(key)
-    assert len(s) == 0 and s.nbytes == 0
 
 
 def test_blocks_and_totals():

@@ -9,6 +9,7 @@ from dorylus_py.kernels import attention
 from dorylus_py.kernels.dropout import EDGE, dropout_keep_mask
 from dorylus_py.kernels.heads import EdgeCSR, HeadBlocks, gather_heads
 from dorylus_py.kernels.tasks import TaskContext, run_task
+from dorylus_py.models import architecture
 
 
 def blocks(rows=9, n=9, g=5, seed=0):
@@ -39,8 +40,8 @@ def test_edge_task_in_block_order_equals_the_row_order_kernels(kind):
     g = torch.Generator().manual_seed(1)
     e = int(lp[-1] + gp[-1])
     src, dst, dalpha = torch.randn(heads, e, generator=g), torch.randn(rows, heads, generator=g), torch.randn(heads, e, generator=g)
-    ctx = TaskContext(model="gat", kind=kind, layer=0, epoch=2, seed=5, rate=0.0, attn_rate=rate, edge_start=100,
-                      ghost_edge_start=1000)
+    ctx = TaskContext(model=architecture("gat").kernels(), kind=kind, layer=0, epoch=2, seed=5, rate=0.0, attn_rate=rate,
+                      edge_start=100, ghost_edge_start=1000)
     t = {"src": src, "dst": dst, "local_ptr": torch.from_numpy(lp).long(), "ghost_ptr": torch.from_numpy(gp).long(),
          "dalpha": dalpha}
     got, _ = run_task(ctx, t, {})

@@ -7,10 +7,12 @@ import torch
 from dorylus_py.kernels.dropout import dropout_keep_mask
 from dorylus_py.kernels.gcn_ops import activation_backward, apply_vertex_input
 from dorylus_py.kernels.tasks import TaskContext, TaskError, run_task
+from dorylus_py.models import architecture
 
 
 def context(kind, rate, **kw):
-    return TaskContext(model="gcn", kind=kind, layer=1, epoch=3, seed=7, rate=rate, id_start=40, num_train=25, **kw)
+    return TaskContext(model=architecture("gcn").kernels(), kind=kind, layer=1, epoch=3, seed=7, rate=rate, id_start=40,
+                       num_train=25, **kw)
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.5])
@@ -43,6 +45,6 @@ def test_fused_task_equals_forward_loss_and_backward(rate):
 
 def test_fused_task_is_gcns_alone():
     with pytest.raises(TaskError, match="GCN's"):
-        run_task(TaskContext(model="sage", kind="fused", layer=1, epoch=1, seed=0, rate=0.0),
+        run_task(TaskContext(model=architecture("sage").kernels(), kind="fused", layer=1, epoch=1, seed=0, rate=0.0),
                  {"AP": torch.zeros(2, 3), "labels": torch.zeros(2, dtype=torch.long), "train": torch.ones(2, dtype=torch.bool)},
                  {"W": torch.zeros(3, 2)})

@@ -1,10 +1,16 @@
 """A warm worker's static-row cache: bounded by bytes, once full it keeps what it holds, one block per
-chunk and tensor name (a new token for the same chunk replaces the old rows)."""
+chunk and tensor name (a new token for the same chunk replaces the old rows); against a real graph
+server, the worker (``handler._pull_rows``) puts the held rows back, bit for bit."""
+
+import threading
 
 import numpy as np
 import pytest
 
+from lambda_functions import handler as worker
 from lambda_functions.row_cache import RowCache
+from tests.clients import driver  # noqa: F401  (a fixture)
+from tests.graph_servers import TASK, served  # noqa: F401  (a fixture)
 
 
 def rows(n: int, value: float = 0.0) -> np.ndarray:
@@ -92,3 +98,32 @@ def test_any_json_as_the_static_field_is_used_or_aborts_the_task(monkeypatch):
             _pull_with_reply(monkeypatch, RowCache(1 << 20), Message("rows", {"static": value}, {"P": rows(1)}))
         except TaskAborted:
             pass
+
+
+def test_the_worker_puts_its_held_rows_back_bit_for_bit(served, monkeypatch):
+    gs, client = served()
+    cache = RowCache()
+    monkeypatch.setattr(worker, "_row_cache", cache)
+    event = {"graph_server": gs.node.address, "row_cache_mb": 1}
+    got = []
+
+    def pulls():
+        sock = worker._socket(gs.node.address, None)
+        try:
+            for _ in range(2):
+                reply, tensors = worker._pull_rows(event, TASK, lambda msg: worker._request(sock, msg, client.session))
+                got.append((reply, {k: np.array(v) for k, v in tensors.items()}))
+        finally:
+            sock.close(0)
+
+    t = threading.Thread(target=pulls)
+    t.start()
+    while t.is_alive():
+        gs.node.serve_once(gs.handle, 20)
+    (cold, cold_rows), (warm, warm_rows) = got
+    assert "P" in cold.tensors and "P" not in warm.tensors and len(cache) == 1
+    np.testing.assert_array_equal(warm_rows["P"], cold_rows["P"])
+    assert warm_rows["P"].dtype == np.float32
+
+    event["row_cache_mb"] = 0  # a later event that turns the cache off empties it
+    assert worker._row_cache_of(event) is None and len(cache) == 0

@@ -1,0 +1,79 @@
+"""A server's counterparts, played by a test: the driver's socket, a tensor worker or peer (a DEALER with
+the job key), and the frames a forger or a broken peer would send."""
+
+import json
+
+import pytest
+import zmq
+
+from dorylus_py.protocol import Message, Session
+from tests.protocol.forge import signed
+
+KEY = b"k" * 32
+
+
+@pytest.fixture()
+def driver():
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    yield f"tcp://127.0.0.1:{port}"
+    sock.close(0)
+
+
+class Client:
+    """A tensor worker's side: one DEALER and a session with the job key."""
+
+    def __init__(self, node, key=KEY):
+        self.node, self.session = node, Session(key)
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(node.address)
+
+    def frames(self, msg: Message) -> list:
+        return self.session.encode(msg, self.node.address)
+
+    def ask(self, handle, frames_or_msg):
+        frames = self.frames(frames_or_msg) if isinstance(frames_or_msg, Message) else frames_or_msg
+        self.sock.send_multipart(frames)
+        for _ in range(100):
+            self.node.serve_once(handle, 20)
+            if self.sock.poll(10):
+                return self.session.decode(self.sock.recv_multipart(), self.session.id)
+        raise AssertionError("no reply")
+
+    def unanswered(self, handle, frames) -> None:
+        before = self.node.rejections.counts["unauthenticated"]
+        self.sock.send_multipart(frames)
+        for _ in range(100):
+            self.node.serve_once(handle, 20)
+            if self.node.rejections.counts["unauthenticated"] > before:
+                break
+        assert self.node.rejections.counts["unauthenticated"] == before + 1
+        assert not self.sock.poll(50)  # nothing goes back, not even an error
+
+    def close(self):
+        self.sock.close(0)
+
+
+def unauthenticated(client, task) -> dict:
+    good = client.frames(Message("pull_rows", {"task": task}))
+    replayed = client.frames(Message("pull_rows", {"task": dict(task, epoch=9)}))
+    return {
+        "truncated frames": good[:1],
+        "unsigned": [b"\0" * 68, json.dumps({"op": "pull_rows", "task": task}).encode()],
+        "not json": [b"\xff\xfe"],
+        "altered": [good[0], bytes(good[1]) + b" "],  # still valid JSON, no longer what was signed
+        "wrong key": Client(client.node, b"another key, 32 bytes long......").frames(Message("pull_rows", {"task": task})),
+        "signed for another server": client.session.encode(Message("pull_rows", {"task": task}), "tcp://127.0.0.1:1"),
+        "replayed": replayed,
+    }, replayed
+
+
+def authentic_but_bad(client) -> dict:
+    header = {"op": "push_result", "task": {}, "tensors": [{"name": "Z", "dtype": "float32", "shape": [2, 4]}]}
+    return {
+        "short tensor": signed(client.session, json.dumps(header).encode(), b"\0" * 7, to=client.node.address),
+        "unknown op": signed(client.session, b'{"op": "format_disk"}', to=client.node.address),
+        "deep": signed(client.session, b'{"op": "pull_rows", "task": ' + b"[" * 5000 + b"}", to=client.node.address),
+        "huge number": signed(client.session, b'{"op": "pull_rows", "epoch": 1e999}', to=client.node.address),
+    }

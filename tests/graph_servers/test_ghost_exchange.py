@@ -1,0 +1,66 @@
+"""The rows to and from the peers: sync mode's one sum per peer, and peer contributions taken in any order."""
+
+import numpy as np
+import pytest
+
+from dorylus_py.models.spec import model_spec
+from dorylus_py.partition import PartitionStore, prepare
+from graph_servers.graph_state import GraphState
+
+GCN = model_spec("gcn", [16, 8, 4])
+
+
+def test_sync_mode_sends_one_sum_of_all_chunks_contributions_per_peer(small_graph, tmp_path):
+    """The sum equals the per-chunk contributions added up, in whatever order the chunks finish; the
+    receiver takes it as all the sender's chunks, in sync mode only."""
+    from dorylus_py.protocol import ProtocolError
+    from graph_servers.received import ALL_CHUNKS
+
+    prepare(small_graph, tmp_path / "p", 2, "hash")
+    store = PartitionStore.open(tmp_path / "p")
+    sender, receiver = (GraphState(store.load(k), GCN, [3, 3], "none", sync=True) for k in range(2))
+    sender.dG[0][:] = np.random.default_rng(1).standard_normal(sender.dG[0].shape).astype(np.float32)
+    expected = np.zeros((len(receiver.send_ids[0]), 8), np.float64)  # one row per ghost of the sender's
+    for c in range(3):
+        positions, rows = sender.contributions("bwd", 0, c)[1]
+        expected[positions] += rows
+    for epoch, order in enumerate(([2, 0, 1], [0, 1, 2])):
+        got = [sender.summed_contributions("bwd", 0, c) for c in order]
+        assert got[:2] == [None, None] and set(got[2]) == {1}
+        positions, rows = got[2][1]
+        np.testing.assert_array_equal(positions, np.arange(len(expected)))
+        np.testing.assert_allclose(rows, expected, rtol=1e-5, atol=1e-6)
+        if epoch == 0:
+            first = rows
+        else:
+            np.testing.assert_array_equal(rows, first)  # the same bits in another order
+    receiver.store_peer_rows("bwd", 0, 0, ALL_CHUNKS, {"positions": positions, "rows": rows})
+    with pytest.raises(ProtocolError, match="chunk 1 for layer 0"):  # sync: contributions come summed
+        receiver.store_peer_rows("bwd", 0, 0, 1, {"positions": positions, "rows": rows})
+    async_receiver = GraphState(store.load(1), GCN, [3, 3], "none")
+    with pytest.raises(ProtocolError, match="chunk -1 for layer 0"):
+        async_receiver.store_peer_rows("bwd", 0, 0, ALL_CHUNKS, {"positions": positions, "rows": rows})
+
+
+def test_peer_contributions_in_any_order_are_taken_and_repeats_refused(small_graph, tmp_path):
+    """Senders send increasing positions (checked without a sort); any other order is taken as long as
+    no position repeats, and gives the same sum."""
+    from dorylus_py.protocol import ProtocolError
+
+    prepare(small_graph, tmp_path / "p", 2, "hash")
+    part = PartitionStore.open(tmp_path / "p").load(1)
+    n = len(GraphState(part, GCN, [1, 1], "none").send_ids[0])
+    rows = np.random.default_rng(2).standard_normal((n, 8)).astype(np.float32)
+    sums = []
+    for order in (np.arange(n), np.arange(n)[::-1]):
+        s = GraphState(part, GCN, [1, 1], "none")
+        s.store_peer_rows("bwd", 0, 0, 0, {"positions": order.astype(np.int64), "rows": rows[order]})
+        total = np.zeros((s.n, 8), np.float32)
+        s.received[("bwd", 0)].add_to(0, s.n, total)
+        sums.append(total)
+    np.testing.assert_array_equal(sums[0], sums[1])
+    assert np.abs(sums[0]).sum() > 0
+    s = GraphState(part, GCN, [1, 1], "none")
+    repeated = np.array([0, 2, 1, 2], np.int64)
+    with pytest.raises(ProtocolError, match="repeat"):
+        s.store_peer_rows("bwd", 0, 0, 0, {"positions": repeated, "rows": rows[:4]})
