@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -109,27 +110,13 @@ def _add_server(sub, role: str, help: str) -> None:
 
 
 def _run_server(args) -> int:
-    from dorylus_py.cluster.driver_link import cluster_curve
-    from dorylus_py.cluster.node import Stopped, serve
-    from dorylus_py.cluster.spec import ClusterSpec
-    from dorylus_py.jobkey import load_job_key
+    """The role's own process takes over this one (``exec``: the same pid, for systemd and supervisors):
+    the deployable units are started, never imported, by the library."""
+    from dorylus_py.serving.process import MODULES
 
-    cluster = ClusterSpec.load(args.cluster)
-    host, port = ClusterSpec.host_port(cluster.address(args.role, args.rank))
-    key = load_job_key(cluster.key_secret, cluster.region)
-    curve = cluster_curve(cluster, key)
-    if args.role == "graph-server":
-        from graph_servers.server import GraphServer as build
-    else:
-        from dorylus_py.weights.server import WeightServer as build
+    argv = ["--cluster", args.cluster, "--rank", str(args.rank), "--jobs", str(args.jobs)] + (["--bind", args.bind] if args.bind else [])
     if args.jobs < 0:
         raise ConfigError(f"--jobs must be 0 (until stopped) or more, got {args.jobs}")
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr,
-                        force=True)  # a server's log: when, and how bad
-    logging.getLogger("dorylus").setLevel(logging.INFO)  # each job's start and end lines, for the operator
-    try:
-        serve(args.role, build, cluster.driver, args.rank, host, port, bind_host=args.bind or None, key=key, curve=curve,
-              jobs=args.jobs or None)
-    except (Stopped, KeyboardInterrupt):
-        pass
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", MODULES[args.role], *argv])

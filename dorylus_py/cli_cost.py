@@ -7,8 +7,8 @@ from pathlib import Path
 
 from dorylus_py.cli_parser import command
 from dorylus_py.config import at_least
-from dorylus_py.settings import count_or_auto
 from dorylus_py.errors import DorylusError
+from dorylus_py.settings import count_or_auto
 
 
 def add_report(sub) -> None:
@@ -145,9 +145,9 @@ ESTIMATE_COLUMNS = [
 def _run_cost_estimate(args) -> int:
     from dorylus_py.config import TrainConfig
     from dorylus_py.cost.estimate import Calibration, Setup, Workload, search
-    from dorylus_py.plan import plan
     from dorylus_py.cost.model import Prices
     from dorylus_py.cost.report import text_table
+    from dorylus_py.plan import plan
 
     prices = Prices.load(args.prices, args.region, args.arch)
     prices.hourly(args.as_instance)

@@ -12,9 +12,15 @@ import dataclasses
 import time
 from pathlib import Path
 
-from dorylus_py.cli_data import DATA_FORMATS, check_partitioner, config_from_args, sources_of
+from dorylus_py.cli_data import (
+    DATA_FORMATS,
+    check_partitioner,
+    config_from_args,
+    sources_of,
+)
 from dorylus_py.cli_parser import command
 from dorylus_py.errors import ConfigError, DorylusError
+from dorylus_py.models.architectures import architecture
 
 # What --resume RUN_DIR lets change; the rest of the configuration is the record's.
 RESUME_OVERRIDES = ("epochs", "checkpoint_every", "target_acc", "max_restarts", "wait_timeout_s", "hang_timeout_s",
@@ -73,8 +79,8 @@ def checkpoint_epoch(cfg, checkpoints: str, store: str | None) -> int:
 def with_cluster(cfg, path: str, given: set[str]):
     """``--cluster FILE``: the graph- and weight-server counts are the file's (a flag that disagrees is an
     error), and --data must be a prepared store with one partition per graph server."""
-    from dorylus_py.cluster.spec import ClusterSpec
     from dorylus_py.partition import PartitionStore
+    from dorylus_py.serving.cluster_spec import ClusterSpec
 
     if cfg.backend == "reference":
         raise ConfigError("--cluster needs a distributed backend (local, lambda, cpu or gpu)")
@@ -116,7 +122,7 @@ def last_layer_note(cfg) -> str:
         return "last layer fused: one task per chunk does its forward, the loss and its first backward step"
     if cfg.fuse == "off":
         why = "--fuse off"
-    elif cfg.model != "gcn" or cfg.layers < 2:
+    elif not architecture(cfg.model).can_fuse(cfg.layers):
         why = f"fusion is gcn's with --layers >= 2, not --model {cfg.model} --layers {cfg.layers}"
     else:
         why = ("--fuse auto fuses on lambda, and on local with --lambda-latency-ms above 0, where a task saved "
@@ -218,11 +224,11 @@ def add_train(sub, data) -> None:
 
 def _run_train(args) -> int:
     from dorylus_py.config import DECENTRAL_MODES, TrainConfig
-    from dorylus_py.plan import plan
-    from dorylus_py.settings import AUTO
     from dorylus_py.data import SynthConfig, generate
     from dorylus_py.partition import load_dataset as load_graph
+    from dorylus_py.plan import plan
     from dorylus_py.progress import status
+    from dorylus_py.settings import AUTO
     from dorylus_py.training import RunRecord, train_reference
     from dorylus_py.training.reference import feature_norm_for, resolve_feature_norm
 

@@ -3,7 +3,7 @@
 CLI's flags are generated from it. Only the standard library is imported here, so the CLI parses flags
 (and answers ``--help``) without loading numpy or torch.
 
-A :class:`TrainConfig` is made of sections, each checking its own values: :class:`RunSettings` (data,
+A :class:`TrainConfig` is made of sections (``sections.py``), each checking its own values: :class:`RunSettings` (data,
 epochs, seed), :class:`ModelSettings`, :class:`PipelineSettings` (backend, servers, chunks, modes),
 :class:`PoolSettings` (the Lambda pool and its emulation), :class:`AwsSettings`,
 :class:`RecoverySettings` (timeouts, checkpoints, restarts) and :class:`GossipSettings`; the checks that
@@ -14,299 +14,27 @@ relate sections are :meth:`TrainConfig.check`'s. Field names are unique across s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 
 from dorylus_py.errors import ConfigError
-from dorylus_py.settings import AUTO, Auto, Section, fits, section, setting
-
-BACKENDS = ("reference", "local", "lambda", "cpu", "gpu")
-MODES = ("sync", "async", "gossip", "allreduce")
-DECENTRAL_MODES = ("gossip", "allreduce")  # data-parallel Cluster-GCN workers (dorylus_py/decentral)
-FEATURE_NORMS = ("auto", "row", "none")
-MODELS = ("gcn", "gat", "sage")  # dorylus_py/models/spec.py describes each
-FUSE_CHOICES = ("auto", "on", "off")  # GCN's fused last layer; auto: where tensor tasks are Lambda invocations
-LAMBDA_BACKENDS = ("local", "lambda")  # tensor tasks in Lambda containers (emulated, or AWS's)
-INPROC_BACKENDS = ("cpu", "gpu")  # tensor tasks in the graph servers' own threads
-AUTO_CHUNK_ROWS = 150_000  # --chunks auto: at most this many rows a chunk (a tensor task's memory grows with them)
-ASYNC_CHUNKS = 4  # --chunks auto in async mode, or on an autotuned pool: chunks a server pipelines at least
-
-
-def at_least(flag: str, value: float, low: float) -> None:
-    if value < low:
-        raise ConfigError(f"{flag} must be >= {low}, got {value}")
-
-
-def above(flag: str, value: float, low: float) -> None:
-    if value <= low:
-        raise ConfigError(f"{flag} must be > {low}, got {value}")
-
-
-def one_of(flag: str, value, choices: tuple) -> None:
-    if value not in choices:
-        raise ConfigError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
-
-
-def count(flag: str, value, low: int = 1) -> None:
-    """An integer setting (a bool or a float is none) of at least ``low``."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"{flag} must be a number{' or auto' if flag in ('--chunks', '--lambdas') else ''}, got {value!r}")
-    at_least(flag, value, low)
-
-
-@section
-class RunSettings(Section):
-    data: str | None = setting(None, "dataset or prepared folder (default: a generated graph)", metavar="PATH",
-                               show_default=False)
-    epochs: int = setting(200, "epochs")
-    seed: int = setting(0, "weights and dropout seed")
-    threads: int = setting(0, "torch threads (default: torch's choice)")
-    target_acc: float = setting(0.0, "stop once validation accuracy reaches this (0: run every epoch)")
-
-    def check(self) -> None:
-        at_least("--epochs", self.epochs, 1)
-        if not 0.0 <= self.target_acc <= 1.0:
-            raise ConfigError(f"--target-acc must be in [0, 1], got {self.target_acc}")
-        at_least("--threads", self.threads, 0)
-
-
-@section
-class ModelSettings(Section):
-    model: str = setting("gcn", "gcn: Kipf & Welling; gat: graph attention (Velickovic et al.), attention per edge "
-                         "computed in ApplyEdge tasks; sage: GraphSAGE with the mean aggregator", choices=MODELS)
-    layers: int = setting(2, "layers (Gather + ApplyVertex each)")
-    hidden: int = setting(16, "hidden width; for gat the width of each head")
-    dropout: float = setting(0.5, "dropout on each layer's input")
-    heads: int = setting(8, "gat: attention heads of each hidden layer, concatenated")
-    out_heads: int = setting(1, "gat: heads of the last layer, averaged")
-    attn_dropout: float | None = setting(None, "gat: dropout on the attention coefficients, keyed by edge (default: the "
-                                         "same as --dropout)", metavar="P")
-    negative_slope: float = setting(0.2, "gat: LeakyReLU slope of the attention scores")
-    weight_decay: float = setting(5e-4, "L2 weight decay: gcn on the first layer, gat and sage on every weight but "
-                                  "the biases")
-    lr: float = setting(0.01, "Adam learning rate")
-    feature_norm: str = setting("auto", "row: rows sum to 1; auto: row when all features are >= 0", choices=FEATURE_NORMS)
-
-    def check(self) -> None:
-        if self.model not in MODELS:
-            raise ConfigError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
-        at_least("--layers", self.layers, 1)
-        if self.layers > 255:
-            raise ConfigError(f"--layers must be at most 255 (dropout keys), got {self.layers}")
-        at_least("--hidden", self.hidden, 1)
-        at_least("--heads", self.heads, 1)
-        at_least("--out-heads", self.out_heads, 1)
-        at_least("--negative-slope", self.negative_slope, 0)
-        if not 0.0 <= self.attention_dropout() < 1.0:
-            raise ConfigError(f"--attn-dropout must be in [0, 1), got {self.attention_dropout()}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"--dropout must be in [0, 1), got {self.dropout}")
-        above("--lr", self.lr, 0)
-        at_least("--weight-decay", self.weight_decay, 0)
-        one_of("--feature-norm", self.feature_norm, FEATURE_NORMS)
-
-    def attention_dropout(self) -> float:
-        """GAT's dropout on attention coefficients: ``attn_dropout``, or ``dropout`` when unset."""
-        return self.dropout if self.attn_dropout is None else self.attn_dropout
-
-    def widths(self, features: int, classes: int) -> list[int]:
-        """The model's layer widths, input to output, for a graph of ``features`` and ``classes``."""
-        return [features] + [self.hidden] * (self.layers - 1) + [classes]
-
-
-@section
-class PipelineSettings(Section):
-    backend: str = setting("reference", "reference: single-process full-batch oracle; local: graph/weight server "
-                           "processes with tensor work in emulated Lambdas; lambda: the same with AWS Lambda (see "
-                           "docs/aws.md); cpu/gpu: the same pipeline with tensor work inside the graph servers, on the "
-                           "CPU or a CUDA device", choices=BACKENDS)
-    graph_servers: int = setting(2, "graph servers = partitions (default: the prepared store's partitions, else 2)",
-                                 short="-k")
-    weight_servers: int = setting(1, "weight servers; every weight tensor is cut into row blocks dealt over them, so M "
-                                  "may exceed the layers")
-    chunks: int | Auto = setting(AUTO, "vertex intervals per graph server, each a tensor task per stage (default auto: "
-                                 "in sync mode one per tensor worker of a fixed --lambdas pool, and 1 on cpu/gpu, since "
-                                 f"every stage waits for all chunks; {ASYNC_CHUNKS} in async mode or with --lambdas "
-                                 f"auto; at most about {AUTO_CHUNK_ROWS:,} rows each)", metavar="N|auto")
-    mode: str = setting("sync", "sync: barriers per layer, equals full-batch training; async: bounded staleness; "
-                        "gossip / allreduce: decentralised Cluster-GCN workers (see below)", choices=MODES)
-    staleness: int = setting(1, "async: max epochs a chunk runs ahead")
-    switch_threshold: float = setting(0.0, "async: switch to sync mode once validation accuracy is within this of "
-                                      "--target-acc, as the original Dorylus does (default 0: never)")
-    async_update: str = setting("epoch", "async: one weight update per epoch's worth of chunk gradients, taken without "
-                                "a barrier (default; Cora 81 %), or one per chunk gradient (78 %)",
-                                choices=("epoch", "chunk"))
-    fuse: str = setting("auto", "gcn with --layers >= 2: one task per chunk computes the last layer's forward, the loss "
-                        "and its gradient, and the first backward step, where unfused it takes three (forward, loss, "
-                        "backward). auto (default): fused where a task saved is a round trip saved, on lambda and on "
-                        "local with --lambda-latency-ms above 0; elsewhere fusing only widens the last layer's Gather. "
-                        "gat, sage and a one-layer gcn always run unfused", choices=FUSE_CHOICES)
-    remat: bool = setting(False, "sync: graph servers keep only what backward reads. The evaluation pass reuses the "
-                          "training pass's buffers, Gather backward writes dZ over Z (dead once Gather ran), and the "
-                          "fused last layer's input is recomputed from the layer below for backward instead of kept. "
-                          "Tasks always recompute activations and dropout masks. Same results; a server starts an "
-                          "epoch once every server finished the one before (default off)")
-    partitioner: str = setting("auto", "auto, metis, fennel or hash: how --data is partitioned when it is not a prepared "
-                               "store of --graph-servers parts (default auto; see `dorylus prepare --help`)")
-    tensor_threads: int = setting(2, "cpu/gpu: tensor threads per graph server")
-    device: str = setting("", "cpu/gpu backends and gossip/allreduce workers: torch device (default cuda for "
-                          "--backend gpu, else cpu)")
-
-    def check(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        one_of("--mode", self.mode, MODES)
-        one_of("--fuse", self.fuse, FUSE_CHOICES)
-        one_of("--async-update", self.async_update, ("epoch", "chunk"))
-        if self.chunks is not AUTO:  # every backend: a bad count is an error even where unused
-            count("--chunks", self.chunks)
-        at_least("--staleness", self.staleness, 0)
-        at_least("--tensor-threads", self.tensor_threads, 1)
-        if not 0 <= self.switch_threshold < 1:
-            raise ConfigError(f"--switch-threshold must be in (0, 1), got {self.switch_threshold}")
-
-    @property
-    def distributed(self) -> bool:
-        """The Dorylus pipeline: graph servers, weight servers, tensor workers."""
-        return self.backend != "reference" and self.mode not in DECENTRAL_MODES
-
-    def resolved_device(self) -> str:
-        return self.device or ("cuda" if self.backend == "gpu" else "cpu")
-
-
-@section
-class PoolSettings(Section):
-    lambdas: int | Auto = setting(4, "tensor workers (emulated Lambdas, or concurrent AWS invocations) at once in all, "
-                                  "shared out among the graph servers; auto: each graph server sizes its pool as the run "
-                                  "goes, growing while tasks wait for a worker and its graph stages idle (keeping a "
-                                  "growth only if it raised throughput) and shrinking while workers idle; each decision "
-                                  "is in the server log and tasks.jsonl (kind resize)", metavar="N|auto")
-    lambdas_min: int = setting(2, "--lambdas auto: fewest workers in all, where each pool starts", metavar="N")
-    lambdas_max: int = setting(32, "--lambdas auto: most workers in all", metavar="N")
-    lambda_latency_ms: float = setting(0.0, "local: injected latency per invocation")
-    lambda_bandwidth_mbps: float = setting(0.0, "local: cap each emulated Lambda's transfers at this rate, each way (the "
-                                           "Dorylus paper measured about 200 between a Lambda and an EC2 server; "
-                                           "default 0: unlimited)", metavar="MBPS")
-    lambda_fail_rate: float = setting(0.0, "local: chance an invocation fails")
-    lambda_cold_start_ms: float = setting(0.0, "local: the first invocation on each emulated Lambda (and on each "
-                                          "replacement of a dead one) waits this long, as a cold container does")
-    lambda_memory_mb: int = setting(3008, "local: billed memory of an emulated Lambda (default 3008); lambda: read from "
-                                    "the deployed function")
-    lambda_timeout_s: float = setting(60.0, "a Lambda's time limit")
-    row_cache_mb: int | None = setting(None, "each warm tensor worker keeps the input-feature rows it pulled (the only "
-                                       "rows that never change in training, and the widest), up to this many MB (once "
-                                       "full it keeps what it holds); the graph server then does not send them to it "
-                                       "again (default: a quarter of --lambda-memory-mb; 0: off; the cpu and gpu "
-                                       "backends never cache)", metavar="MB")
-    stream_rows: int = setting(0, "stream each row-wise tensor task (GCN and GraphSAGE) in blocks of this many rows: the "
-                               "worker asks for every block at once, computes on each as it arrives and sends its rows "
-                               "of the result back at once, so its downloads, compute and uploads overlap; the graph "
-                               "server takes the result only when the last message is in (default 0: whole chunks)",
-                               metavar="ROWS")
-
-    def check(self) -> None:
-        if self.lambdas is not AUTO:
-            count("--lambdas", self.lambdas)
-        at_least("--lambdas-min", self.lambdas_min, 1)
-        if self.lambdas_max < self.lambdas_min:
-            raise ConfigError(f"--lambdas-max ({self.lambdas_max}) is below --lambdas-min ({self.lambdas_min})")
-        if not 0.0 <= self.lambda_fail_rate < 1.0:
-            raise ConfigError(f"--lambda-fail-rate must be in [0, 1), got {self.lambda_fail_rate}")
-        at_least("--lambda-latency-ms", self.lambda_latency_ms, 0)
-        at_least("--lambda-bandwidth-mbps", self.lambda_bandwidth_mbps, 0)
-        at_least("--lambda-cold-start-ms", self.lambda_cold_start_ms, 0)
-        at_least("--lambda-memory-mb", self.lambda_memory_mb, 128)
-        above("--lambda-timeout-s", self.lambda_timeout_s, 0)
-        if self.row_cache_mb is not None:
-            at_least("--row-cache-mb", self.row_cache_mb, 0)
-            if self.row_cache_mb >= self.lambda_memory_mb:
-                raise ConfigError(f"--row-cache-mb {self.row_cache_mb} leaves no room in a Lambda of "
-                                  f"--lambda-memory-mb {self.lambda_memory_mb}")
-        at_least("--stream-rows", self.stream_rows, 0)
-
-
-@section
-class AwsSettings(Section):
-    lambda_function: str = setting("", "lambda: function name or ARN (default: the cluster file's)")
-    aws_region: str = setting("", "lambda: AWS region (default: from the AWS environment)")
-    aws_profile: str = setting("", "lambda: AWS credentials profile (default: from the AWS environment)")
-    lambda_endpoint: str = setting("", "lambda: Lambda API endpoint URL (moto, LocalStack, the lab's Lambda service)")
-    lambda_run_here: bool = setting(False, "lambda: also run each accepted invocation's handler on this machine; only "
-                                    "for endpoints that record invocations without running code (moto). Servers may "
-                                    "then be local")
-
-    def check(self) -> None:
-        """Nothing to check alone: whether a function is named depends on the backend (TrainConfig.check)."""
-
-
-@section
-class RecoverySettings(Section):
-    checkpoint_every: int | None = setting(None, "save every layer's weights and Adam state, all at the same epoch, "
-                                           "every N epochs and at the end, into RUN_DIR/checkpoints/; a dead server is "
-                                           "restarted from the newest (default 10; 0: never)", metavar="N")
-    checkpoint_dir: str = setting("", "write checkpoints here instead of RUN_DIR/checkpoints: a folder, or an s3:// "
-                                  "prefix that outlives the driver's machine", metavar="DIR", show_default=False)
-    max_restarts: int = setting(3, "restart the servers after one dies, hangs or goes silent at most this often, each "
-                                "time from the newest checkpoint, before the job stops with the reason")
-    relaunch_min_s: float = setting(5.0, "relaunch a task after max(this, factor x average)")
-    relaunch_factor: float = setting(3.0, "relaunch a task after max(--relaunch-min-s, this x its kind's average)")
-    wait_timeout_s: float = setting(300.0, "give up on any single wait after this")
-    hang_timeout_s: float = setting(60.0, "a server whose serving loop has not turned for this long, or whose send to a "
-                                    "peer has waited this long, is hung: it exits and is restarted like a dead one, "
-                                    "within --max-restarts (default 60; longer than any single step of the job)")
-    replace_timeout_s: float = setting(120.0, "--cluster: when a server is lost, the others drop the job and the driver "
-                                       "waits this long for every server to say hello again (the lost one restarted by "
-                                       "its supervisor or systemd), then resumes from the newest checkpoint, within "
-                                       "--max-restarts")
-    resume: bool = False  # this run continues a record's newest checkpoint (`--resume RUN_DIR` sets it)
-
-    def check(self) -> None:
-        if self.checkpoint_every is not None:
-            at_least("--checkpoint-every", self.checkpoint_every, 0)
-        at_least("--max-restarts", self.max_restarts, 0)
-        above("--relaunch-min-s", self.relaunch_min_s, 0)
-        at_least("--relaunch-factor", self.relaunch_factor, 1)
-        for flag, value in (("--wait-timeout-s", self.wait_timeout_s), ("--hang-timeout-s", self.hang_timeout_s),
-                            ("--replace-timeout-s", self.replace_timeout_s)):
-            above(flag, value, 0)
-
-
-@section
-class GossipSettings(Section):
-    workers: int = setting(4, "worker processes (default 4; under torchrun: its world size)")
-    clusters: int = setting(40, "METIS clusters of the graph")
-    clusters_per_batch: int = setting(4, "clusters joined into one batch")
-    diag_lambda: float = setting(1.0, "diagonal enhancement of the batch adjacency")
-    gossip_every: int = setting(1, "gossip: swap parameters and the latest gradient with a random peer every k local "
-                                "steps")
-    average_every: int = setting(0, "gossip: every E epochs every worker adopts the average of all models, without "
-                                 "stopping (default 0: never)", metavar="E")
-    peer_timeout_s: float = setting(5.0, "a worker that does not answer a peer within this is dead; its batches go to "
-                                    "the others")
-    straggler: str = setting("", "slow worker RANK down FACTOR times (experiments)", metavar="RANK:FACTOR",
-                             show_default=False)
-
-    def check(self) -> None:
-        at_least("--workers", self.workers, 1)
-        at_least("--gossip-every", self.gossip_every, 1)
-        if not 1 <= self.clusters_per_batch <= self.clusters:
-            raise ConfigError(f"need 1 <= --clusters-per-batch ({self.clusters_per_batch}) <= --clusters ({self.clusters})")
-        at_least("--diag-lambda", self.diag_lambda, 0)
-        if self.straggler:
-            rank, _, factor = self.straggler.partition(":")
-            try:
-                ok = 0 <= int(rank) < self.workers and float(factor) >= 1.0
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ConfigError(f"--straggler wants RANK:FACTOR with 0 <= RANK < --workers and FACTOR >= 1, got {self.straggler!r}")
-        above("--peer-timeout-s", self.peer_timeout_s, 0)
-        at_least("--average-every", self.average_every, 0)
-
-
-SECTIONS = {"run": RunSettings, "gnn": ModelSettings, "pipeline": PipelineSettings, "pool": PoolSettings,
-            "aws": AwsSettings, "recovery": RecoverySettings, "gossip": GossipSettings}
-SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}  # field -> its section
-FIELD_TYPES = {f.name: str(f.type) for cls in SECTIONS.values() for f in fields(cls)}  # field -> its annotation
+from dorylus_py.models.architectures import architecture
+from dorylus_py.sections import (  # noqa: F401  (re-exported: what a run's settings are made of)
+    DECENTRAL_MODES,
+    FIELD_TYPES,
+    INPROC_BACKENDS,
+    LAMBDA_BACKENDS,
+    SECTION_OF,
+    SECTIONS,
+    AwsSettings,
+    GossipSettings,
+    ModelSettings,
+    PipelineSettings,
+    PoolSettings,
+    RecoverySettings,
+    RunSettings,
+    at_least,
+)
+from dorylus_py.settings import AUTO, fits
 
 
 @dataclass(frozen=True, init=False)
@@ -390,9 +118,9 @@ class TrainConfig:
         if pool.stream_rows and p.backend not in LAMBDA_BACKENDS:
             raise ConfigError(f"--stream-rows streams a Lambda's transfers (--backend local or lambda); --backend "
                               f"{p.backend} runs tensor tasks inside the graph server, which transfers nothing")
-        if pool.stream_rows and self.gnn.model == "gat":
-            raise ConfigError("--stream-rows streams GCN and GraphSAGE tasks; GAT's vertex forward returns its bias "
-                              "row with the rows, which no block owns")
+        if pool.stream_rows and not architecture(self.gnn.model).streams:
+            raise ConfigError(f"--stream-rows streams GCN and GraphSAGE tasks, not --model {self.gnn.model} (GAT's vertex "
+                              "forward returns a bias row with the rows, which no block owns)")
         if p.backend in INPROC_BACKENDS:
             self.check_device()
         if p.backend == "lambda" and not self.aws.lambda_function:
@@ -467,27 +195,6 @@ class SynthConfig:
             raise ConfigError(f"--homophily must be in [0, 1], got {self.homophily}")
         if self.degree_exponent <= 1.0:
             raise ConfigError(f"--degree-exponent must be > 1, got {self.degree_exponent}")
-
-
-def chunks_per_server(backend: str, mode: str, workers: int | None, rows: int) -> int:
-    """``--chunks auto``: how many chunks a graph server of ``rows`` vertices cuts its rows into.
-
-    Sync mode waits for every chunk at every stage, so more chunks than tensor workers only add a
-    second wave of tasks and their fixed costs (measured on the 200 k graph, ``local`` with 2 workers a
-    server: 2 chunks 1.31x the reference's epoch, 4 chunks 1.58x): one chunk per worker of a fixed Lambda
-    pool (``workers``), and one on ``cpu``/``gpu``, whose tasks torch already spreads over the server's
-    cores (``cpu``: 1 chunk 1.39x, 4 chunks 1.64x). Async mode, and a pool that resizes itself (``workers``
-    None), keep ``ASYNC_CHUNKS`` so chunks can be at different stages. Chunks have at most
-    ``AUTO_CHUNK_ROWS`` rows of ``rows`` (an even split of the graph: partitions differ by a few per
-    cent); the count then rounds up to whole waves."""
-    if mode == "sync" and backend in ("cpu", "gpu"):
-        wave = 1
-    elif mode == "sync" and workers is not None:
-        wave = workers
-    else:
-        wave = ASYNC_CHUNKS
-    waves = -(-max(1, -(-rows // AUTO_CHUNK_ROWS)) // wave)
-    return max(1, min(wave * waves, rows))
 
 
 def row_cache_mb(backend: str, lambda_memory_mb: int, asked: int | None) -> int:

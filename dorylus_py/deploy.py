@@ -4,6 +4,7 @@ secret itself), and pointing the function at a newly pushed image."""
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 from pathlib import Path
@@ -13,26 +14,51 @@ from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.jsonfile import read_json
 
 REPO = Path(__file__).resolve().parents[1]
-# The handler imports these and nothing else of the package (tests/aws/test_deploy.py checks it).
-HANDLER_MODULES = ["__init__.py", "errors.py", "jobkey.py", "kernels/__init__.py", "kernels/attention.py",
-                   "kernels/dropout.py", "kernels/gat_ops.py", "kernels/gcn_ops.py", "kernels/sage_ops.py",
-                   "kernels/sparse.py", "kernels/tasks.py", "models/__init__.py", "models/architectures.py",
-                   "models/spec.py", "pipeline/__init__.py", "pipeline/events.py", "pipeline/stages.py",
-                   "pipeline/tasks.py", "protocol/__init__.py", "protocol/bounded_json.py", "protocol/messages.py",
-                   "protocol/replay.py", "protocol/session.py", "protocol/transport.py", "protocol/zap.py",
-                   "weights/__init__.py", "weights/adam.py", "weights/blocks.py", "weights/store.py"]
+ENTRY = REPO / "lambda_functions" / "handler.py"  # the image's CMD: lambda_functions.handler.handler
+
+
+def import_closure(entry: Path, root: Path = REPO, packages: tuple[str, ...] = ("dorylus_py", "lambda_functions")) -> list[Path]:
+    """Every source file of ``packages`` that ``entry`` can import, directly or not, read from the
+    sources (every ``import`` statement, a deferred one inside a function too, so the set can only be
+    too large, never too small), with the ``__init__.py`` of each package on the way."""
+    seen, todo = set(), [entry.resolve()]
+    todo += [d / "__init__.py" for d in entry.resolve().parents if root.resolve() in d.parents and (d / "__init__.py").is_file()]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _imported_names(path):
+            parts = name.split(".")
+            if parts[0] not in packages:
+                continue
+            for i in range(1, len(parts) + 1):  # each package on the way, and the module itself
+                base = root.joinpath(*parts[:i])
+                for candidate in (base / "__init__.py", base.with_suffix(".py")):
+                    if candidate.is_file() and candidate.resolve() not in seen:
+                        todo.append(candidate.resolve())
+    return sorted(seen)
+
+
+def _imported_names(path: Path) -> list[str]:
+    """The modules (and, for ``from m import x``, ``m.x``, which may be a module) ``path`` imports."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return names
 
 
 def build_context(out: Path, overwrite: bool = False) -> list[Path]:
     """Lay out ``docker build`` input in ``out``: the Dockerfile, the handler, the modules it imports.
     ``overwrite``: replace an earlier build context there (and nothing else: a folder holding other
     files is refused)."""
-    handler = [REPO / "lambda_functions" / name
-               for name in ("Dockerfile", "__init__.py", "channel.py", "handler.py", "link.py", "row_cache.py", "stream.py")]
-    sources = handler + [REPO / "dorylus_py" / m for m in HANDLER_MODULES]
-    missing = [str(p) for p in sources if not p.exists()]
-    if missing:
-        raise ConfigError(f"build-context needs a source checkout; missing {missing[0]}")
+    dockerfile = REPO / "lambda_functions" / "Dockerfile"
+    if not dockerfile.exists() or not ENTRY.exists():
+        raise ConfigError(f"build-context needs a source checkout; missing {dockerfile if not dockerfile.exists() else ENTRY}")
+    sources = [dockerfile] + import_closure(ENTRY)
     layout = {src: Path("Dockerfile") if src.name == "Dockerfile" else src.relative_to(REPO) for src in sources}
     check_replaceable(out, {str(rel) for rel in layout.values()}, overwrite, "a Lambda build context")
     if not out.parent.exists():
@@ -59,7 +85,7 @@ def cluster_from_terraform(tf_output: Path) -> dict:
 
 
 def write_cluster_file(tf_output: Path, out: Path) -> dict:
-    from dorylus_py.cluster.spec import ClusterSpec
+    from dorylus_py.serving.cluster_spec import ClusterSpec
 
     cluster = cluster_from_terraform(tf_output)
     with atomic_file(out) as tmp:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 import time
 
-from dorylus_py.cluster.job import JobSpec
 from dorylus_py.pipeline.autotune import PoolTuner, TunerPolicy
 from dorylus_py.platforms.base import Completion, Platform
+from dorylus_py.serving.job import JobSpec
 from dorylus_py.settings import AUTO
 
 log = logging.getLogger("dorylus.graph_server")

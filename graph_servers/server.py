@@ -22,9 +22,6 @@ import numpy as np
 import torch
 import zmq
 
-from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import Node, peak_rss_mb
-from dorylus_py.cluster.rejections import REJECTED
 from dorylus_py.errors import DorylusError
 from dorylus_py.models import spec_of
 from dorylus_py.models.spec import fuses_last_layer
@@ -34,6 +31,9 @@ from dorylus_py.pipeline.scheduler import Scheduler
 from dorylus_py.pipeline.stages import task_kinds, task_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy
 from dorylus_py.protocol import Message
+from dorylus_py.serving.job import JobSpec
+from dorylus_py.serving.node import ServerNode, peak_rss_mb
+from dorylus_py.serving.rejections import REJECTED
 from dorylus_py.weights.blocks import servers_of_layer, split, weight_blocks
 from graph_servers.direct import DirectLink
 from graph_servers.graph_state import FusedInput, GraphState
@@ -43,7 +43,15 @@ from graph_servers.received import ALL_CHUNKS
 from graph_servers.requests import Request, Requests
 from graph_servers.staging import BlockStaging
 from graph_servers.task_io import (
-    STATIC, apply_result, chunk_rows, has_static, staging_cap, static_tokens, streams, task_block, task_rows,
+    STATIC,
+    apply_result,
+    chunk_rows,
+    has_static,
+    staging_cap,
+    static_tokens,
+    streams,
+    task_block,
+    task_rows,
 )
 from graph_servers.usage import Usage
 from graph_servers.wire import held_tokens, task_event
@@ -57,7 +65,7 @@ INSTRUCTIONS = (ev.Invoke, ev.Serve, ev.Cancel, ev.Accept, ev.SendRows, ev.Forwa
 
 
 class GraphServer(Requests):
-    def __init__(self, node: Node, start: Message):
+    def __init__(self, node: ServerNode, start: Message):
         super().__init__()  # the requests' handlers, by op (requests.py)
         self.carry_out = {kind: getattr(self, f"_on_{kind.__name__}") for kind in INSTRUCTIONS}
         self.node = node

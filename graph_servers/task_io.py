@@ -6,7 +6,7 @@ hostile worker cannot corrupt the server's arrays.
 
 Static rows: layer 0's input ``P`` (the features) never changes in training and is the widest input
 (pulled by three tasks a chunk and epoch: the training forward, the evaluation forward and backward).
-A warm worker keeps it (``lambda_functions/row_cache.py``); the reply to a pull names it by a token,
+A warm worker keeps it (``dorylus_py/worker/row_cache.py``); the reply to a pull names it by a token,
 and leaves it out when the worker said it holds that token.
 """
 
@@ -22,7 +22,6 @@ from dorylus_py.protocol import ProtocolError, require
 from graph_servers.graph_state import GraphState
 from graph_servers.staging import MIN_CAP_BYTES
 from graph_servers.wire import block_of
-
 
 STATIC = "P"  # the name of the static rows in a layer-0 task's pull
 STREAMED = ("fwd", "bwd", "fused", "loss", "eval")  # row-wise kinds: each row's outputs need only its own inputs

@@ -7,44 +7,33 @@ server's receive loop answers with an ``error`` reply (carrying the request id) 
 
 from __future__ import annotations
 
-from dorylus_py.cluster.job import JobSpec
 from dorylus_py.pipeline.events import Invoke, TaskKey
 from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.protocol.transport import Curve
+from dorylus_py.serving.job import JobSpec
+from dorylus_py.worker.event import MAX_INT, Stream, TaskEvent, TaskRef
 from graph_servers.received import ALL_CHUNKS
 
-MAX_INT = 2**53  # JSON integers beyond this are not exact in every reader
 MAX_HELD = 8  # static-row tokens a worker may name in one pull (it names those of the task's chunk: one today)
 MAX_TOKEN = 64  # characters of one token (ours are 32 hex digits)
 PHASES = ("fwd", "efwd", "bwd", "ebwd")  # what peers send: Z rows (training, evaluation), dZ and score-gradient parts
 
 
 def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, job: bytes, inv: Invoke,
-               weight_servers: list[str], stream_rows: int = 0) -> dict:
+               weight_servers: list[str], stream_rows: int = 0) -> TaskEvent:
     """The event a tensor worker gets for a copy of a task (the same for every copy but ``attempt``);
     ``job``: the job's nonce, which the worker's requests are bound to; ``weight_servers``: those holding
     the task's layer, its lead first (none for a task without weights); ``stream_rows``: the chunk's
     rows when the task may be streamed (0: it may not). No secret: the worker has the job key from its
     own environment; the CURVE key here is the public one, and the nonce is no secret either."""
-    cfg = spec.config
-    key = inv.key
-    return {
-        "job": job.hex(),
-        "curve_public_key": curve.server_public.decode() if curve else None,
-        "graph_server": address,
-        "weight_servers": weight_servers,
-        "model": cfg.model,
-        "dropout": cfg.dropout,
-        "attn_dropout": cfg.attention_dropout(),
-        "negative_slope": cfg.negative_slope,
-        "seed": cfg.seed,
-        "num_train": spec.num_train,
-        "row_cache_mb": cfg.resolved_row_cache_mb(),
-        "stream": {"rows": stream_rows, "block": cfg.stream_rows} if stream_rows and cfg.stream_rows else None,
-        "task": {"kind": key.kind, "train": key.train, "epoch": key.epoch, "layer": key.layer, "chunk": key.chunk,
-                 "server": rank, "version": inv.version, "hold": list(inv.hold) if inv.hold else None,
-                 "attempt": inv.attempt},
-    }
+    cfg, key = spec.config, inv.key
+    return TaskEvent(
+        job=job.hex(), curve_public_key=curve.server_public.decode() if curve else None, graph_server=address,
+        weight_servers=tuple(weight_servers), model=cfg.model, dropout=cfg.dropout, attn_dropout=cfg.attention_dropout(),
+        negative_slope=cfg.negative_slope, seed=cfg.seed, num_train=spec.num_train, row_cache_mb=cfg.resolved_row_cache_mb(),
+        stream=Stream(stream_rows, cfg.stream_rows) if stream_rows and cfg.stream_rows else None,
+        task=TaskRef(key.kind, key.train, key.epoch, key.layer, key.chunk, rank, inv.version,
+                     tuple(inv.hold) if inv.hold else None, inv.attempt))
 
 
 def integer(value, name: str, low: int = 0, high: int = MAX_INT) -> int:

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import Node
 from dorylus_py.platforms import InprocPlatform, LocalLambdaPlatform
+from dorylus_py.serving.job import JobSpec
+from dorylus_py.serving.node import ServerNode
 from graph_servers.direct import DirectLink
 
 
-def make_platform(spec: JobSpec, rank: int, node: Node):
+def make_platform(spec: JobSpec, rank: int, node: ServerNode):
     """Where this server's tensor tasks run; ``--lambdas`` is shared out among the graph servers. In-process
     workers get a signing session of their own, emulated Lambdas the job key (their own environment)."""
     cfg = spec.config

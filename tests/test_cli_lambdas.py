@@ -6,10 +6,10 @@ line with exit code 2."""
 import pytest
 
 from dorylus_py.cli import build_parser, main
-from dorylus_py.cluster.job import JobSpec
 from dorylus_py.config import SECTION_OF, TrainConfig
 from dorylus_py.plan import lambda_share, plan
 from dorylus_py.protocol import ProtocolError
+from dorylus_py.serving.job import JobSpec
 from dorylus_py.settings import AUTO
 
 
@@ -82,7 +82,7 @@ def test_the_row_cache_is_on_for_lambda_containers_only_and_survives_the_wire():
 
 
 def test_chunks_auto_is_one_wave_of_tasks_in_sync_mode_and_a_pipeline_in_async():
-    from dorylus_py.config import AUTO_CHUNK_ROWS, chunks_per_server
+    from dorylus_py.plan import AUTO_CHUNK_ROWS, chunks_per_server
 
     assert config_of().chunks is AUTO
     assert chunks_of(config_of("--backend", "local"), 200_000) == 2  # 4 Lambdas over 2 servers

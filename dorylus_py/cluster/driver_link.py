@@ -32,13 +32,13 @@ from pathlib import Path
 
 import zmq
 
-from dorylus_py.cluster.heartbeat import SILENCE_S
-from dorylus_py.cluster.rejections import Rejections
-from dorylus_py.cluster.spec import ClusterSpec
 from dorylus_py.errors import DorylusError
 from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
 from dorylus_py.protocol.transport import dealer, router
+from dorylus_py.serving.cluster_spec import ClusterSpec, cluster_curve
+from dorylus_py.serving.heartbeat import SILENCE_S
+from dorylus_py.serving.rejections import Rejections
 
 log = logging.getLogger(__name__)
 
@@ -291,19 +291,6 @@ class DriverLink:
             raise DorylusError(f"no reply from {address} for {what} within {timeout_s:.0f} s")
         finally:
             sock.close(0)
-
-
-def cluster_curve(cluster: ClusterSpec | None, job_key: bytes, server: bool = True):
-    """The CurveZMQ keys of a ``--cluster`` job whose file names them (None: plain TCP): the servers' and,
-    derived from ``job_key``, the job's client pair. ``server``: this process binds, so it needs the
-    servers' secret key too."""
-    from dorylus_py.keys import load_curve_secret
-    from dorylus_py.protocol.transport import Curve
-
-    if cluster is None or not cluster.curve_public_key:
-        return None
-    secret = load_curve_secret(cluster.curve_secret_key_file, cluster.curve_public_key) if server else None
-    return Curve.of_job(job_key, cluster.curve_public_key.encode(), secret)
 
 
 def _role_rank(name: str) -> tuple[str, int]:

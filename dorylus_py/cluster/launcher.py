@@ -30,8 +30,6 @@ from dorylus_py import s3
 from dorylus_py.checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from dorylus_py.cluster import reports
 from dorylus_py.cluster.driver_link import DriverLink, ServerLost
-from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.spec import ClusterSpec
 from dorylus_py.config import TrainConfig
 from dorylus_py.errors import DorylusError
 from dorylus_py.models import spec_of
@@ -39,6 +37,8 @@ from dorylus_py.partition.store import PartitionStore
 from dorylus_py.plan import plan
 from dorylus_py.progress import progress_bar
 from dorylus_py.protocol import Message, ProtocolError
+from dorylus_py.serving.cluster_spec import ClusterSpec
+from dorylus_py.serving.job import JobSpec
 from dorylus_py.training.record import BestTracker, RunRecord, run_summary
 from dorylus_py.training.reference import TrainResult
 from dorylus_py.weights.blocks import Block, join, split, weight_blocks

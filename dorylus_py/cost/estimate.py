@@ -130,7 +130,7 @@ class Setup:
     def cached_features(self, work: Workload) -> float:
         """The share of feature pulls that warm workers answer from their cache (``--row-cache-mb``): all
         where one worker holds its graph server's features, else the share its cache holds (a full cache
-        keeps what it has, ``lambda_functions/row_cache.py``)."""
+        keeps what it has, ``dorylus_py/worker/row_cache.py``)."""
         cache_mb = row_cache_mb(self.backend, self.memory_mb, self.row_cache_mb)
         return min(1.0, cache_mb * 2**20 / (work.nodes / self.graph_servers * work.dims[0] * BYTES))
 

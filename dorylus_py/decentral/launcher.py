@@ -33,7 +33,12 @@ from dorylus_py.data.graph import Graph
 from dorylus_py.decentral.batches import ClusterBatches
 from dorylus_py.decentral.node import Node
 from dorylus_py.decentral.recorder import Recorder
-from dorylus_py.decentral.rendezvous import SignedStore, loopback_store, rendezvous, run_id
+from dorylus_py.decentral.rendezvous import (
+    SignedStore,
+    loopback_store,
+    rendezvous,
+    run_id,
+)
 from dorylus_py.decentral.worker import Trainer
 from dorylus_py.errors import DorylusError
 from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
@@ -154,8 +159,9 @@ def worker_process(argv=None) -> int:
     """``python -m dorylus_py.decentral``: one worker started by :func:`train_decentral`."""
     import argparse
 
-    from dorylus_py.cluster.node import exit_with_parent, run_main
     from dorylus_py.data.formats import read_npz
+    from dorylus_py.serving.node import exit_with_parent
+    from dorylus_py.serving.process import run_main
 
     ap = argparse.ArgumentParser(description="one decentralised worker (started by `dorylus train --mode gossip`)")
     ap.add_argument("--run-dir", required=True, help="run folder with config.json, graph.npz and clusters.npy")

@@ -35,8 +35,8 @@ from dorylus_py.config import TrainConfig
 from dorylus_py.decentral.batches import batch_count
 from dorylus_py.decentral.ledger import EpochLedger
 from dorylus_py.decentral.peers import Inbox, Links
-from dorylus_py.decentral.recorder import RecorderDuty
 from dorylus_py.decentral.pool import Report, Steal, WorkPool, watched
+from dorylus_py.decentral.recorder import RecorderDuty
 from dorylus_py.protocol import Message, ProtocolError, require
 from dorylus_py.protocol.bounded_json import parse
 

@@ -21,10 +21,10 @@ from typing import Callable
 
 import zmq
 
-from dorylus_py.cluster.node import bind
-from dorylus_py.cluster.rejections import REJECTED, report_bug
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
 from dorylus_py.protocol.transport import dealer, router
+from dorylus_py.serving.node import bind
+from dorylus_py.serving.rejections import REJECTED, report_bug
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ Shapes: ``W`` ``(D, H·F)``, ``a_src``/``a_dst`` ``(H, F)``, ``b`` ``(H·F,)`` (
 
 from __future__ import annotations
 
-
 from dorylus_py.kernels.gcn_ops import apply_dropout, input_gradient, layer_input
 
 

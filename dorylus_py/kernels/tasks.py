@@ -1,5 +1,5 @@
 """One tensor task, whatever the model: the rows a worker pulled and the weights it got, in; the
-tensors and fields it pushes back, out. The tensor worker (``lambda_functions/handler.py``) and the
+tensors and fields it pushes back, out. The tensor worker (``dorylus_py/worker/handler.py``) and the
 tests call only :func:`run_task`; each model's maths is in its own kernel module.
 
 Inputs a graph server ships (rows of the chunk; per-edge arrays ``(H, E)`` over the chunk's in-edges)::

@@ -39,6 +39,8 @@ from dorylus_py.errors import ConfigError
 from dorylus_py.lab.sigv4 import Credentials, SignatureError, verify
 from dorylus_py.platforms.base import Completion
 from dorylus_py.platforms.local import LocalLambdaPlatform
+from dorylus_py.protocol import ProtocolError
+from dorylus_py.worker.event import TaskEvent
 
 log = logging.getLogger(__name__)
 API = "/2015-03-31/functions/"
@@ -76,7 +78,7 @@ class LambdaService:
         self.function, self.creds = function, creds
         self.stats = {"invocations": 0, "throttled": 0, "refused": 0, "function_errors": 0}
         self._lock = threading.Lock()
-        self._calls: dict[int, tuple[dict, _Call]] = {}  # id of the event's task dict -> (that dict, its call)
+        self._calls: dict[str, tuple[dict, _Call]] = {}  # a task copy (its fields, as JSON) -> (its task, its call)
         self.pool = LocalLambdaPlatform(function.concurrency, function.latency_ms, function.fail_rate,
                                         function.memory_mb, function.timeout_s, seed=seed,
                                         cold_start_ms=function.cold_start_ms, key=key)
@@ -97,19 +99,20 @@ class LambdaService:
 
     def invoke(self, event: dict) -> Completion | None:
         """Run ``event`` on a free worker and wait for it; None when every worker is busy (throttled)."""
-        task = event.get("task") if isinstance(event, dict) else None
-        if not isinstance(task, dict):
+        try:
+            typed = TaskEvent.from_dict(event)
+        except ProtocolError as e:  # what the handler would raise at once, as a function error
             now = time.time()
-            return Completion({}, "lambda-service", now, now, 1, self.function.memory_mb, False,
-                              "KeyError: the event has no task object")
+            return Completion({}, "lambda-service", now, now, 1, self.function.memory_mb, False, f"ProtocolError: {e}")
+        task = typed.task.to_wire()
         call = _Call()
         with self._lock:
             if len(self._calls) >= self.function.concurrency:
                 self.stats["throttled"] += 1
                 return None
             self.stats["invocations"] += 1
-            self._calls[id(task)] = (task, call)
-        self.pool.invoke(event)
+            self._calls[_copy_of(task)] = (task, call)
+        self.pool.invoke(typed)
         if not call.done.wait(self.function.timeout_s + 10):  # its worker enforces the timeout; this is a guard
             now = time.time()
             return Completion(task, "lambda-service", now, now, int(self.function.timeout_s * 1000),
@@ -121,7 +124,7 @@ class LambdaService:
         while not self._closed.is_set():
             for c in self.pool.wait_completions(0.5):
                 with self._lock:
-                    _, call = self._calls.pop(id(c.task), (None, None))
+                    _, call = self._calls.pop(_copy_of(c.task), (None, None))
                     if not c.ok:
                         self.stats["function_errors"] += 1
                 if call is not None:
@@ -271,8 +274,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+def _copy_of(task: dict) -> str:
+    """One copy of a task (its key and attempt number), whichever dict carries it."""
+    return json.dumps(task, sort_keys=True)
+
+
 def main(argv=None) -> int:
-    from dorylus_py.cluster.node import run_main
+    from dorylus_py.serving.process import run_main
 
     ap = argparse.ArgumentParser(prog="python -m dorylus_py.lab.lambda_service", description=__doc__.split("\n\n")[0])
     ap.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to serve the Lambda API on")

@@ -3,7 +3,12 @@
 module (the reference trainer's autograd form). Importing the package loads no torch; the modules
 ``gcn``, ``gat`` and ``sage`` (the torch modules) do."""
 
-from dorylus_py.models.architectures import MODELS, Architecture, LayerShape, architecture
+from dorylus_py.models.architectures import (
+    MODELS,
+    Architecture,
+    LayerShape,
+    architecture,
+)
 from dorylus_py.models.spec import ModelSpec, TensorSpec, model_spec, spec_of
 
 __all__ = ["MODELS", "Architecture", "LayerShape", "ModelSpec", "TensorSpec", "architecture", "build_module",

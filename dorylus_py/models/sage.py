@@ -13,7 +13,12 @@ import torch
 from torch import nn
 
 from dorylus_py.kernels.dropout import dropout
-from dorylus_py.kernels.sparse import NormalizedAdjacency, gcn_norm_weights, mean_weights, spmm
+from dorylus_py.kernels.sparse import (
+    NormalizedAdjacency,
+    gcn_norm_weights,
+    mean_weights,
+    spmm,
+)
 from dorylus_py.models.gcn import glorot_parameters
 from dorylus_py.models.spec import ModelSpec
 

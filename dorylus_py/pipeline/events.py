@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+
 class TaskKey(NamedTuple):
     """One tensor task: at least once launched, exactly once applied."""
 

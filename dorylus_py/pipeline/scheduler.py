@@ -27,9 +27,28 @@ from dataclasses import dataclass, field
 
 from dorylus_py.pipeline.chunks import ChunkPipeline
 from dorylus_py.pipeline.events import (
-    Accept, Cancel, Finished, ForwardGradient, Freeze, Frozen, GraphDone, Invoke, PeerProgress, ReportEpoch,
-    RowsArrived, RunGraph, SendProgress, SendRows, Serve, Stuck, SwitchAt, TaskEnded, TaskKey, TaskPulled,
-    TaskResult, Tick,
+    Accept,
+    Cancel,
+    Finished,
+    ForwardGradient,
+    Freeze,
+    Frozen,
+    GraphDone,
+    Invoke,
+    PeerProgress,
+    ReportEpoch,
+    RowsArrived,
+    RunGraph,
+    SendProgress,
+    SendRows,
+    Serve,
+    Stuck,
+    SwitchAt,
+    TaskEnded,
+    TaskKey,
+    TaskPulled,
+    TaskResult,
+    Tick,
 )  # fmt: skip
 from dorylus_py.pipeline.stages import Stage, task_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy, TaskTracker

@@ -28,6 +28,7 @@ import time
 
 from dorylus_py.errors import ConfigError
 from dorylus_py.platforms.base import Completion, Platform, PoolLoad, billed_ms
+from dorylus_py.worker.event import TaskEvent
 
 THROTTLE_CODES = {"TooManyRequestsException", "ThrottlingException"}
 RETRYABLE_CODES = THROTTLE_CODES | {"ServiceException", "EC2ThrottledException", "ResourceNotReadyException"}
@@ -47,22 +48,37 @@ def billed_from_log(log_result: str | None) -> int | None:
     return int(found.group(1)) if found else None
 
 
+CONFIG_DEADLINE_S = 60.0  # a start waits this long for the Lambda API to be reachable (a link that is down)
+
+
 def deployed_memory_mb(function: str, region: str = "", profile: str = "", endpoint_url: str = "") -> int:
     """The memory size ``function`` is deployed with, from the Lambda API: what AWS bills a run for,
     whatever a flag says. A run reads it once, at its start, and records it."""
     try:
         import boto3
         from botocore.config import Config
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+        )
     except ImportError:
         raise ConfigError("the lambda backend needs boto3: pip install 'dorylus-py[aws]'") from None
-    try:
-        client = boto3.Session(profile_name=profile or None, region_name=region or None).client(
-            "lambda", endpoint_url=endpoint_url or None,
-            config=Config(connect_timeout=10, read_timeout=30, retries={"total_max_attempts": 3}))
-        return int(client.get_function_configuration(FunctionName=function)["MemorySize"])
-    except (BotoCoreError, ClientError) as e:
-        raise ConfigError(f"cannot read the configuration of Lambda function {function} ({e})") from None
+    deadline = time.monotonic() + CONFIG_DEADLINE_S
+    while True:
+        try:
+            client = boto3.Session(profile_name=profile or None, region_name=region or None).client(
+                "lambda", endpoint_url=endpoint_url or None,
+                config=Config(connect_timeout=10, read_timeout=30, retries={"total_max_attempts": 3}))
+            return int(client.get_function_configuration(FunctionName=function)["MemorySize"])
+        except (EndpointConnectionError, ConnectTimeoutError) as e:  # no route for now (a link down): wait
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"cannot read the configuration of Lambda function {function} "
+                                  f"({e}; retried for {CONFIG_DEADLINE_S:.0f} s)") from None
+            time.sleep(2.0)
+        except (BotoCoreError, ClientError) as e:
+            raise ConfigError(f"cannot read the configuration of Lambda function {function} ({e})") from None
 
 
 class Slots:
@@ -150,13 +166,13 @@ class AwsLambdaPlatform(Platform):
     def concurrency(self) -> int:
         return self.slots.limit
 
-    def invoke(self, event: dict) -> None:
+    def invoke(self, event: TaskEvent) -> None:
         asyncio.run_coroutine_threadsafe(self._invoke(event), self.loop)
 
-    async def _invoke(self, event: dict) -> None:
+    async def _invoke(self, event: TaskEvent) -> None:
         async with self.slots:
             start = time.time()
-            resp, body, error = await self._call(json.dumps(event).encode())
+            resp, body, error = await self._call(json.dumps(event.to_dict()).encode())
             if resp is None:
                 self._finish(event, start, None, False, error)
             elif resp.get("FunctionError"):
@@ -202,9 +218,9 @@ class AwsLambdaPlatform(Platform):
             if failures >= self.max_attempts:
                 return None, b"", f"gave up after {self.max_attempts} attempts: {error}"
 
-    def _finish(self, event: dict, start: float, billed: int | None, ok: bool, error: str) -> None:
+    def _finish(self, event: TaskEvent, start: float, billed: int | None, ok: bool, error: str) -> None:
         end = time.time()
-        self._done.put(Completion(event["task"], self.name, start, end, billed if billed is not None else billed_ms(end - start),
+        self._done.put(Completion(event.task.to_wire(), self.name, start, end, billed if billed is not None else billed_ms(end - start),
                                   self.memory_mb, ok, error))
 
     def completions(self) -> list[Completion]:

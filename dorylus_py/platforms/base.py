@@ -9,6 +9,8 @@ import queue
 import time
 from dataclasses import dataclass
 
+from dorylus_py.worker.event import TaskEvent
+
 
 @dataclass
 class Completion:
@@ -47,7 +49,7 @@ class Platform:
         """Tasks run at once; the rest wait for a worker (0: no limit known)."""
         return 0
 
-    def invoke(self, event: dict) -> None:
+    def invoke(self, event: TaskEvent) -> None:
         raise NotImplementedError
 
     def resize(self, size: int) -> None:

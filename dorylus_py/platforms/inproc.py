@@ -10,8 +10,10 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from dataclasses import replace
 
 from dorylus_py.platforms.base import Completion, Platform
+from dorylus_py.worker.event import TaskEvent
 
 
 class InprocPlatform(Platform):
@@ -20,7 +22,7 @@ class InprocPlatform(Platform):
         self.device, self.session = device, session  # the handler signs with this (not from the event)
         self.direct = direct  # graph_servers/direct.py: the graph server without a socket
         self.name = f"inproc-{device.split(':')[0]}"
-        self._tasks: queue.SimpleQueue[dict | None] = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[TaskEvent | None] = queue.SimpleQueue()
         self._closed, self._threads = False, max(1, threads)
         for i in range(self._threads):
             threading.Thread(target=self._work, name=f"tensor_{i}", daemon=True).start()
@@ -29,23 +31,23 @@ class InprocPlatform(Platform):
     def concurrency(self) -> int:
         return self._threads
 
-    def invoke(self, event: dict) -> None:
-        self._tasks.put(dict(event, device=self.device, direct=self.direct))
+    def invoke(self, event: TaskEvent) -> None:
+        self._tasks.put(replace(event, device=self.device))
 
     def _work(self) -> None:
         while (event := self._tasks.get()) is not None and not self._closed:
             self._run(event)
 
-    def _run(self, event: dict) -> None:
-        from lambda_functions.handler import handler
+    def _run(self, event: TaskEvent) -> None:
+        from dorylus_py.worker.handler import handler
 
         start = time.time()
         try:
-            handler(event, None, session=self.session)
+            handler(event, None, session=self.session, direct=self.direct)
             ok, err = True, ""
         except Exception as e:  # noqa: BLE001  (reported; the task is relaunched)
             ok, err = False, f"{type(e).__name__}: {e}"
-        self._done.put(Completion(event["task"], self.name, start, time.time(), 0, 0, ok, err))
+        self._done.put(Completion(event.task.to_wire(), self.name, start, time.time(), 0, 0, ok, err))
 
     def close(self) -> None:
         """Drop the tasks not started; running ones are abandoned (the threads end with the process)."""

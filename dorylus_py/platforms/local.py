@@ -2,7 +2,7 @@
 
 ``concurrency`` processes stay warm (like Lambda containers, they keep their sockets between
 invocations); the first invocation on each waits ``cold_start_ms`` first, as a new container would.
-``bandwidth_mbps`` caps each worker's transfers, each way (``lambda_functions/link.py``).
+``bandwidth_mbps`` caps each worker's transfers, each way (``dorylus_py/worker/link.py``).
 Each invocation can be delayed by ``latency_ms`` (invoke latency) and, with probability ``fail_rate``,
 made to fail: either before it starts, or part-way through by running its clock out, which exercises
 the relaunch path with partial effects. Billed duration is the handler's run time rounded up to 1 ms,
@@ -32,7 +32,14 @@ import threading
 import time
 from multiprocessing.connection import wait
 
-from dorylus_py.platforms.base import Completion, LambdaContext, Platform, PoolLoad, billed_ms
+from dorylus_py.platforms.base import (
+    Completion,
+    LambdaContext,
+    Platform,
+    PoolLoad,
+    billed_ms,
+)
+from dorylus_py.worker.event import TaskEvent
 
 
 def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, seed: int, bandwidth_mbps: float) -> tuple:
@@ -47,7 +54,7 @@ def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, 
         expire = rng.randrange(0, 4)  # 0: dies at once; 1-3: part-way through
     t0 = time.perf_counter()
     try:
-        from lambda_functions.handler import handler
+        from dorylus_py.worker.handler import handler
 
         output = handler(event, LambdaContext(timeout_ms, expire, bandwidth_mbps))
         ok, err = True, ""
@@ -67,7 +74,7 @@ def _worker_main(conn, cold_start_ms: float, key_hex: str) -> None:
 
     torch.set_num_threads(1)  # one vCPU-ish per emulated Lambda; many run at once
     _exit_when_closed(conn)
-    import lambda_functions.handler  # noqa: F401  (import torch and the kernels once, as a warm container)
+    import dorylus_py.worker.handler  # noqa: F401  (import torch and the kernels once, as a warm container)
 
     conn.send("ready")
     cold = cold_start_ms > 0
@@ -103,7 +110,7 @@ def _worker_context():
     (``--lambdas auto``) would take from the job on the same cores. A container's cold start is
     ``cold_start_ms``, not this machine's import time."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "lambda_functions.handler"])
+    ctx.set_forkserver_preload(["torch", "dorylus_py.worker.handler"])
     return ctx
 
 
@@ -160,8 +167,8 @@ class LocalLambdaPlatform(Platform):
     def concurrency(self) -> int:
         return self.size
 
-    def invoke(self, event: dict) -> None:
-        self._pending.put((event["task"], (json.dumps(event), self.latency_ms, self.fail_rate, self.timeout_ms,
+    def invoke(self, event: TaskEvent) -> None:
+        self._pending.put((event.task.to_wire(), (json.dumps(event.to_dict()), self.latency_ms, self.fail_rate, self.timeout_ms,
                                            self.rng.getrandbits(32), self.bandwidth_mbps)))
         self._wake_send.send_bytes(b"")
 

@@ -53,7 +53,11 @@ class MotoAws:
         self._saved: dict = {}
 
     def start(self) -> str:
-        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
         from werkzeug.serving import make_server
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
@@ -120,7 +124,12 @@ class MotoAws:
 
     def _patch(self) -> None:
         from moto.core.authorization import ActionAuthenticatorMixin as Mixin
-        from moto.iam.access_control import IAMPolicy, IAMRequest, PermissionResult, S3IAMRequest
+        from moto.iam.access_control import (
+            IAMPolicy,
+            IAMRequest,
+            PermissionResult,
+            S3IAMRequest,
+        )
         from moto.s3.models import FakeBucket
 
         moto_aws, current = self, threading.local()

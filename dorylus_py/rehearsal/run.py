@@ -27,7 +27,13 @@ from pathlib import Path
 from dorylus_py.errors import ConfigError, DorylusError
 from dorylus_py.rehearsal import audit
 from dorylus_py.rehearsal.moto_aws import ACCOUNT, MotoAws
-from dorylus_py.rehearsal.servers import Host, Supervisor, heredoc, loopback_cluster, wait_until
+from dorylus_py.rehearsal.servers import (
+    Host,
+    Supervisor,
+    heredoc,
+    loopback_cluster,
+    wait_until,
+)
 from dorylus_py.rehearsal.terraform import INFRA, Terraform, find_tools
 
 REPO = INFRA.parent

@@ -33,11 +33,12 @@ import logging
 import numpy as np
 import torch
 
-from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import Node, Peer, peak_rss_mb, serve_process
-from dorylus_py.cluster.rejections import REJECTED
 from dorylus_py.models import ModelSpec, build_module, spec_of
 from dorylus_py.protocol import Message, ProtocolError, require
+from dorylus_py.serving.job import JobSpec
+from dorylus_py.serving.node import Peer, ServerNode, peak_rss_mb
+from dorylus_py.serving.process import serve_process
+from dorylus_py.serving.rejections import REJECTED
 from dorylus_py.weights.blocks import split, weight_blocks
 from dorylus_py.weights.store import STATE_FIELDS, WeightError, WeightStore
 
@@ -52,7 +53,7 @@ def initial_weights(spec: ModelSpec, seed: int) -> dict[str, np.ndarray]:
 
 
 class WeightServer:
-    def __init__(self, node: Node, start: Message):
+    def __init__(self, node: ServerNode, start: Message):
         self.node = node
         spec = JobSpec.from_wire(start["spec"])
         cfg = spec.config

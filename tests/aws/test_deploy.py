@@ -9,7 +9,7 @@ import sys
 import boto3
 
 from dorylus_py.cli import main
-from dorylus_py.cluster.spec import ClusterSpec
+from dorylus_py.serving.cluster_spec import ClusterSpec
 
 
 def test_build_context_holds_everything_the_handler_imports(tmp_path):

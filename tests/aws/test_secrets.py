@@ -93,7 +93,8 @@ def test_server_role_does_what_servers_and_driver_do_and_nothing_more(moto_aws, 
     denied = {(c.action, c.resource) for c in moto_aws.calls if not c.allowed}
     assert denied == {("s3:PutObject", f"arn:aws:s3:::{bucket}/datasets/mygraph/manifest.json"),
                       ("s3:PutObject", f"arn:aws:s3:::{bucket}/datasets/mygraph/checkpoints/epoch-000003.npz"),
-                      ("s3:PutObject", f"arn:aws:s3:::{bucket}/elsewhere/epoch-000003.npz")}
+                      ("s3:PutObject", f"arn:aws:s3:::{bucket}/elsewhere/epoch-000003.npz"),
+                      ("s3:GetObject", f"arn:aws:s3:::{bucket}/elsewhere/latest.json")}  # a save reads the index it extends
     keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"]}
     assert {k for k in keys if "checkpoints" in k} == {"checkpoints/run1/epoch-000003.npz", "checkpoints/run1/latest.json"}
 

@@ -5,18 +5,18 @@ import json
 import os
 import socket
 import subprocess
-import time
 import sys
+import time
 
 import numpy as np
 import pytest
 import zmq
 
 from dorylus_py.cli import main
-from dorylus_py.cluster.heartbeat import SILENCE_S
-from dorylus_py.cluster.spec import ClusterSpec
 from dorylus_py.data import write_npz
 from dorylus_py.errors import ConfigError, DorylusError
+from dorylus_py.serving.cluster_spec import ClusterSpec
+from dorylus_py.serving.heartbeat import SILENCE_S
 
 
 def free_ports(n):

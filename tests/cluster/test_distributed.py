@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from dorylus_py.config import TrainConfig
 from dorylus_py.cluster.launcher import train_distributed
+from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord, train_reference
 from tests.cluster import assert_gradients_once, running_children

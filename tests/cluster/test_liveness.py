@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import zmq
 
-from dorylus_py.cluster import node as node_module
 from dorylus_py.cluster.driver_link import DriverLink, ServerLost
-from dorylus_py.cluster.node import Node, Peer, PeerStuck
 from dorylus_py.errors import DorylusError
 from dorylus_py.protocol import Message, Session
+from dorylus_py.serving import node as node_module
+from dorylus_py.serving.node import Peer, PeerStuck, ServerNode
 from tests.clients import Client
 from tests.cluster.test_cluster_file import free_ports
 
@@ -35,7 +35,7 @@ def driver():
 def test_a_send_to_a_peer_that_never_reads_fails_within_the_hang_timeout(driver):
     """A send used to block forever on a peer whose queue was full, and the heartbeat thread kept the
     stuck process looking alive."""
-    node = Node("graph-server", 0, driver, KEY, hang_timeout_s=0.5)
+    node = ServerNode("graph-server", 0, driver, KEY, hang_timeout_s=0.5)
     nobody = node.dealer(f"tcp://127.0.0.1:{free_ports(1)[0]}")  # nothing listens: messages only queue
     try:
         with pytest.raises(PeerStuck, match="has not read a ghosts for 0 s"):
@@ -48,7 +48,7 @@ def test_a_send_to_a_peer_that_never_reads_fails_within_the_hang_timeout(driver)
 
 def test_a_peer_that_answers_nothing_has_a_cap_in_bytes(driver, monkeypatch):
     monkeypatch.setattr(node_module, "PEER_CAP_BYTES", 10_000)
-    node = Node("graph-server", 0, driver, KEY)
+    node = ServerNode("graph-server", 0, driver, KEY)
     router = zmq.Context.instance().socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     peer = node.dealer(f"tcp://127.0.0.1:{port}", answered=True)
@@ -69,12 +69,12 @@ def test_a_peer_that_answers_nothing_has_a_cap_in_bytes(driver, monkeypatch):
         node.close()
 
 
-def _bound_again(port: int) -> Node:
+def _bound_again(port: int) -> ServerNode:
     """A new server process's node on the port an earlier one just closed (released asynchronously)."""
     deadline = time.monotonic() + 30
     while True:
         try:
-            return Node("weight-server", 0, "tcp://127.0.0.1:1", KEY, port=port)
+            return ServerNode("weight-server", 0, "tcp://127.0.0.1:1", KEY, port=port)
         except DorylusError:
             if time.monotonic() > deadline:
                 raise
@@ -83,9 +83,9 @@ def _bound_again(port: int) -> Node:
 
 HUNG = """
 import sys, time
-from dorylus_py.cluster.heartbeat import Heartbeat
-from dorylus_py.cluster.node import Node
-node = Node("graph-server", 0, sys.argv[1], b"k" * 32, hang_timeout_s=1.0)
+from dorylus_py.serving.heartbeat import Heartbeat
+from dorylus_py.serving.node import ServerNode
+node = ServerNode("graph-server", 0, sys.argv[1], b"k" * 32, hang_timeout_s=1.0)
 Heartbeat(node)
 node.serve_once(lambda *a: None, 10)  # the loop turned once: serving
 time.sleep(60)  # ... and then stands still, as in a send that never returns
@@ -128,7 +128,7 @@ def test_the_driver_reports_a_server_whose_loop_stands_still_as_hung(tmp_path, m
 
 
 def test_a_bug_in_a_handler_is_logged_and_the_loop_goes_on(driver, monkeypatch, caplog):
-    node = Node("graph-server", 0, driver, KEY)
+    node = ServerNode("graph-server", 0, driver, KEY)
     client = Client(node)
 
     def handle(peer: Peer, msg: Message) -> None:
@@ -157,7 +157,7 @@ def test_nothing_captured_in_one_job_or_process_is_accepted_in_the_next(tmp_path
     address = f"tcp://127.0.0.1:{port}"
     ctx = zmq.Context.instance()
 
-    def serve(node: Node, frames) -> str:
+    def serve(node: ServerNode, frames) -> str:
         """Send ``frames`` to ``node``: 'answered' or 'dropped' (unauthenticated)."""
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -178,7 +178,7 @@ def test_nothing_captured_in_one_job_or_process_is_accepted_in_the_next(tmp_path
 
     job1, job2 = b"\x01" * 16, b"\x02" * 16
     peer = Session(KEY, job=job1)
-    node = Node("weight-server", 0, "tcp://127.0.0.1:1", KEY, port=port)
+    node = ServerNode("weight-server", 0, "tcp://127.0.0.1:1", KEY, port=port)
     node.session = node.session.for_job(job1)  # its start
     captured = peer.encode(Message("push_grad", {"layer": 0}), address)
     hello = Session(KEY).encode(Message("ping"), address)  # unbound, as before a start

@@ -5,16 +5,16 @@ server then answers the next good request (the graph server's side: ``tests/grap
 import numpy as np
 import pytest
 
-from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import Node
 from dorylus_py.config import TrainConfig
 from dorylus_py.protocol import Message, ProtocolError
+from dorylus_py.serving.job import JobSpec
+from dorylus_py.serving.node import ServerNode
 from dorylus_py.weights.server import WeightServer
 from tests.clients import KEY, Client, authentic_but_bad, driver, unauthenticated  # noqa: F401  (a fixture)
 
 
 def test_weight_server_rejects_bad_messages_and_keeps_serving(driver):
-    node = Node("weight-server", 0, driver, KEY)
+    node = ServerNode("weight-server", 0, driver, KEY)
     spec = JobSpec(config=TrainConfig(lr=0.01), data_dir="", feature_norm="none", dims=[6, 4, 3], id_offsets=[0, 1],
                    chunk_counts=[1], weight_servers=["x"])
     ws = WeightServer(node, Message("start", {"spec": spec.to_wire()}))
@@ -58,7 +58,7 @@ def test_a_weight_server_bounds_what_one_peer_can_make_it_keep(driver, monkeypat
     total_chunks x (S + 2) versions; deferred pulls are capped in bytes, not only in number."""
     from dorylus_py.weights import server as weight_server
 
-    node = Node("weight-server", 0, driver, KEY)
+    node = ServerNode("weight-server", 0, driver, KEY)
     spec = JobSpec(config=TrainConfig(lr=0.01, epochs=20, staleness=1), data_dir="", feature_norm="none", dims=[6, 4, 3],
                    id_offsets=[0, 1], chunk_counts=[1], weight_servers=["x"])
     ws = WeightServer(node, Message("start", {"spec": spec.to_wire()}))

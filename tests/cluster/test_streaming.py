@@ -14,8 +14,9 @@ import zmq
 from dorylus_py.cli import main
 from dorylus_py.config import ConfigError, TrainConfig
 from dorylus_py.protocol import Message, Session
-from lambda_functions.channel import Channel
-from lambda_functions.stream import MAX_BLOCKS, Totals, stream_spans
+from dorylus_py.worker.channel import Channel
+from dorylus_py.worker.event import Stream
+from dorylus_py.worker.stream import MAX_BLOCKS, Totals, stream_spans
 from tests.clients import KEY
 from tests.cluster import assert_gradients_once
 from tests.cluster.test_fused import losses, run
@@ -48,10 +49,9 @@ def test_a_streamed_job_equals_whole_chunks(small_graph, tmp_path, kw, faults):
 
 
 def test_blocks_and_totals():
-    assert stream_spans({"rows": 100, "block": 37}) == [(0, 37), (37, 74), (74, 100)]
-    assert len(stream_spans({"rows": 10_000, "block": 1})) == MAX_BLOCKS  # every pull goes out at once
-    for off in (None, {"rows": 30, "block": 37}, {"rows": 37, "block": 37}, {"rows": 100, "block": 0},
-                {"rows": True, "block": 3}, "x"):
+    assert stream_spans(Stream(100, 37)) == [(0, 37), (37, 74), (74, 100)]
+    assert len(stream_spans(Stream(10_000, 1))) == MAX_BLOCKS  # every pull goes out at once
+    for off in (None, Stream(30, 37), Stream(37, 37)):
         assert stream_spans(off) == []
     t = Totals()
     import torch

@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from dorylus_py.cli import main
-from dorylus_py.cost.estimate import Calibration, Setup, Workload, setup_of, vcpus, workload_of
+from dorylus_py.cost.estimate import (
+    Calibration,
+    Setup,
+    Workload,
+    setup_of,
+    vcpus,
+    workload_of,
+)
 from dorylus_py.cost.model import Prices, read_record
 from dorylus_py.cost.report import report_rows
 from dorylus_py.data import write_npz

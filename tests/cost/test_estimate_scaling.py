@@ -2,7 +2,13 @@
 
 import pytest
 
-from dorylus_py.cost.estimate import Calibration, Setup, Workload, _fixed_task_seconds, _idle_seconds
+from dorylus_py.cost.estimate import (
+    Calibration,
+    Setup,
+    Workload,
+    _fixed_task_seconds,
+    _idle_seconds,
+)
 from dorylus_py.cost.model import Prices
 
 

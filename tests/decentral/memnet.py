@@ -19,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from dorylus_py.cluster.rejections import REJECTED
 from dorylus_py.protocol import Message, ProtocolError
+from dorylus_py.serving.rejections import REJECTED
 
 log = logging.getLogger(__name__)
 

@@ -98,10 +98,9 @@ def test_cora_gossip_within_1_5_points_of_allreduce(tmp_path, cora):
 
 
 def test_same_entry_point_under_torchrun(tmp_path, small_npz):
+    import os
     import subprocess
     import sys
-
-    import os
 
     out = tmp_path / "tr"
     proc = subprocess.run(

@@ -4,6 +4,7 @@ in full, each partner gradient as one Adam step of its own."""
 from __future__ import annotations
 
 import numpy as np
+
 from dorylus_py.config import TrainConfig
 from dorylus_py.decentral.worker import Trainer
 

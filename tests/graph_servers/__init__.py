@@ -7,13 +7,13 @@ import time
 import pytest
 
 import graph_servers.server as server_module
-from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import Node
 from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
 from dorylus_py.pipeline.events import Tick
 from dorylus_py.platforms import Platform
 from dorylus_py.protocol import Message
+from dorylus_py.serving.job import JobSpec
+from dorylus_py.serving.node import ServerNode
 from graph_servers.server import GraphServer
 from tests.clients import KEY, Client, driver  # noqa: F401  (a fixture)
 
@@ -36,7 +36,7 @@ def served(small_graph, tmp_path, driver, monkeypatch):  # noqa: F811
 
     def start(backend="local", **kw):
         prepare(small_graph, tmp_path / "p", 1)
-        node = Node("graph-server", 0, driver, KEY)
+        node = ServerNode("graph-server", 0, driver, KEY)
         cfg = TrainConfig(backend=backend, chunks=2, lambdas=1, tensor_threads=1, **kw)
         spec = JobSpec(config=cfg, data_dir=str(tmp_path / "p"), feature_norm="row", dims=[16, 8, 4],
                        id_offsets=[0, small_graph.num_nodes], chunk_counts=[2], graph_servers=[node.address],

@@ -8,12 +8,13 @@ import time
 
 import numpy as np
 
-from dorylus_py.cluster.job import JobSpec
-from dorylus_py.cluster.node import Node
 from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
 from dorylus_py.pipeline.events import Tick
 from dorylus_py.protocol import Message
+from dorylus_py.serving.job import JobSpec
+from dorylus_py.serving.node import ServerNode
+from dorylus_py.worker.event import Stream
 from graph_servers.server import GraphServer
 from tests.clients import KEY, Client, authentic_but_bad, driver, unauthenticated  # noqa: F401  (a fixture)
 from tests.graph_servers import TASK, Recorder, pull, served  # noqa: F401  (a fixture)
@@ -21,7 +22,7 @@ from tests.graph_servers import TASK, Recorder, pull, served  # noqa: F401  (a f
 
 def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_path, driver):
     prepare(small_graph, tmp_path / "p", 1)
-    node = Node("graph-server", 0, driver, KEY)
+    node = ServerNode("graph-server", 0, driver, KEY)
     spec = JobSpec(config=TrainConfig(backend="cpu", tensor_threads=1, chunks=2), data_dir=str(tmp_path / "p"),
                    feature_norm="none", dims=[16, 8, 4], id_offsets=[0, small_graph.num_nodes], chunk_counts=[2],
                    graph_servers=[node.address], weight_servers=[])
@@ -33,8 +34,8 @@ def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_pa
         rows = int(gs.state.bounds[1])
         task = {"kind": "fwd", "train": True, "epoch": 1, "layer": 0, "chunk": 0}
         gs.feed(Tick(time.time()))
-        assert [e["task"]["chunk"] for e in gs.platform.events] == [0, 1]  # epoch 1's first tasks are out
-        assert all("token" not in e and KEY.hex() not in json.dumps(e) for e in gs.platform.events)
+        assert [e.task.chunk for e in gs.platform.events] == [0, 1]  # epoch 1's first tasks are out
+        assert all("token" not in e.to_dict() and KEY.hex() not in json.dumps(e.to_dict()) for e in gs.platform.events)
         dropped, replayed = unauthenticated(client, task)
         client.ask(gs.handle, replayed)  # once: an answer (cancel: nobody runs epoch 9)
         for name, frames in dropped.items():
@@ -68,7 +69,7 @@ def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_pa
 def test_the_server_serves_blocks_and_commits_a_streamed_result_only_whole(served):
     gs, client = served(stream_rows=40)
     rows = int(gs.state.bounds[1])  # chunk 0 of the one server
-    assert gs.platform.events[0]["stream"] == {"rows": rows, "block": 40}
+    assert gs.platform.events[0].stream == Stream(rows, 40)
     whole = pull(gs, client).tensors["P"]
     part = pull(gs, client, block=[40, 80])
     np.testing.assert_array_equal(part.tensors["P"], whole[40:80])

@@ -1,7 +1,7 @@
 """The graph server's side of the static-row cache: a pull that names the server's own token for the
 chunk's input features gets them no more (and the server's byte counters say so); a wrong, forged or
 other chunk's token gets the rows; a malformed ``have`` is refused with an error and the server keeps
-serving. The worker's side is in ``tests/lambda_functions/test_row_cache.py``."""
+serving. The worker's side is in ``tests/worker/test_row_cache.py``."""
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from tests.graph_servers import TASK, pull, served  # noqa: F401  (a fixture)
 
 def test_a_held_token_skips_the_features_and_a_wrong_one_gets_them(served):
     gs, client = served()
-    assert [e["row_cache_mb"] for e in gs.platform.events] == [752, 752]  # a quarter of 3008 MB
+    assert [e.row_cache_mb for e in gs.platform.events] == [752, 752]  # a quarter of 3008 MB
     first = pull(gs, client)
     token = first["static"]["P"]
     features = np.array(first.tensors["P"])
@@ -41,7 +41,7 @@ def test_only_layer_0_inputs_are_static_and_cpu_backends_name_none(served):
               if has_static(TaskKey(k, True, 1, layer, 0))]
     assert static == ["fwd", "bwd"]
     gs_cpu, cpu = served("cpu")
-    assert all(e["row_cache_mb"] == 0 for e in gs_cpu.platform.events)
+    assert all(e.row_cache_mb == 0 for e in gs_cpu.platform.events)
     got = pull(gs_cpu, cpu, have=["f" * 32])
     assert got.op == "rows" and "static" not in got.fields and got.tensors["P"].shape[1] == 16
 

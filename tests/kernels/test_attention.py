@@ -5,7 +5,13 @@ import torch
 
 from dorylus_py.kernels import attention, gat_ops, sage_ops
 from dorylus_py.kernels.dropout import EDGE, dropout_keep_mask
-from dorylus_py.kernels.heads import EdgeCSR, GatherHeads, edge_value_grad, gather_heads, row_sums
+from dorylus_py.kernels.heads import (
+    EdgeCSR,
+    GatherHeads,
+    edge_value_grad,
+    gather_heads,
+    row_sums,
+)
 
 
 def random_csr(rows, cols, seed, self_loops=True):

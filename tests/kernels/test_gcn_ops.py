@@ -1,7 +1,11 @@
 import torch
 
 from dorylus_py.kernels.dropout import dropout_keep_mask
-from dorylus_py.kernels.gcn_ops import apply_vertex_backward, apply_vertex_forward, softmax_cross_entropy
+from dorylus_py.kernels.gcn_ops import (
+    apply_vertex_backward,
+    apply_vertex_forward,
+    softmax_cross_entropy,
+)
 
 
 def test_apply_vertex_backward_matches_autograd():

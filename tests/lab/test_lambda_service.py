@@ -21,6 +21,7 @@ from dorylus_py.errors import ConfigError  # noqa: E402
 from dorylus_py.lab.lambda_service import Function, LambdaService  # noqa: E402
 from dorylus_py.lab.sigv4 import Credentials, SignatureError, verify  # noqa: E402
 from dorylus_py.platforms.aws import AwsLambdaPlatform, deployed_memory_mb  # noqa: E402
+from tests.worker import event_for  # noqa: E402
 
 CREDS = Credentials("AKIDLAB0000000000000", "lab-secret-" + "s" * 29, "us-east-1")
 
@@ -78,19 +79,19 @@ def service(monkeypatch):
 def test_invocations_through_aiobotocore_are_run_throttled_and_reported(service):
     """Three invocations at once on a one-worker service: two are throttled (429) at first, and the
     platform's back-off brings each through; each runs the real handler, whose error (the event names
-    no graph server) comes back as a function error with its billed duration."""
+    names no graph server it can reach) comes back as a function error with its billed duration."""
     assert deployed_memory_mb("dorylus", "us-east-1", endpoint_url=service.address) == 1769
     platform = AwsLambdaPlatform("dorylus", 3, 1769, region="us-east-1", endpoint_url=service.address,
                                  base_delay_s=0.2, max_delay_s=1.0, max_attempts=20)
     try:
         for chunk in range(3):
-            platform.invoke({"task": {"kind": "fwd", "chunk": chunk}})
+            platform.invoke(event_for("not an address", chunk=chunk))
         done, deadline = [], time.monotonic() + 60
         while len(done) < 3:
             assert time.monotonic() < deadline, f"{len(done)} of 3 completions"
             done += platform.wait_completions(1.0)
         assert sorted(c.task["chunk"] for c in done) == [0, 1, 2]
-        assert all(not c.ok and "Unhandled: " in c.error and "KeyError" in c.error for c in done)
+        assert all(not c.ok and "Unhandled: " in c.error and "ZMQError" in c.error for c in done)
         assert all(c.billed_ms >= 1 and c.memory_mb == 1769 for c in done)
         assert platform.stats["throttled"] >= 2 and service.stats["throttled"] == platform.stats["throttled"]
         assert service.stats["invocations"] == 3 and service.stats["function_errors"] == 3

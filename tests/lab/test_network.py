@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -52,6 +53,9 @@ def test_hosts_reach_each_other_only_and_leave_nothing_behind():
         routes = subprocess.run(net.argv("a", ["ip", "route"]), capture_output=True, text=True).stdout
         assert routes.strip() == f"198.51.100.0/24 dev eth0 proto kernel scope link src {net.ips['a']}"  # no way out
         sleeper = net.popen("b", ["sleep", "600"])
+        deadline = time.monotonic() + 10  # `ip netns exec` enters the namespace after it is started
+        while not net.pids("b") and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert net.pids("b") == [sleeper.pid]
         net.kill_host("b")
         assert sleeper.wait(timeout=10) == -9 and net.pids("b") == []

@@ -16,12 +16,6 @@ from dorylus_py.models.spec import model_spec
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("dorylus_py", "graph_servers", "lambda_functions")
 ALLOWED = REPO / "dorylus_py" / "models"
-# Comparisons in files this change could not edit, each to be replaced by the architecture property
-# named beside it; an entry that no longer matches fails the test, so it is dropped with its fix.
-PENDING = {
-    ("dorylus_py/config.py", 'self.model == "gat"'): "not architecture(self.model).streams",
-    ("dorylus_py/cli_train.py", 'cfg.model != "gcn"'): "not architecture(cfg.model).can_fuse(cfg.layers)",
-}
 
 
 def _names_a_model(node: ast.AST) -> bool:
@@ -69,10 +63,8 @@ def test_no_module_outside_models_compares_a_model_name():
                 rel = path.relative_to(REPO).as_posix()
                 for segment in name_comparisons(path.read_text()):
                     found[(rel, segment)] = found.get((rel, segment), 0) + 1
-    unexpected = sorted(site for site in found if site not in PENDING)
+    unexpected = sorted(found)
     assert not unexpected, f"branching on a model's name outside dorylus_py/models/ (give Architecture a property): {unexpected}"
-    fixed = sorted(site for site in PENDING if site not in found)
-    assert not fixed, f"fixed, so drop them from PENDING: {fixed}"
 
 
 def test_an_unknown_model_is_refused_in_one_line():

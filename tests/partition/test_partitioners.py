@@ -3,7 +3,12 @@ import pytest
 
 from dorylus_py.data import SynthConfig, generate
 from dorylus_py.partition import assign, prepare
-from dorylus_py.partition.partitioners import _capped_argmax, choose, fennel, metis_bytes
+from dorylus_py.partition.partitioners import (
+    _capped_argmax,
+    choose,
+    fennel,
+    metis_bytes,
+)
 
 
 def _cut(graph, owner) -> float:

@@ -13,11 +13,11 @@ SCRIPT = textwrap.dedent("""
     import sys, time
     from dorylus_py.platforms import InprocPlatform
     from dorylus_py.protocol import Session
+    from tests.worker import event_for
 
     platform = InprocPlatform(threads=2, session=Session(b"k" * 32))
-    task = {"kind": "fwd", "train": True, "epoch": 1, "layer": 0, "chunk": 0}
     for _ in range(3):  # two start and wait for a reply that never comes; one is queued
-        platform.invoke({"task": task, "graph_server": sys.argv[1]})
+        platform.invoke(event_for(sys.argv[1]))
     time.sleep(1.0)
     assert platform.completions() == [], "a task ended without a reply"
     platform.close()

@@ -10,28 +10,26 @@ exactly its rows of the chunk's mask, and a streamed result equals the whole-chu
 rounding (sums in another order, products of smaller blocks).
 
 The graph server says in the event when a task may be streamed, with the chunk's row count
-(``{"rows", "block"}``; absent or null: whole chunks).
+(``TaskEvent.stream``; None: whole chunks).
 """
 
 from __future__ import annotations
 
 import torch
 
+from dorylus_py.worker.event import Stream
 
 MAX_BLOCKS = 64  # a task's pulls all go out at once: their replies must fit the sockets' queues
 
 
-def stream_spans(stream) -> list[tuple[int, int]]:
+def stream_spans(stream: Stream | None) -> list[tuple[int, int]]:
     """Rows ``[lo, hi)`` of each block, or an empty list when the task is not streamed (no stream, or
     a chunk that fits in one block). Blocks grow past the size asked where it would make more than
     ``MAX_BLOCKS``."""
-    if not isinstance(stream, dict):
+    if stream is None or stream.rows <= stream.block:
         return []
-    rows, block = stream.get("rows"), stream.get("block")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (rows, block)) or rows <= block:
-        return []
-    block = max(block, -(-rows // MAX_BLOCKS))
-    return [(lo, min(lo + block, rows)) for lo in range(0, rows, block)]
+    block = max(stream.block, -(-stream.rows // MAX_BLOCKS))
+    return [(lo, min(lo + block, stream.rows)) for lo in range(0, stream.rows, block)]
 
 
 class Totals:

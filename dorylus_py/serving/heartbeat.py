@@ -17,9 +17,9 @@ from dorylus_py.protocol import Message, ProtocolError
 from dorylus_py.protocol.transport import dealer
 
 if TYPE_CHECKING:
-    from dorylus_py.cluster.node import Node
+    from dorylus_py.serving.node import ServerNode
 
-log = logging.getLogger("dorylus_py.cluster.node")
+log = logging.getLogger("dorylus_py.serving.node")
 HEARTBEAT_S = 1.0  # a server says it lives this often
 SILENCE_S = 6.0  # a process not heard from for this long is presumed dead (well within 10 s)
 
@@ -30,7 +30,7 @@ class Heartbeat:
     the loop has not turned for the node's hang timeout (code 4: a loop stuck in a send or a bug; the
     driver or the supervisor starts a new process). Runs on a thread with a socket of its own."""
 
-    def __init__(self, node: "Node", silence_s: float = SILENCE_S):
+    def __init__(self, node: "ServerNode", silence_s: float = SILENCE_S):
         self.node, self.silence_s = node, silence_s
         self.session = node.session  # this job's
         self._stop = threading.Event()

@@ -3,7 +3,7 @@
 import pytest
 
 from dorylus_py.platforms.base import LambdaContext
-from lambda_functions.link import Link, frame_bytes, link_of
+from dorylus_py.worker.link import Link, frame_bytes, link_of
 
 
 def test_a_link_carries_each_way_at_its_rate_one_message_after_another():

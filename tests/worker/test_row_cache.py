@@ -7,10 +7,11 @@ import threading
 import numpy as np
 import pytest
 
-from lambda_functions import handler as worker
-from lambda_functions.row_cache import RowCache
+from dorylus_py.worker import handler as worker
+from dorylus_py.worker.row_cache import RowCache
 from tests.clients import driver  # noqa: F401  (a fixture)
 from tests.graph_servers import TASK, served  # noqa: F401  (a fixture)
+from tests.worker import event_for
 
 
 def rows(n: int, value: float = 0.0) -> np.ndarray:
@@ -55,12 +56,11 @@ def test_held_rows_stay_with_the_caller_when_evicted_and_a_zero_cap_empties_the_
 def _pull_with_reply(monkeypatch, cache, reply):
     """The worker's side of a pull, against a graph server that answers ``reply``; returns the tensors
     and the pull it sent."""
-    from lambda_functions import handler as worker
+    from dorylus_py.worker import handler as worker
 
     sent = []
     monkeypatch.setattr(worker, "_row_cache", cache)
-    _, tensors = worker._pull_rows({"graph_server": "tcp://gs", "row_cache_mb": 1}, {"chunk": 0, "server": 0},
-                                   lambda msg: sent.append(msg) or reply)
+    _, tensors = worker._pull_rows(event_for("tcp://gs", 1, **TASK), TASK, lambda msg: sent.append(msg) or reply)
     return tensors, sent[0]
 
 
@@ -80,7 +80,7 @@ def test_the_worker_uses_held_rows_only_under_the_token_it_named(monkeypatch):
                                     {"P": ["mine"]}])
 def test_a_malformed_or_unheld_static_field_aborts_the_task_and_nothing_else(monkeypatch, static):
     from dorylus_py.protocol import Message
-    from lambda_functions.handler import TaskAborted
+    from dorylus_py.worker.handler import TaskAborted
 
     cache = RowCache(1 << 20)
     cache.keep(("tcp://gs", 0, 0), "P", "mine", rows(2))
@@ -90,7 +90,7 @@ def test_a_malformed_or_unheld_static_field_aborts_the_task_and_nothing_else(mon
 
 def test_any_json_as_the_static_field_is_used_or_aborts_the_task(monkeypatch):
     from dorylus_py.protocol import Message
-    from lambda_functions.handler import TaskAborted
+    from dorylus_py.worker.handler import TaskAborted
     from tests.cluster.fuzz_corpus import hypothesis_values
 
     for value in hypothesis_values(300):
@@ -104,7 +104,7 @@ def test_the_worker_puts_its_held_rows_back_bit_for_bit(served, monkeypatch):
     gs, client = served()
     cache = RowCache()
     monkeypatch.setattr(worker, "_row_cache", cache)
-    event = {"graph_server": gs.node.address, "row_cache_mb": 1}
+    event = event_for(gs.node.address, 1, **TASK)
     got = []
 
     def pulls():
@@ -125,5 +125,4 @@ def test_the_worker_puts_its_held_rows_back_bit_for_bit(served, monkeypatch):
     np.testing.assert_array_equal(warm_rows["P"], cold_rows["P"])
     assert warm_rows["P"].dtype == np.float32
 
-    event["row_cache_mb"] = 0  # a later event that turns the cache off empties it
-    assert worker._row_cache_of(event) is None and len(cache) == 0
+    assert worker._row_cache_of(0) is None and len(cache) == 0  # a later event that turns the cache off empties it

@@ -16,7 +16,7 @@ import os
 from dorylus_py.errors import DorylusError
 from dorylus_py.protocol.messages import StaleMessage
 
-log = logging.getLogger("dorylus_py.cluster.node")
+log = logging.getLogger("dorylus_py.serving.node")
 STRICT_ENV = "DORYLUS_STRICT"  # "1": a bug met while handling a peer's message is fatal (tests), not logged and dropped
 
 # What a handler raises for an authentic message it refuses (ProtocolError, WeightError, ...): answered, counted.

@@ -24,7 +24,7 @@ import time
 import zmq
 
 from dorylus_py.protocol import Message, ProtocolError, Session
-from lambda_functions.link import frame_bytes, link_of, wait_until
+from dorylus_py.worker.link import frame_bytes, link_of, wait_until
 
 _req_ids = itertools.count()
 

@@ -25,22 +25,17 @@ nothing raises past the loop.
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 
 import zmq
 
-from dorylus_py.cluster.heartbeat import Heartbeat
-from dorylus_py.cluster.rejections import REJECTED, Rejections
 from dorylus_py.errors import DorylusError
-from dorylus_py.jobkey import load_job_key
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
 from dorylus_py.protocol.transport import Curve, dealer, router
+from dorylus_py.serving.rejections import REJECTED, Rejections
 
 log = logging.getLogger(__name__)
 HELLO_EVERY_S = 1.0  # a server waiting for its job says hello this often
@@ -96,7 +91,7 @@ class Peer(tuple):
     sender = property(lambda self: self[1])
 
 
-class Node:
+class ServerNode:
     def __init__(self, role: str, rank: int, driver: str, key: bytes, host: str = "127.0.0.1", port: int = 0,
                  bind_host: str | None = None, curve: Curve | None = None, hang_timeout_s: float = 60.0):
         """Bind ``bind_host`` (default ``host``) on ``port`` (0 = any free one); advertise ``host``. ``key``:
@@ -321,85 +316,3 @@ class PeerStuck(DorylusError):
 
 def _is_hex(text: str) -> bool:
     return all(c in "0123456789abcdef" for c in text)
-
-
-def use_huge_pages() -> None:
-    """Back torch's tensors of 2 MB and more with transparent huge pages, unless the environment says
-    otherwise (``THP_MEM_ALLOC_ENABLE=0``). Servers allocate and free tensors of tens of MB each task;
-    with 4 KB pages the kernel zeroes every page on first touch: GAT on the 200 k graph (`cpu`, K = 2)
-    spent as much time in the kernel as in torch (14 M page faults in 3 epochs; 6.9 M with huge pages,
-    epoch 7.1 -> 5.7-6.0 s). Emulated Lambdas inherit it with the environment."""
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-
-
-def serve(role: str, build, driver: str, rank: int, host: str = "127.0.0.1", port: int = 0,
-          bind_host: str | None = None, key: bytes | None = None, curve: Curve | None = None,
-          jobs: int | None = 1) -> None:
-    """Run one server for ``jobs`` jobs (None: job after job until SIGTERM or Ctrl-C): for each, connect
-    to the driver, get ``start`` (the job spec, and for a weight server the state to restore), build
-    the server with ``build(node, start)`` and run it until the driver says stop. ``key``: the job key
-    (default: from the environment, ``jobkey.py``)."""
-    use_huge_pages()
-    node = Node(role, rank, driver, key or load_job_key(), host, port, bind_host, curve)
-    if jobs is None:  # a service: `systemctl stop` (SIGTERM) ends it as Ctrl-C would
-        signal.signal(signal.SIGTERM, _interrupted)
-    try:
-        for n in itertools.count() if jobs is None else range(jobs):
-            if n:
-                node.new_job()
-            _one_job(node, build, None if jobs is None else 120.0)
-    finally:
-        node.close()
-
-
-def _interrupted(*_) -> None:
-    raise KeyboardInterrupt
-
-
-def _one_job(node: Node, build, timeout_s: float | None) -> None:
-    server = heartbeat = None
-    try:
-        start = node.handshake(timeout_s)
-        heartbeat = Heartbeat(node)
-        server = build(node, start)
-        server.run()
-    except Stopped:
-        pass
-    finally:
-        if heartbeat is not None:
-            heartbeat.stop()
-        if server is not None and hasattr(server, "close"):
-            server.close()
-        log.info("%s %d: job over", node.role, node.rank)
-
-
-def serve_process(role: str, build, argv=None) -> int:
-    """``python -m`` entry point of a server process started by the driver."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=f"dorylus {role} (started by the driver, or by `dorylus {role}`)")
-    ap.add_argument("--driver", required=True, help="driver address, tcp://HOST:PORT")
-    ap.add_argument("--rank", type=int, required=True, help="this server's index")
-    ap.add_argument("--host", default="127.0.0.1", help="address to bind and advertise (default 127.0.0.1)")
-    ap.add_argument("--port", type=int, default=0, help="port to bind (default: any free port)")
-    args = ap.parse_args(argv)  # the job key comes in the environment (DORYLUS_KEY), never on the command line
-    return run_main(lambda: serve(role, build, args.driver, args.rank, args.host, args.port))
-
-
-def run_main(main) -> int:
-    """Entry-point wrapper for server processes: one-line errors, exit 2; clean exit on stop."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    logging.getLogger("dorylus").setLevel(logging.INFO)  # each server's start and end lines
-    try:
-        main()
-    except Stopped:
-        return 0
-    except PeerStuck as e:  # a peer's fault, not this job's: the driver restarts the job
-        print(f"error: {e}", file=sys.stderr)
-        return 4
-    except (DorylusError, ProtocolError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0

@@ -71,3 +71,16 @@ class ClusterSpec:
     def host_port(address: str) -> tuple[str, int]:
         m = _ADDRESS.match(address)
         return m.group(1), int(m.group(2))
+
+
+def cluster_curve(cluster: ClusterSpec | None, job_key: bytes, server: bool = True):
+    """The CurveZMQ keys of a ``--cluster`` job whose file names them (None: plain TCP): the servers' and,
+    derived from ``job_key``, the job's client pair. ``server``: this process binds, so it needs the
+    servers' secret key too."""
+    from dorylus_py.keys import load_curve_secret
+    from dorylus_py.protocol.transport import Curve
+
+    if cluster is None or not cluster.curve_public_key:
+        return None
+    secret = load_curve_secret(cluster.curve_secret_key_file, cluster.curve_public_key) if server else None
+    return Curve.of_job(job_key, cluster.curve_public_key.encode(), secret)
