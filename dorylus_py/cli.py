@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dorylus_py.cli_cost import add_cost, add_report
     from dorylus_py.cli_data import add_check, add_prepare, add_synth, data_parent
     from dorylus_py.cli_train import add_train
-    from dorylus_py.keys import add_keys_command
+    from dorylus_py.keygen import add_keys_command
 
     p = Parser(prog="dorylus", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"dorylus-py {__version__}")

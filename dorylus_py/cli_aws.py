@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dorylus_py.cli_parser import command
-from dorylus_py.keys import add_put_secret_command
+from dorylus_py.keygen import add_put_secret_command
 
 
 def add_aws(sub) -> None:

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dorylus_py.keys import JOB, SECRET, generate
+from dorylus_py.keygen import JOB, SECRET, generate
 from dorylus_py.lab.lambda_service import Function
 from dorylus_py.lab.network import LabError, Network, clean_leftovers
 

@@ -77,7 +77,7 @@ def cluster_curve(cluster: ClusterSpec | None, job_key: bytes, server: bool = Tr
     """The CurveZMQ keys of a ``--cluster`` job whose file names them (None: plain TCP): the servers' and,
     derived from ``job_key``, the job's client pair. ``server``: this process binds, so it needs the
     servers' secret key too."""
-    from dorylus_py.keys import load_curve_secret
+    from dorylus_py.keygen import load_curve_secret
     from dorylus_py.protocol.transport import Curve
 
     if cluster is None or not cluster.curve_public_key:

@@ -114,7 +114,7 @@ def test_cluster_job_needs_a_prepared_store(small_graph, tmp_path, capsys):
 
 
 def test_keys_gen_and_curve_settings_in_the_cluster_file(tmp_path, capsys):
-    from dorylus_py.keys import load_curve_secret
+    from dorylus_py.keygen import load_curve_secret
 
     keys = tmp_path / "keys"
     assert main(["keys", "gen", str(keys)]) == 0

@@ -1,5 +1,5 @@
-"""Keys of a multi-machine job, and the commands that make them: ``dorylus keys gen DIR`` and
-``dorylus aws put-secret``.
+"""Making the keys of a multi-machine job (where a process finds the job key at run time is ``jobkey.py``): the
+commands ``dorylus keys gen DIR`` and ``dorylus aws put-secret``.
 
 ``keys gen`` writes a CurveZMQ key pair for the servers (``server.key``, public, whose key goes into
 the cluster file's ``curve_public_key``; ``server.key_secret``, copied to each server machine and
