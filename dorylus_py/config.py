@@ -50,12 +50,15 @@ class TrainConfig:
     gossip: GossipSettings
 
     def __init__(self, **values):
+        """Settings by name, flat (``lambdas="auto"`` is :data:`AUTO`), or whole sections by section name."""
         by_section: dict[str, dict] = {name: {} for name in SECTIONS}
         for name, value in values.items():
             if name in SECTIONS:
                 continue
             if name not in SECTION_OF:
                 raise TypeError(f"TrainConfig has no setting {name!r}")
+            if value == "auto" and "Auto" in FIELD_TYPES[name]:  # as JSON and the flags spell it
+                value = AUTO
             by_section[SECTION_OF[name]][name] = value
         for name, cls in SECTIONS.items():
             base = values.get(name) or cls()
@@ -83,7 +86,7 @@ class TrainConfig:
         for name, value in values.items():
             if not fits(FIELD_TYPES[name], value):
                 raise ConfigError(f"setting {name}: {str(value)[:40]!r} is not {FIELD_TYPES[name]}")
-        return cls(**{k: (AUTO if v == "auto" and "Auto" in FIELD_TYPES[k] else v) for k, v in values.items()})
+        return cls(**values)
 
     def check(self) -> None:
         """Each section's own values, then what relates them."""

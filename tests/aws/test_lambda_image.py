@@ -110,7 +110,7 @@ def test_the_images_packages_and_context_run_a_jobs_tasks_alone(moto_aws, small_
                  "AWS_SECRET_ACCESS_KEY": server["SecretAccessKey"], "PYTHONPATH": str(REPO)}.items():
         monkeypatch.setenv(k, v)
     servers = [subprocess.Popen([sys.executable, "-m", "dorylus_py", role_, "--cluster", str(tmp_path / "cluster.json"),
-                                 "--rank", str(rank)], stderr=subprocess.PIPE, text=True)
+                                 "--rank", str(rank), "--jobs", "1"], stderr=subprocess.PIPE, text=True)
                for role_, rank in [("graph-server", 0), ("graph-server", 1), ("weight-server", 0)]]
     try:
         code = main(["train", "--backend", "lambda", "--cluster", str(tmp_path / "cluster.json"), "--data",

@@ -74,7 +74,10 @@ def test_a_client_key_the_job_did_not_derive_is_refused_before_its_first_frame()
         assert handshake_of(stranger_events) == zmq.EVENT_HANDSHAKE_FAILED_AUTH
         assert handshake_of(other_events) == zmq.EVENT_HANDSHAKE_FAILED_AUTH
         for sock in (stranger, other_job):  # queued: it would go the moment a handshake succeeded
-            sock.send_multipart([b"first frame of a refused client"])
+            try:
+                sock.send_multipart([b"first frame of a refused client"], zmq.NOBLOCK)
+            except zmq.Again:  # no pipe just now (libzmq dropped the refused one): nothing queued at all
+                pass
         member.send_multipart([b"from the job"])
         assert server.poll(10_000)
         assert server.recv_multipart()[1:] == [b"from the job"]
