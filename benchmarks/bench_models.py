@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_runtime import run_measured  # noqa: E402
+from bench_runtime import run_measured, synth_parts  # noqa: E402
 
 SETTINGS = {  # the flags of `dorylus train` for each model
     "gat": ["--model", "gat", "--heads", "8", "--hidden", "8", "--out-heads", "1", "--dropout", "0.6", "--lr", "0.005"],
@@ -106,10 +105,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="dorylus-bench-"))
     py = sys.executable
-    graph, parts = tmp / "graph.npz", tmp / "parts"
-    subprocess.run([py, "-m", "dorylus_py", "synth", "--out", graph, "--nodes", str(args.nodes), "--edges",
-                    str(args.edges), "--features", "128", "--classes", "10"], check=True, capture_output=True)
-    subprocess.run([py, "-m", "dorylus_py", "prepare", graph, "-k", "2", "--out", parts], check=True, capture_output=True)
+    graph, parts = synth_parts(tmp, args.nodes, args.edges)
     print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; {args.threads} threads; epoch = "
           f"training step + evaluation forward; median of epochs 2..{args.epochs}; {args.chunks} chunks per graph server")
     for model in args.models.split(","):

@@ -65,6 +65,16 @@ def run_measured(cmd: list[str]) -> tuple[str, dict]:
     return out, peaks
 
 
+def synth_parts(tmp: Path, nodes: int, edges: int, k: int = 2) -> tuple[Path, Path]:
+    """The benchmarks' synthetic graph (128 features, 10 classes) in ``tmp``, and its store of ``k`` parts."""
+    graph, parts = tmp / "graph.npz", tmp / "parts"
+    subprocess.run([sys.executable, "-m", "dorylus_py", "synth", "--out", graph, "--nodes", str(nodes), "--edges",
+                    str(edges), "--features", "128", "--classes", "10"], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "dorylus_py", "prepare", graph, "-k", str(k), "--out", parts], check=True,
+                   capture_output=True)
+    return graph, parts
+
+
 def single_process(kind: str, data: str, epochs: int, threads: int) -> list[float]:
     """Runs in a subprocess: epoch times of PyG or the reference trainer on ``data``."""
     import torch
@@ -113,11 +123,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="dorylus-bench-"))
     py = sys.executable
-    graph = tmp / "graph.npz"
-    subprocess.run([py, "-m", "dorylus_py", "synth", "--out", graph, "--nodes", str(args.nodes), "--edges",
-                    str(args.edges), "--features", "128", "--classes", "10"], check=True, capture_output=True)
-    parts = tmp / "parts"
-    subprocess.run([py, "-m", "dorylus_py", "prepare", graph, "-k", "2", "--out", parts], check=True, capture_output=True)
+    graph, parts = synth_parts(tmp, args.nodes, args.edges)
 
     rows = []
     for name in ("pyg", "reference"):

@@ -1,0 +1,201 @@
+"""Time to accuracy: does asynchrony reach a target validation accuracy sooner than synchrony?
+
+Per-epoch time is not Dorylus's claim; time to accuracy is. For each graph (Cora's public split; the
+200 k synthetic graph of bench_runtime.py), each setting (0 ms, 20 ms of Lambda latency, 200 Mbps per
+Lambda) and each seed, this trains `local` K=2 with a fixed pool of Lambdas for a fixed epoch budget in
+sync mode, async S=1 and async S=2 (a 2-layer GCN, 16 hidden, `dorylus train`'s defaults), and reads
+each run's metrics.jsonl. Per run:
+
+- time to target: wall seconds from the first epoch's start to the end of the first epoch whose
+  validation accuracy reaches the target, ``--fraction`` (0.97) of the best validation accuracy of the
+  sync run of the same seed and setting; "not reached" if no epoch does. The first epoch's recorded
+  time includes starting the servers and loading the partitions (seconds; more than a whole Cora run
+  of epochs), so it is counted as one steady epoch: the median of the others;
+- test accuracy at the best validation epoch; the median epoch time, first epoch left out.
+
+Each row is the median over seeds (a seed that never reaches the target counts as slower than any that
+does), and async rows carry their ratio to sync's in the same setting.
+
+    python benchmarks/bench_tta.py [--graphs cora,synth200k --settings 0ms,20ms,200mbps
+                                    --modes sync,async1,async2 --seeds 3 --epochs 200 --markdown FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_runtime import synth_parts
+
+from dorylus_py.training.record import BestTracker, read_lines
+
+DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or HERE.parents[1] / "shared" / "datasets")
+GRAPHS = ("cora", "synth200k")
+SETTINGS = {"0ms": [], "20ms": ["--lambda-latency-ms", "20"], "200mbps": ["--lambda-bandwidth-mbps", "200"]}
+MODES = {"sync": ["--mode", "sync"], "async1": ["--mode", "async", "--staleness", "1"],
+         "async2": ["--mode", "async", "--staleness", "2"]}
+LABEL = {"sync": "sync", "async1": "async S=1", "async2": "async S=2"}
+
+
+def steady_epoch_s(rows: list[dict]) -> float:
+    """The median epoch time with the first epoch (server start-up included) left out, if there are others."""
+    return statistics.median(r["epoch_s"] for r in (rows[1:] or rows))
+
+
+def time_to_target(rows: list[dict], target: float) -> float | None:
+    """Seconds from the first epoch's start to the end of the first epoch whose ``val_acc`` reaches
+    ``target``; None if none does. The first epoch counts as a steady one (its own time includes start-up)."""
+    if not rows:
+        return None
+    start = rows[0]["wall_s"] - steady_epoch_s(rows)
+    return next((r["wall_s"] - start for r in rows if r["val_acc"] >= target), None)
+
+
+def median_tta(times: list[float | None]) -> float | None:
+    """The median over seeds, a seed that never reached the target counting as infinitely slow."""
+    m = statistics.median(math.inf if t is None else t for t in times)
+    return None if math.isinf(m) else m
+
+
+def seconds(t: float | None) -> str:
+    return "not reached" if t is None else f"{t:.1f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+def parse_list(value: str, allowed, what: str, fail) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        fail(f"--{what}: {', '.join(bad) or 'empty'}; give a comma list of {', '.join(allowed)}")
+    return list(dict.fromkeys(items))
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--graphs", default=",".join(GRAPHS), help="comma list of cora, synth200k (default both)")
+    ap.add_argument("--settings", default=",".join(SETTINGS), help="comma list of 0ms, 20ms, 200mbps (default all)")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma list of sync, async1, async2; sync is needed "
+                    "for the target (default all)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
+    ap.add_argument("--epochs", type=int, default=200, help="epoch budget of every run (default 200)")
+    ap.add_argument("--fraction", type=float, default=0.97, help="target = this x sync's best val_acc (default 0.97)")
+    ap.add_argument("--lambdas", type=int, default=4, help="emulated Lambdas, a fixed pool (default 4)")
+    ap.add_argument("--nodes", type=int, default=200_000, help="synth200k's vertices (default 200,000)")
+    ap.add_argument("--edges", type=int, default=4_000_000, help="synth200k's edges (default 4,000,000)")
+    ap.add_argument("--markdown", type=Path, metavar="FILE", help="also write the table to FILE as Markdown")
+
+    def fail(msg: str):  # one line, not argparse's usage block
+        print(f"bench_tta.py: error: {msg}", file=sys.stderr)
+        raise SystemExit(2)
+
+    ap.error = fail
+    args = ap.parse_args()
+    args.graphs = parse_list(args.graphs, GRAPHS, "graphs", fail)
+    args.settings = parse_list(args.settings, SETTINGS, "settings", fail)
+    args.modes = parse_list(args.modes, MODES, "modes", fail)
+    if "sync" not in args.modes:
+        fail("--modes must include sync: the target is a fraction of sync's best validation accuracy")
+    for name, low in (("seeds", 1), ("epochs", 2), ("lambdas", 1), ("nodes", 100), ("edges", 100)):
+        if getattr(args, name) < low:
+            fail(f"--{name} must be at least {low}, got {getattr(args, name)}")
+    if not 0 < args.fraction <= 1:
+        fail(f"--fraction must be in (0, 1], got {args.fraction}")
+    if "cora" in args.graphs and not (DATASETS / "cora.npz").exists():
+        fail(f"{DATASETS / 'cora.npz'} absent (set DORYLUS_DATASETS to the folder holding cora.npz)")
+    if args.markdown and not args.markdown.parent.is_dir():
+        fail(f"--markdown: folder {args.markdown.parent} does not exist")
+    return args
+
+
+def graph_parts(name: str, tmp: Path, args) -> Path:
+    """The graph's store of 2 parts, made once for every run on it."""
+    if name == "synth200k":
+        return synth_parts(tmp, args.nodes, args.edges)[1]
+    parts = tmp / "cora-parts"
+    subprocess.run([sys.executable, "-m", "dorylus_py", "prepare", DATASETS / "cora.npz", "-k", "2", "--out", parts],
+                   check=True, capture_output=True)
+    return parts
+
+
+def train(parts: Path, run_dir: Path, args, seed: int, mode: str, setting: str) -> list[dict]:
+    """One `dorylus train` run; its metrics rows. A failed run ends the benchmark with one line."""
+    cmd = [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(run_dir), "--quiet",
+           "--backend", "local", "-k", "2", "--lambdas", str(args.lambdas), "--epochs", str(args.epochs),
+           "--seed", str(seed), *MODES[mode], *SETTINGS[setting]]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=max(600, 60 * args.epochs))
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SystemExit(f"bench_tta.py: {run_dir.name} failed (exit {proc.returncode}): {last}")
+    return read_lines(run_dir / "metrics.jsonl")
+
+
+def table(results: dict, args) -> list[str]:
+    """Markdown rows: per graph, setting and mode the medians over seeds, and async's ratios to sync."""
+    columns = ("graph", "setting", "mode", "time to target s (reached)", "test acc at best val", "epoch s",
+               "time to target / sync", "epoch / sync")
+    lines = [f"| {' | '.join(columns)} |", "| --- " * len(columns) + "|"]
+    for graph in args.graphs:
+        for setting in args.settings:
+            sync = None
+            for mode in args.modes:
+                runs = results[graph, setting, mode]
+                tta = median_tta([r["tta"] for r in runs])
+                epoch = statistics.median(r["epoch_s"] for r in runs)
+                reached = sum(r["tta"] is not None for r in runs)
+                if mode == "sync":
+                    sync = (tta, epoch)
+                ratios = ["", ""] if mode == "sync" else [ratio(tta, sync[0]), ratio(epoch, sync[1])]
+                lines.append(f"| {graph} | {setting} | {LABEL[mode]} | {seconds(tta)} ({reached}/{len(runs)}) "
+                             f"| {100 * statistics.median(r['test_acc'] for r in runs):.1f} % | {epoch:.3f} "
+                             f"| {' | '.join(ratios)} |")
+    return lines
+
+
+def main() -> None:
+    args = parse_args()
+    modes = ["sync", *(m for m in args.modes if m != "sync")]  # sync first: its best sets the seed's target
+    t_start = time.perf_counter()
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="dorylus-tta-") as tmp_name:
+        tmp = Path(tmp_name)
+        for graph in args.graphs:
+            parts = graph_parts(graph, tmp, args)
+            for setting in args.settings:
+                for seed in range(args.seeds):
+                    target = None
+                    for mode in modes:
+                        run_dir = tmp / f"{graph}-{setting}-{mode}-seed{seed}"
+                        rows = train(parts, run_dir, args, seed, mode, setting)
+                        best = BestTracker.over(rows)
+                        if mode == "sync":
+                            target = args.fraction * best.best_val_acc
+                        run = {"tta": time_to_target(rows, target), "test_acc": best.test_acc_at_best_val,
+                               "epoch_s": steady_epoch_s(rows)}
+                        results.setdefault((graph, setting, mode), []).append(run)
+                        print(f"{run_dir.name}: best val {best.best_val_acc:.3f} at epoch {best.best_epoch}, target "
+                              f"{target:.3f} in {seconds(run['tta'])} s, epoch {run['epoch_s']:.3f} s "
+                              f"({time.perf_counter() - t_start:.0f} s so far)", file=sys.stderr, flush=True)
+    args.modes = modes
+    lines = table(results, args)
+    head = (f"`local` K=2, {args.lambdas} Lambdas, {args.epochs} epochs, seeds 0-{args.seeds - 1} (medians); target = "
+            f"{args.fraction:g} x sync's best val_acc of the same seed and setting; "
+            f"{time.perf_counter() - t_start:.0f} s in all")
+    print(head, *lines, sep="\n")
+    if args.markdown:
+        args.markdown.write_text("\n".join([head, "", *lines, ""]))
+
+
+if __name__ == "__main__":
+    main()
