@@ -22,7 +22,7 @@ from typing import Callable
 import zmq
 
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
-from dorylus_py.protocol.transport import dealer, router
+from dorylus_py.protocol.transport import Curve, dealer, router
 from dorylus_py.serving.node import bind
 from dorylus_py.serving.rejections import REJECTED, report_bug
 
@@ -35,7 +35,7 @@ class Inbox:
     def __init__(self, rank: int, world: int, key: bytes, host: str = "127.0.0.1", bind_host: str | None = None):
         """Bind on ``bind_host`` (default ``host``), any free port; peers reach it at :attr:`address`."""
         self.rank, self.world, self.session = rank, world, Session(key)
-        self.router = router(zmq.Context.instance())
+        self.router = router(zmq.Context.instance(), Curve.among_peers(key))  # encrypted, key holders only
         where = "*" if bind_host == "0.0.0.0" else (bind_host or host)
         self.address = f"tcp://{host}:{bind(self.router, where, 0, f'worker {rank}')}"
         self.rejected = 0
@@ -92,6 +92,7 @@ class Links:
     def __init__(self, rank: int, key: bytes, addresses: list[str], give_up: Callable[[], bool] = lambda: False):
         """``give_up()`` true: pending waits end at once (the job is stopping)."""
         self.rank, self.session, self.addresses, self.give_up = rank, Session(key), addresses, give_up
+        self.curve = Curve.among_peers(key)
         self.socks: dict[int, zmq.Socket] = {}
         self.peer_of: dict[zmq.Socket, int] = {}
         self.poller = zmq.Poller()
@@ -100,7 +101,7 @@ class Links:
     def _sock(self, peer: int) -> zmq.Socket:
         if peer not in self.socks:
             # LINGER: notices sent just before this worker exits (stop) still go
-            sock = dealer(zmq.Context.instance(), self.addresses[peer], linger_ms=1000)
+            sock = dealer(zmq.Context.instance(), self.addresses[peer], self.curve, linger_ms=1000)
             self.socks[peer], self.peer_of[sock] = sock, peer
             self.poller.register(sock, zmq.POLLIN)
         return self.socks[peer]

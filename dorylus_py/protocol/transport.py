@@ -32,6 +32,11 @@ class Curve:
         """The keys of a job whose servers have ``server_public``: the client pair derived from ``job_key``."""
         return cls(server_public, server_secret, *zap.client_keys(job_key))
 
+    @classmethod
+    def among_peers(cls, job_key: bytes) -> "Curve":
+        """The keys of a job of peers, each a server and a client (``zap.peer_server_keys``)."""
+        return cls.of_job(job_key, *zap.peer_server_keys(job_key))
+
     def client(self) -> tuple[bytes, bytes]:
         """The client key pair this process shows, and a server admits."""
         if not (self.client_public and self.client_secret):

@@ -28,11 +28,23 @@ from zmq.utils import z85
 log = logging.getLogger(__name__)
 ENDPOINT = "inproc://zeromq.zap.01"
 LABEL = b"dorylus CurveZMQ client key v1"
+PEER_LABEL = b"dorylus CurveZMQ peer server key v1"
 
 
 def client_keys(job_key: bytes) -> tuple[bytes, bytes]:
     """The job's CurveZMQ client key pair ``(public, secret)``, Z85: the same for every key holder."""
-    secret = z85.encode(hmac.digest(job_key, LABEL, "sha256"))
+    return _pair(job_key, LABEL)
+
+
+def peer_server_keys(job_key: bytes) -> tuple[bytes, bytes]:
+    """The server key pair of a job whose every process is a server (the decentralised workers, whose
+    addresses are not in a cluster file with a public key): the same for every key holder, so the wire
+    between them is encrypted and only the job's key holders get through the handshake."""
+    return _pair(job_key, PEER_LABEL)
+
+
+def _pair(job_key: bytes, label: bytes) -> tuple[bytes, bytes]:
+    secret = z85.encode(hmac.digest(job_key, label, "sha256"))
     return zmq.curve_public(secret), secret
 
 

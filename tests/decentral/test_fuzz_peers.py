@@ -12,6 +12,7 @@ from dorylus_py.config import TrainConfig
 from dorylus_py.decentral.node import Node
 from dorylus_py.decentral.peers import Links
 from dorylus_py.protocol import Message, ProtocolError, Session
+from dorylus_py.protocol.transport import Curve, dealer
 from tests.cluster.fuzz_corpus import corpus
 
 KEY = bytes(range(50, 82))
@@ -24,9 +25,7 @@ def test_a_workers_inbox_survives_hostile_messages():
     node = Node(cfg, rank=1, world=3, key=KEY, params=lambda: params.copy(),
                 share=lambda: ({"params": params.copy()}, {}), make_recorder=lambda: None)
     node.inbox.start(node._handle)
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(node.inbox.address)
+    sock = dealer(zmq.Context.instance(), node.inbox.address, Curve.among_peers(KEY))  # an insider
     links = Links(0, KEY, [node.inbox.address] * 3)
     replies = []
     try:

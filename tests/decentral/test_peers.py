@@ -13,6 +13,7 @@ from dorylus_py.config import TrainConfig
 from dorylus_py.decentral.node import Node
 from dorylus_py.decentral.peers import Inbox, Links
 from dorylus_py.protocol import Message, ProtocolError, Session
+from dorylus_py.protocol.transport import Curve, dealer, router
 
 TOKEN = b"t" * 32  # the job key
 
@@ -32,9 +33,7 @@ def test_the_inbox_answers_rejects_and_keeps_serving(monkeypatch):
 
     inbox.start(handle)
     links = Links(1, TOKEN, [inbox.address] * 3)
-    raw = zmq.Context.instance().socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(inbox.address)
+    raw = dealer(zmq.Context.instance(), inbox.address, Curve.among_peers(TOKEN))  # an insider: through CURVE
     session = Session(TOKEN)
     try:
         assert links.ask(0, "ping").op == "ok"
@@ -59,8 +58,7 @@ def test_the_inbox_answers_rejects_and_keeps_serving(monkeypatch):
 
 
 def test_a_silent_peer_costs_one_bounded_wait_and_its_late_answer_is_dropped():
-    silent = zmq.Context.instance().socket(zmq.ROUTER)
-    silent.setsockopt(zmq.LINGER, 0)
+    silent = router(zmq.Context.instance(), Curve.among_peers(TOKEN))
     port = silent.bind_to_random_port("tcp://127.0.0.1")
     address = f"tcp://127.0.0.1:{port}"
     links = Links(1, TOKEN, [address] * 2)
@@ -140,3 +138,29 @@ def test_a_workers_handlers_answer_from_its_state(node):
     assert refused.op == "error" and refused["declared_dead"]
     node._handle(0, Message("dead", {"dead": 1, "why": "test"}))  # this worker itself
     assert node.pool.stopped and "declared dead by worker 0" in node.error
+
+
+def test_the_peers_wire_is_encrypted_and_only_key_holders_get_through():
+    """Workers of a gossip job (under torchrun, across machines) talk CurveZMQ with keys every key holder
+    derives (``zap.peer_server_keys``): a stranger's handshake fails (plaintext, or CURVE with another job's
+    keys) and what it sent never arrives."""
+    inbox = Inbox(rank=0, world=2, key=TOKEN)
+    seen = []
+    inbox.start(lambda sender, msg: seen.append(msg.op) or Message("ok"))
+    ctx = zmq.Context.instance()
+    strangers = [dealer(ctx, inbox.address), dealer(ctx, inbox.address, Curve.among_peers(b"another key, 32 bytes long......"))]
+    links = Links(1, TOKEN, [inbox.address] * 2)
+    try:
+        for sock in strangers:  # plaintext, or CURVE with keys of another job
+            try:
+                sock.send_multipart(Session(TOKEN).encode(Message("ping", {"rank": 1, "id": 1}), inbox.address), zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+        assert links.ask(0, "ping").op == "ok"  # the job's own peer gets through
+        assert not any(sock.poll(300) for sock in strangers) and seen == ["ping"]
+    finally:
+        for sock in strangers:
+            sock.close(0)
+        links.close()
+        inbox.close()
+
