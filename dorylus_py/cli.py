@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dorylus_py import __version__
 from dorylus_py.cli_parser import Parser, command
-from dorylus_py.errors import ConfigError, DorylusError, interrupted_by_user
+from dorylus_py.errors import DorylusError, interrupted_by_user
 
 DESCRIPTION = """\
 dorylus-py: train graph neural networks on CPU graph servers, with dense tensor work shipped to
@@ -115,8 +115,6 @@ def _run_server(args) -> int:
     from dorylus_py.serving.process import MODULES
 
     argv = ["--cluster", args.cluster, "--rank", str(args.rank), "--jobs", str(args.jobs)] + (["--bind", args.bind] if args.bind else [])
-    if args.jobs < 0:
-        raise ConfigError(f"--jobs must be 0 (until stopped) or more, got {args.jobs}")
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", MODULES[args.role], *argv])

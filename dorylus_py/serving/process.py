@@ -106,9 +106,6 @@ def serve_cluster(role: str, build, cluster_file: str, rank: int, bind: str = ""
     cluster = ClusterSpec.load(cluster_file)
     host, port = ClusterSpec.host_port(cluster.address(role, rank))
     key = load_job_key(cluster.key_secret, cluster.region)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr,
-                        force=True)  # a server's log: when, and how bad
-    logging.getLogger("dorylus").setLevel(logging.INFO)  # each job's start and end lines, for the operator
     try:
         serve(role, build, cluster.driver, rank, host, port, bind_host=bind or None, key=key,
               curve=cluster_curve(cluster, key), jobs=jobs or None)
