@@ -4,8 +4,12 @@ driver of a 200 k-vertex job holds no more than that of a 2 k-vertex one. The sa
 vertices: ``pytest --slow tests/test_scale.py``."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 BLOCK = 1 << 16  # edges every streaming step holds at once here (4 M in the product): 2 M edges are 31 blocks
 PER_EDGE_B = 8  # allowed growth of a streamed step's peak per edge added. Measured: 3.7 B (synth 0; prepare
@@ -17,9 +21,11 @@ DRIVER_MB = 16  # allowed growth of the driver's peak from a 2 k- to a 200 k-ver
 
 
 def probe(tmp_path, block: int, *argv) -> dict:
-    """Run ``dorylus ARGV`` through the probe; its exit code and peaks (MB)."""
+    """Run ``dorylus ARGV`` through the probe; its exit code and peaks (MB). The probe is a module of the
+    tests, which are not installed: the repository goes on the child's path (the cwd is the test's folder)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
     proc = subprocess.run([sys.executable, "-m", "tests.memory_probe", str(block), *map(str, argv)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

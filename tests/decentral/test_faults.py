@@ -85,7 +85,9 @@ def _every_batch_trained(rows: list[dict], tasks: list[dict], per_epoch: int = 1
 
 
 def test_a_killed_worker_is_noticed_and_the_job_finishes_without_it(graph_npz, tmp_path):
-    """4 workers, worker 2 killed after 3 epochs: 3 finish, as accurate (within 1 point) as an undisturbed run."""
+    """4 workers, worker 2 killed after 3 epochs: 3 finish, no less accurate (by more than 1 point) than an
+    undisturbed run. One-sided: losing a worker could only cost accuracy; it once came out 1.04 points *above*
+    the calm run (5 of 480 test vertices), which a two-sided bound failed."""
     summary, rows, tasks, output, killed_at = _job(graph_npz, tmp_path / "killed", 4, 150, kill=(2, 3))
     assert summary["worker_deaths"] == [2] and summary["workers"] == 4 and summary["workers_at_end"] == 3
     assert summary["deaths"][0]["noticed_at"] - killed_at < 10.0  # within seconds (timeout 2 s)
@@ -95,7 +97,7 @@ def test_a_killed_worker_is_noticed_and_the_job_finishes_without_it(graph_npz, t
     _every_batch_trained(rows, tasks)
     calm = _job(graph_npz, tmp_path / "calm", 4, 150)[0]
     assert calm["worker_deaths"] == [] and sum(calm["batches_per_worker"]) == 150 * 12  # exactly once without deaths
-    assert abs(summary["test_acc_at_best_val"] - calm["test_acc_at_best_val"]) <= 0.01, (summary, calm)
+    assert summary["test_acc_at_best_val"] >= calm["test_acc_at_best_val"] - 0.01, (summary, calm)
 
 
 def test_the_next_rank_takes_over_the_record_when_the_recorder_dies(graph_npz, tmp_path):
