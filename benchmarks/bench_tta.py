@@ -129,15 +129,16 @@ def graph_parts(name: str, tmp: Path, args) -> Path:
     return parts
 
 
-def train(parts: Path, run_dir: Path, args, seed: int, mode: str, setting: str) -> list[dict]:
-    """One `dorylus train` run; its metrics rows. A failed run ends the benchmark with one line."""
+def train(parts: Path, run_dir: Path, args, seed: int, mode: str, setting: str, extra: tuple = ()) -> list[dict]:
+    """One `dorylus train` run (``extra``: more flags); its metrics rows. A failed run ends the benchmark
+    with one line."""
     cmd = [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(run_dir), "--quiet",
            "--backend", "local", "-k", "2", "--lambdas", str(args.lambdas), "--epochs", str(args.epochs),
-           "--seed", str(seed), *MODES[mode], *SETTINGS[setting]]
+           "--seed", str(seed), *MODES[mode], *SETTINGS[setting], *extra]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=max(600, 60 * args.epochs))
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        raise SystemExit(f"bench_tta.py: {run_dir.name} failed (exit {proc.returncode}): {last}")
+        raise SystemExit(f"{Path(sys.argv[0]).name}: {run_dir.name} failed (exit {proc.returncode}): {last}")
     return read_lines(run_dir / "metrics.jsonl")
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from dorylus_py.cli_parser import command
 from dorylus_py.config import at_least
 from dorylus_py.errors import DorylusError
+from dorylus_py.wire_forms import WIRE_DTYPES
 from dorylus_py.settings import count_or_auto
 
 
@@ -120,6 +121,9 @@ def add_cost(sub) -> None:
                    "saves the feature pulls only where it holds a graph server's features (default a quarter of "
                    "--lambda-memory-mb)")
     c.add_argument("--tensor-threads", type=int, default=d.tensor_threads, help=f"cpu/gpu (default {d.tensor_threads})")
+    c.add_argument("--wire-dtype", choices=WIRE_DTYPES, default=d.wire_dtype, help="what vertex rows travel as, as "
+                   "`dorylus train --wire-dtype`: the bytes counted, and the graph servers' loop time to encode and "
+                   f"decode them (default {d.wire_dtype})")
     c.add_argument("--epochs", type=int, default=d.epochs, help=f"default {d.epochs}")
     k = e.add_argument_group("calibration, prices and search")
     k.add_argument("--calibration", metavar="RUN_DIR", help="a distributed run's record to scale from (default: built-in)")
@@ -188,7 +192,7 @@ def _run_cost_estimate(args) -> int:
     cal = (Calibration.from_record(args.calibration, args.calibration_instance) if args.calibration
            else Calibration.default())
     setup = Setup(args.backend, args.graph_servers, args.weight_servers, args.as_instance, args.lambdas,
-                  args.lambda_memory_mb, chunks, args.epochs, args.tensor_threads, args.row_cache_mb)
+                  args.lambda_memory_mb, chunks, args.epochs, args.tensor_threads, args.row_cache_mb, args.wire_dtype)
     print(f"graph: {work.nodes:,} vertices, {work.edges:,} edges, layers {work.dims}; {args.epochs} epochs; "
           f"prices {prices.region} ({prices.date}); calibration: {cal.source}")
     if not args.search:

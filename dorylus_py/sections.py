@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from dorylus_py.errors import ConfigError
+from dorylus_py.wire_forms import WIRE_DTYPES
 from dorylus_py.settings import AUTO, Auto, Section, section, setting
 
 BACKENDS = ("reference", "local", "lambda", "cpu", "gpu")
@@ -137,6 +138,12 @@ class PipelineSettings(Section):
                           "epoch once every server finished the one before (default off)")
     partitioner: str = setting("auto", "auto, metis, fennel or hash: how --data is partitioned when it is not a prepared "
                                "store of --graph-servers parts (default auto; see `dorylus prepare --help`)")
+    wire_dtype: str = setting("float32", "what vertex rows travel as between processes: ghost rows and gradient "
+                              "contributions between graph servers, task rows to tensor workers and their results "
+                              "back. bfloat16/float16 halve the bytes; int8 (one scale per row, stochastic rounding, "
+                              "as AdaQP) quarters them, at some CPU per byte: it pays on slow links (a Lambda's), not on "
+                              "loopback. Weights, weight gradients, attention scores and the optimizer stay float32; "
+                              "in-process tensor work (cpu/gpu) crosses no wire", choices=WIRE_DTYPES)
     tensor_threads: int = setting(2, "cpu/gpu: tensor threads per graph server")
     device: str = setting("", "cpu/gpu backends and gossip/allreduce workers: torch device (default cuda for "
                           "--backend gpu, else cpu)")
@@ -147,6 +154,7 @@ class PipelineSettings(Section):
         one_of("--mode", self.mode, MODES)
         one_of("--fuse", self.fuse, FUSE_CHOICES)
         one_of("--async-update", self.async_update, ("epoch", "chunk"))
+        one_of("--wire-dtype", self.wire_dtype, WIRE_DTYPES)
         if self.chunks is not AUTO:  # every backend: a bad count is an error even where unused
             count("--chunks", self.chunks)
         at_least("--staleness", self.staleness, 0)

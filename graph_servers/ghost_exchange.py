@@ -49,7 +49,7 @@ class GhostExchange:
         if total.done < len(total.keys):
             return None
         rows, offsets = total.take(), self.part.ghost_offsets
-        return {p: (np.arange(offsets[p + 1] - offsets[p], dtype=np.int64), rows[offsets[p]: offsets[p + 1]])
+        return {p: (np.arange(offsets[p + 1] - offsets[p], dtype=np.int32), rows[offsets[p]: offsets[p + 1]])
                 for p in self.peers}
 
     def _contribution(self, phase: str, layer: int, chunk: int) -> np.ndarray:
@@ -75,8 +75,8 @@ class GhostExchange:
         sl = self.part.ghosts_from(src)
         backward = phase in self.phases
         limit = len(self.send_ids[src]) if backward else sl.stop - sl.start
-        if positions is None or positions.dtype != np.int64 or positions.ndim != 1:
-            raise ProtocolError("ghost positions must be int64, one per row")
+        if positions is None or positions.dtype not in (np.int32, np.int64) or positions.ndim != 1:
+            raise ProtocolError("ghost positions must be int32 or int64, one per row")
         width = s.heads if phase == "ebwd" else self.widths(phase != "efwd", layer)[0]
         named = {"rows": width} | ({"scores": s.heads} if self.attention and not backward else {})
         for name, width in named.items():

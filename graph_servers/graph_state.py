@@ -110,7 +110,7 @@ class GraphState(GatherStages, GhostExchange):
         self.attention = model.aggregation == "attention"
         self.peers = [p for p in range(part.num_parts) if p != part.index]
         self.feature_norm = feature_norm
-        self.labels = np.asarray(part.labels)
+        self.labels = np.asarray(part.labels).astype(np.int32)  # what loss tasks pull each epoch: half of int64
         self.masks = np.stack([np.asarray(part.train_mask), np.asarray(part.val_mask), np.asarray(part.test_mask)])
         self.nnz_local = len(part.local_indices)
         self.adj = self._adjacency()
@@ -232,12 +232,12 @@ class GraphState(GatherStages, GhostExchange):
             touched, ghost_t = rows.ghost_transpose()  # the ghosts this chunk has edges from, grouped by owner
             self.ghost_t.append(ghost_t)  # (touched, b - a)
             cut = np.searchsorted(touched, np.asarray(part.ghost_offsets))
-            self.touched.append({p: (cut[p], cut[p + 1], touched[cut[p] : cut[p + 1]].astype(np.int64)
-                                     - part.ghost_offsets[p]) for p in self.peers})
+            self.touched.append({p: (cut[p], cut[p + 1], (touched[cut[p] : cut[p + 1]].astype(np.int64)
+                                     - part.ghost_offsets[p]).astype(np.int32)) for p in self.peers})
             per_peer = {}
             for p in self.peers:
                 ids = self.send_ids[p].numpy()
-                pos = np.nonzero((ids >= a) & (ids < b))[0]
+                pos = np.nonzero((ids >= a) & (ids < b))[0].astype(np.int32)  # half of int64's bytes on the wire
                 per_peer[p] = (pos, ids[pos])
             self.send_in_chunk.append(per_peer)
 

@@ -18,14 +18,8 @@ from dorylus_py.pipeline import events as ev
 from dorylus_py.protocol import Message, ProtocolError, require
 from graph_servers.direct import DirectSlot
 from graph_servers.received import ALL_CHUNKS
-from graph_servers.task_io import (
-    check_result,
-    chunk_rows,
-    per_row_widths,
-    streams,
-    task_block,
-)
-from graph_servers.wire import held_tokens, integer, peer_rows, run_id, task_of
+from graph_servers.task_io import check_result, chunk_rows, per_row_widths, streams, task_block
+from graph_servers.wire import ghost_positions, held_tokens, integer, peer_rows, run_id, task_of
 
 OPS = ("pull_rows", "push_block", "push_result", "ghosts", "progress")  # each served by ``_on_<op>``
 
@@ -47,7 +41,7 @@ class Requests:
 
     def handle(self, identity, msg: Message) -> None:
         if not isinstance(identity, DirectSlot):  # in-process requests cross no socket
-            self.usage.received(msg.tensors)
+            self.usage.received(msg)
         serve = self.serves.get(msg.op)
         if serve is None:
             raise ProtocolError(f"op {msg.op} is not served by a graph server")
@@ -91,7 +85,7 @@ class Requests:
         phase, src, epoch, layer, src_chunk, min_epoch = peer_rows(msg, s.layers)
         self._check_peer_epoch(epoch, "ghosts")
         self._check_peer_progress(min_epoch)
-        s.store_peer_rows(phase, src, layer, src_chunk, msg.tensors)
+        s.store_peer_rows(phase, src, layer, src_chunk, msg.tensors | {"positions": ghost_positions(msg)})
         self.node.reply(request.identity, Message("ok", {}))
         covers = s.chunk_counts[src] if src_chunk == ALL_CHUNKS else 1  # a sync sum stands for all its chunks
         self.feed(ev.RowsArrived(phase, epoch, layer, src, covers))
@@ -133,5 +127,5 @@ class Requests:
         if isinstance(request.identity, DirectSlot):
             request.identity.answer(reply)
             return
-        self.usage.sent(reply.tensors)
+        self.usage.sent(reply)
         self.node.reply(request.identity, reply)

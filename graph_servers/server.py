@@ -31,6 +31,7 @@ from dorylus_py.pipeline.scheduler import Scheduler
 from dorylus_py.pipeline.stages import task_kinds, task_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy
 from dorylus_py.protocol import Message
+from dorylus_py.protocol.quantize import narrowed
 from dorylus_py.serving.job import JobSpec
 from dorylus_py.serving.node import ServerNode, peak_rss_mb
 from dorylus_py.serving.rejections import REJECTED
@@ -54,7 +55,7 @@ from graph_servers.task_io import (
     task_rows,
 )
 from graph_servers.usage import Usage
-from graph_servers.wire import held_tokens, task_event
+from graph_servers.wire import ghost_placement, held_tokens, task_event
 from graph_servers.workers import make_platform
 
 log = logging.getLogger("dorylus.graph_server")
@@ -178,7 +179,8 @@ class GraphServer(Requests):
         (a, b), ((lo, _), (glo, _)) = self.state.chunk(key.chunk), self.state.edge_runs(key.chunk)
         fields = {"start": a, "stop": b, "id_start": self.spec.id_offsets[self.k] + a, "sent": time.time(),
                   "edge_start": self.state.edge_offset + lo, "ghost_edge_start": self.state.edge_offset + glo}
-        self._answer(request, Message("rows", fields | ({"static": {STATIC: token}} if token else {}), rows))
+        self._answer(request, Message("rows", fields | ({"static": {STATIC: token}} if token else {}), rows,
+                                      wire=narrowed(rows, self.spec.config.wire_dtype)))
 
     def _on_Cancel(self, inst: ev.Cancel, request: Request, msg) -> None:
         self._answer(request, Message("duplicate" if request.op == "push_result" else "cancel", {"reason": inst.reason}))
@@ -205,7 +207,9 @@ class GraphServer(Requests):
         fields = {"phase": inst.phase, "epoch": inst.epoch, "layer": inst.layer, "src": self.k, "chunk": chunk,
                   "min_epoch": self.scheduler.pipe.min_epoch()}
         for p, (positions, tensors) in parts.items():
-            self._send(self.peers[p], Message("ghosts", fields, {"positions": positions} | tensors))
+            at, listed = ghost_placement(positions)
+            self._send(self.peers[p], Message("ghosts", fields | at, listed | tensors,
+                                              wire=narrowed(tensors, self.spec.config.wire_dtype)))
 
     def _on_ForwardGradient(self, inst: ev.ForwardGradient, request, msg: Message) -> None:
         """An accepted backward task's gradients, cut into row blocks: to each weight server its blocks."""
@@ -242,7 +246,7 @@ class GraphServer(Requests):
     # --- peers and weight servers ------------------------------------------------------------------
 
     def _send(self, sock: zmq.Socket, msg: Message) -> None:
-        self.usage.sent(msg.tensors)
+        self.usage.sent(msg)
         self.node.send(sock, msg)
 
     def _read_acks(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
-import numpy as np
+from dorylus_py.protocol import Message
 
 THREAD_CLOCKS = hasattr(time, "pthread_getcpuclockid")  # Linux and the BSDs; not macOS
 
@@ -26,12 +26,13 @@ class Usage:
         self._loop = threading.get_ident()
         self._last = self._now()
 
-    def sent(self, tensors: dict) -> None:
-        self.totals["bytes_sent"] += sum(np.asarray(t).nbytes for t in tensors.values())
+    def sent(self, msg: Message) -> None:
+        """Its tensors' bytes as they travel (``--wire-dtype``'s narrower forms counted as such)."""
+        self.totals["bytes_sent"] += msg.tensor_bytes()
         self.totals["messages"] += 1
 
-    def received(self, tensors: dict) -> None:
-        self.totals["bytes_received"] += sum(t.nbytes for t in tensors.values())
+    def received(self, msg: Message) -> None:
+        self.totals["bytes_received"] += msg.tensor_bytes()
         self.totals["messages"] += 1
 
     def on_graph_thread(self) -> None:

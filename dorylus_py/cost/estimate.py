@@ -46,6 +46,7 @@ from dorylus_py.config import SECTION_OF, TrainConfig, row_cache_mb
 from dorylus_py.cost.model import Prices, read_record
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.plan import plan
+from dorylus_py.wire_forms import wire_bytes
 from dorylus_py.settings import AUTO
 
 FULL_CPU_MB = 1769  # AWS: one full vCPU at this memory size
@@ -62,9 +63,12 @@ def vcpus(instance: str) -> int:
     return 2 if size == "large" else 4 * int(m.group(1) or 1)
 
 
-BYTES = 4  # float32 rows; labels and masks are counted apart
-LABEL_BYTES = 8 + 1 + 8 + 3  # a vertex's label and training mask (loss), its label and three masks (eval)
-POSITION_BYTES = 8  # every ghost row travels with its int64 position
+BYTES = 4  # float32 rows (what warm workers cache); labels and masks are counted apart
+LABEL_BYTES = 4 + 1 + 4 + 3  # a vertex's int32 label and training mask (loss), its label and three masks (eval)
+POSITION_BYTES = 4  # an async gradient contribution's rows carry int32 positions (runs: forward rows, sync sums: none)
+LOOP_CPU_PER_ROW = {"float32": 1.0, "bfloat16": 1.4, "float16": 1.4, "int8": 2.7}  # a graph server's loop-thread
+# CPU an epoch relative to float32's (it encodes what it sends, decodes what it gets): measured here on 50 k
+# vertices / 1 M edges / 128 features, `local` K=2, at 0.51x (16-bit) and 0.28x (int8) of float32's bytes
 
 
 @dataclass(frozen=True)
@@ -92,21 +96,27 @@ class Workload:
         cut = (servers - 1) / servers if self.cut is None else self.cut
         return others * -math.expm1(-(self.edges / servers * cut) / others)
 
-    def bytes_per_server(self, servers: int, chunks: int, in_process: bool = False, features_cached: float = 0.0) -> float:
+    def bytes_per_server(self, servers: int, chunks: int, in_process: bool = False, features_cached: float = 0.0,
+                         wire: str = "float32") -> float:
         """Bytes through one graph server's sockets in an epoch (sent and received), GCN's Â(HW) order:
         per vertex (unless the tasks run ``in_process``, the ``cpu``/``gpu`` backends; less the share
         ``features_cached`` of the feature pulls, which warm workers answer themselves), the training
         and evaluation forwards pull each layer's input and push its ``Z``, the loss pulls the logits and pushes their gradient, evaluation pulls the logits, backward pulls
         each layer's input and ``dZ`` and pushes ``dG`` of the layer below; per ghost (and per vertex a
         peer holds as one, about as many), ``Z`` of every layer twice forward and one gradient back;
-        per chunk, the gradients forwarded to the weight servers."""
+        per chunk, the gradients forwarded to the weight servers. Rows travel in ``wire`` (``--wire-dtype``:
+        int8 adds a 2-byte scale per row); weight gradients in float32."""
         d = self.dims
-        per_vertex = 2 * sum(a + b for a, b in zip(d[:-1], d[1:])) + 3 * d[-1]  # forwards, loss, eval
-        per_vertex += sum(d[l] + d[l + 1] + (d[l] if l else 0) for l in range(len(d) - 1))  # backward
-        per_vertex -= 3 * d[0] * features_cached  # the share of layer 0's pulls (two forwards, the backward) cached
-        per_ghost = BYTES * 3 * sum(d[1:]) + POSITION_BYTES * 3 * (len(d) - 1)  # rows, and their positions
+
+        def row(width: int) -> int:
+            return wire_bytes(1, width, wire)
+
+        per_vertex = 2 * sum(row(a) + row(b) for a, b in zip(d[:-1], d[1:])) + 3 * row(d[-1])  # forwards, loss, eval
+        per_vertex += sum(row(d[l]) + row(d[l + 1]) + (row(d[l]) if l else 0) for l in range(len(d) - 1))  # backward
+        per_vertex -= 3 * row(d[0]) * features_cached  # the share of layer 0's pulls (two forwards, the backward) cached
+        per_ghost = 3 * sum(row(w) for w in d[1:]) + POSITION_BYTES * (len(d) - 1)  # rows, and their positions
         weights = sum(a * b for a, b in zip(d[:-1], d[1:]))
-        tasks = 0.0 if in_process else self.nodes / servers * (BYTES * per_vertex + LABEL_BYTES)
+        tasks = 0.0 if in_process else self.nodes / servers * (per_vertex + LABEL_BYTES)
         return tasks + 2 * self.ghosts(servers) * per_ghost + chunks * BYTES * weights
 
 
@@ -122,10 +132,17 @@ class Setup:
     epochs: int
     tensor_threads: int = 2
     row_cache_mb: int | None = None  # local/lambda workers' feature cache; None: the default, a quarter of memory
+    wire_dtype: str = "float32"  # what rows travel as (--wire-dtype)
 
-    def bytes_per_server(self, work: Workload) -> float:
+    def bytes_per_server(self, work: Workload, wire: str | None = None) -> float:
+        """Bytes through one graph server an epoch, rows in ``wire`` (default: this setup's)."""
         return work.bytes_per_server(self.graph_servers, self.chunks, in_process=self.backend in ("cpu", "gpu"),
-                                     features_cached=self.cached_features(work))
+                                     features_cached=self.cached_features(work), wire=wire or self.wire_dtype)
+
+    def loop_bytes(self, work: Workload) -> float:
+        """What a graph server's loop thread costs an epoch, in float32 bytes moved: its calibrated rate's
+        unit (a narrower wire moves fewer bytes but encodes and decodes them: ``LOOP_CPU_PER_ROW``)."""
+        return self.bytes_per_server(work, "float32") * LOOP_CPU_PER_ROW[self.wire_dtype]
 
     def cached_features(self, work: Workload) -> float:
         """The share of feature pulls that warm workers answer from their cache (``--row-cache-mb``): all
@@ -178,14 +195,15 @@ class Calibration:
                   billed / max(sum(t["end"] - t["start"] for t in tensor), 1e-9),
                   len(tensor) / (epochs * setup.graph_servers * setup.chunks),
                   max(0.0, metrics[-1]["wall_s"] - len(metrics) * steady), 1.0, instance, setup.memory_mb, str(run_dir),
-                  task_s, idle / setup.chunks, _io_seconds_per_byte(rows))
+                  task_s, idle / setup.chunks, _io_seconds_per_byte(rows) * setup.bytes_per_server(work)
+                  / setup.loop_bytes(work))  # per float32 byte (the same for a float32 run)
         return cls(**(asdict(cal) | {"overlap": (steady - idle) / max(cal._parts(work, setup)[0], 1e-9)}))
 
     def _parts(self, work: Workload, setup: Setup) -> tuple[float, float]:
         """(graph + tensor seconds per epoch before the overlap factor, summed tensor seconds)."""
         speed = vcpus(setup.instance) / vcpus(self.instance)
         graph = self.graph_s_per_unit * work.graph_units(setup.graph_servers) / speed
-        graph += self.io_s_per_byte * setup.bytes_per_server(work)  # one loop thread: more vCPUs do not help
+        graph += self.io_s_per_byte * setup.loop_bytes(work)  # one loop thread: more vCPUs do not help
         tasks = self.tasks_per_server_chunk * setup.graph_servers * setup.chunks
         tensor_total = self.tensor_s_per_unit * work.tensor_units() + self.task_s * tasks
         if setup.backend in ("cpu", "gpu"):
@@ -232,7 +250,7 @@ def setup_of(config: dict, instance: str) -> Setup:
     lambdas = pool.lambdas_max if pool.lambdas is AUTO else pool.lambdas  # an autotuned run: its bound
     p = cfg.pipeline
     return Setup(p.backend, p.graph_servers, p.weight_servers, instance, int(lambdas), pool.lambda_memory_mb,
-                 int(chunks), cfg.run.epochs, p.tensor_threads, pool.row_cache_mb)
+                 int(chunks), cfg.run.epochs, p.tensor_threads, pool.row_cache_mb, p.wire_dtype)
 
 
 def config_of(config: dict) -> TrainConfig:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dorylus_py.errors import DorylusError
+from dorylus_py.wire_forms import wire_bytes
 
 DTYPES = {
     "float32": np.float32, "float64": np.float64, "int64": np.int64, "int32": np.int32, "uint8": np.uint8, "bool": np.bool_,
@@ -55,12 +56,19 @@ class Message:
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     sender: bytes = b""  # the verified sender's session id (set by Session.decode); a reply goes to it
     size: int = 0  # bytes it came in (header and tensors; set by Session.decode): what keeping it costs
+    wire: dict[str, str] = field(default_factory=dict)  # float32 row blocks sent narrower (``quantize.py``), by
+    # name: the sender's choice; on a received message, how they came (they are float32 again)
 
     def __getitem__(self, key):
         return self.fields[key]
 
     def get(self, key, default=None):
         return self.fields.get(key, default)
+
+    def tensor_bytes(self) -> int:
+        """Bytes its tensors take on the wire (narrower forms as sent)."""
+        return sum(wire_bytes(*t.shape, self.wire[name]) if name in self.wire else np.asarray(t).nbytes
+                   for name, t in self.tensors.items())
 
 
 def require(msg: Message, *names: str, shapes: dict | None = None) -> None:

@@ -19,7 +19,9 @@ restarted process refuses what was captured before it started. The key itself ne
 
 A receiver (:meth:`Session.decode`) checks, in order: frame count and sizes, the magic, the MAC
 (``hmac.compare_digest``), the sequence (:mod:`replay`), and only then parses the header JSON within
-limits (:mod:`bounded_json`), the op, the tensors' dtypes and shapes against their byte lengths.
+limits (:mod:`bounded_json`), the op, the tensors' dtypes and shapes against their byte lengths. A
+float32 row block may travel narrower (``Message.wire``, :mod:`quantize`): its spec names the form, its
+frame holds that form's bytes, and the receiver gets float32 rows back.
 Failures up to and including the sequence raise :class:`AuthError` (answer nothing: the sender cannot
 be trusted with even an error); later ones raise :class:`ProtocolError`.
 """
@@ -41,6 +43,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from dorylus_py.protocol.bounded_json import MAX_HEADER_BYTES, parse_header
 from dorylus_py.protocol.messages import DTYPES, OPS, AuthError, Message, ProtocolError
+from dorylus_py.protocol.quantize import WIRE_DTYPES, pack, unpack, wire_bytes
 from dorylus_py.protocol.replay import ReplayGuard
 
 MAGIC = b"DRY1"
@@ -117,6 +120,12 @@ class Session:
             if arr.dtype.name not in DTYPES:
                 raise ProtocolError(f"tensor {name!r}: dtype {arr.dtype.name} cannot be sent")
             specs.append({"name": name, "dtype": arr.dtype.name, "shape": list(arr.shape)})
+            if msg.wire.get(name, "float32") != "float32":
+                specs[-1]["wire"] = msg.wire[name]
+                try:
+                    arr = pack(arr, msg.wire[name])
+                except ValueError as e:
+                    raise ProtocolError(f"tensor {name!r}: {e}") from None
             frames.append(memoryview(arr).cast("B") if arr.size else b"")
         try:
             header = json.dumps({"op": msg.op, "tensors": specs, **msg.fields}, separators=(",", ":"),
@@ -167,22 +176,29 @@ def _parse(bufs: list[memoryview], sender: bytes) -> Message:
     specs = header.pop("tensors", [])
     if not isinstance(specs, list) or len(specs) != len(bufs) - 2:
         raise ProtocolError(f"op {op}: the header's tensor list does not match the {len(bufs) - 2} data frames")
-    tensors = {}
+    tensors, wire = {}, {}
     for spec, buf in zip(specs, bufs[2:]):
-        name, dtype, shape = _spec(spec)
+        name, dtype, shape, form = _spec(spec)
         if name in tensors:
             raise ProtocolError(f"op {op}: tensor {name!r} named twice")
+        if form != "float32":
+            if len(buf) != wire_bytes(*shape, form):
+                raise ProtocolError(f"tensor {name!r}: {len(buf)} bytes, but shape {shape} in {form} needs "
+                                    f"{wire_bytes(*shape, form)}")
+            tensors[name], wire[name] = unpack(buf, *shape, form), form
+            continue
         expected = math.prod(shape) * np.dtype(DTYPES[dtype]).itemsize  # Python integers: no wrap-around
         if len(buf) != expected:
             raise ProtocolError(f"tensor {name!r}: {len(buf)} bytes, but shape {shape} of {dtype} needs {expected}")
         tensors[name] = np.frombuffer(buf, dtype=DTYPES[dtype]).reshape(shape)
-    return Message(op, header, tensors, sender, sum(len(b) for b in bufs[1:]))
+    return Message(op, header, tensors, sender, sum(len(b) for b in bufs[1:]), wire)
 
 
-def _spec(spec) -> tuple[str, str, list[int]]:
-    if not isinstance(spec, dict):
-        raise ProtocolError("tensor spec is not an object")
-    name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
+def _spec(spec) -> tuple[str, str, list[int], str]:
+    """A tensor's name, dtype, shape and wire form (``float32`` unless a narrower one is named), checked."""
+    if not isinstance(spec, dict) or not set(spec) <= {"name", "dtype", "shape", "wire"}:
+        raise ProtocolError("tensor spec is not an object of name, dtype, shape and wire")
+    name, dtype, shape, form = spec.get("name"), spec.get("dtype"), spec.get("shape"), spec.get("wire", "float32")
     if not isinstance(name, str) or not 0 < len(name) <= 64:
         raise ProtocolError("tensor spec without a name (1 to 64 characters)")
     if not isinstance(dtype, str) or dtype not in DTYPES:
@@ -190,7 +206,10 @@ def _spec(spec) -> tuple[str, str, list[int]]:
     if (not isinstance(shape, list) or len(shape) > 4
             or not all(type(s) is int and 0 <= s < 2**31 for s in shape)):
         raise ProtocolError(f"tensor {name!r}: bad shape {str(shape)[:60]}")
-    return name, dtype, shape
+    if form != "float32" and (form not in WIRE_DTYPES or dtype != "float32" or len(shape) != 2):
+        raise ProtocolError(f"tensor {name!r}: wire form {str(form)[:20]!r} is not one of {', '.join(WIRE_DTYPES)} "
+                            "for 2-D float32 rows")
+    return name, dtype, shape, form
 
 
 def _buffer(frame) -> memoryview:

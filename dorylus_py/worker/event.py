@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from dorylus_py.protocol import ProtocolError
+from dorylus_py.protocol.quantize import WIRE_DTYPES
 
 MAX_INT = 2**53  # JSON integers beyond this are not exact in every reader
 
@@ -58,6 +59,7 @@ class TaskEvent:
     stream: Stream | None
     task: TaskRef
     device: str = "cpu"  # where the kernels run (a graph server's own threads may name its GPU)
+    wire_dtype: str = "float32"  # what its result rows travel as (``protocol/quantize.py``)
 
     def to_dict(self) -> dict:
         """The event as JSON takes it (what a Lambda is invoked with)."""
@@ -77,6 +79,7 @@ class TaskEvent:
             raise ProtocolError(f"task event: unknown field {unknown[0]!r}")
         ev = dict(event)
         ev.setdefault("device", "cpu")
+        ev.setdefault("wire_dtype", "float32")
         if missing := sorted(names - set(ev)):
             raise ProtocolError(f"task event: missing {missing[0]!r}")
         _check(ev, "job", str, lambda v: len(v) % 2 == 0 and all(c in "0123456789abcdef" for c in v))
@@ -92,6 +95,7 @@ class TaskEvent:
         for name in ("seed", "num_train", "row_cache_mb"):
             _check(ev, name, int, lambda v: 0 <= v < MAX_INT)
         _check(ev, "device", str)
+        _check(ev, "wire_dtype", str, lambda v: v in WIRE_DTYPES)
         return cls(**(ev | {"weight_servers": tuple(ws), "stream": _stream(ev["stream"]), "task": _task(ev["task"])}))
 
 

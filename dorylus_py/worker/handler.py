@@ -46,6 +46,7 @@ from dorylus_py.jobkey import load_job_key
 from dorylus_py.kernels.tasks import TaskContext, run_task
 from dorylus_py.models.architectures import architecture
 from dorylus_py.protocol import Message, Session
+from dorylus_py.protocol.quantize import narrowed
 from dorylus_py.protocol.transport import Curve, dealer
 from dorylus_py.weights.blocks import join
 from dorylus_py.worker.channel import Channel
@@ -107,7 +108,8 @@ def _run(event: TaskEvent, context, session: Session, direct) -> dict:
     fields, weights = _weights(event, task, session, curve, context, device)
     out, extra = run_task(_context(event, reply), _on(tensors, device), weights)
     _check_time(context)
-    ack = to_server(Message("push_result", fields | extra, {k: _np(v) for k, v in out.items()}))
+    results = {k: _np(v) for k, v in out.items()}
+    ack = to_server(Message("push_result", fields | extra, results, wire=narrowed(results, event.wire_dtype)))
     return {"status": ack.op}
 
 
@@ -139,7 +141,8 @@ def _run_streamed(event: TaskEvent, task: dict, spans: list, ch: Channel, curve,
         out, extra = run_task(_context(event, reply, span[0]), _on(tensors, device), weights)
         rows_out = {k: _np(v) for k, v in out.items() if not k.startswith("grad:")}
         if rows_out:
-            ch.send(Message("push_block", {"task": task, "block": list(span), "run": run}, rows_out), wait=False)
+            ch.send(Message("push_block", {"task": task, "block": list(span), "run": run}, rows_out,
+                            wire=narrowed(rows_out, event.wire_dtype)), wait=False)
         totals.add({k: v for k, v in out.items() if k.startswith("grad:")}, extra)
         _check_time(context)
         ch.drain()

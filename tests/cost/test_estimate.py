@@ -216,6 +216,25 @@ def test_estimate_moves_with_server_speed_lambda_memory_and_edges():
     assert vcpus("c5.xlarge") == 4 and vcpus("c5n.4xlarge") == 16 and vcpus("m5.large") == 2
 
 
+def test_a_narrower_wire_moves_fewer_bytes_and_costs_the_loop_more(capsys):
+    """``--wire-dtype``: bytes (counted against the servers' own counts in tests/cluster/test_wire_dtype.py)
+    about half and a quarter of float32's; the loop thread's time scaled by what encoding costs it."""
+    cal = Calibration(graph_s_per_unit=1e-6, tensor_s_per_unit=1e-8, billed_per_measured=1.0, tasks_per_server_chunk=8,
+                      startup_s=10.0, overlap=1.0, instance="c5.2xlarge", memory_mb=3008, source="hand",
+                      io_s_per_byte=1e-9)
+    prices = Prices.load()
+    work = Workload(nodes=100_000, edges=2_000_000, dims=[128, 16, 10])
+    setup = Setup("lambda", 2, 1, "c5.2xlarge", lambdas=4, memory_mb=2048, chunks=2, epochs=100, row_cache_mb=0)
+    est = {w: cal.estimate(work, replace(setup, wire_dtype=w), prices) for w in ("float32", "bfloat16", "int8")}
+    gb = {w: e["server GB/epoch"] for w, e in est.items()}
+    assert 0.45 < gb["bfloat16"] / gb["float32"] < 0.55 and 0.22 < gb["int8"] / gb["float32"] < 0.3
+    assert est["float32"]["epoch s"] < est["bfloat16"]["epoch s"] < est["int8"]["epoch s"]  # loopback: CPU, not bytes
+    args = ["cost", "estimate", "--nodes", "100000", "--edges", "2000000", "--features", "128", "--classes", "10"]
+    assert main([*args, "--wire-dtype", "int8"]) == 0 and main(args) == 0
+    narrow, full = (float(out.splitlines()[2].split()[6]) for out in capsys.readouterr().out.split("graph: ")[1:])
+    assert narrow < 0.3 * full
+
+
 def test_search_lists_cheapest_fastest_and_best_value(capsys):
     assert main(["cost", "estimate", "--nodes", "1000000", "--edges", "20000000", "--features", "128", "--classes", "10",
                  "--search", "--top", "3", "--epochs", "50"]) == 0

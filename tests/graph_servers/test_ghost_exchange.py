@@ -64,3 +64,33 @@ def test_peer_contributions_in_any_order_are_taken_and_repeats_refused(small_gra
     repeated = np.array([0, 2, 1, 2], np.int64)
     with pytest.raises(ProtocolError, match="repeat"):
         s.store_peer_rows("bwd", 0, 0, 0, {"positions": repeated, "rows": rows[:4]})
+
+
+def test_a_run_of_consecutive_positions_travels_as_its_first(small_graph, tmp_path):
+    """A chunk's forward rows go to a run of the peer's ghost slots: only the first is sent; a sync sum's
+    positions too; scattered contributions keep their list. The receiver rebuilds them and checks the range."""
+    from dorylus_py.protocol import Message, ProtocolError
+    from graph_servers.wire import ghost_placement, ghost_positions
+
+    prepare(small_graph, tmp_path / "p", 2, "hash")
+    store = PartitionStore.open(tmp_path / "p")
+    sender, receiver = (GraphState(store.load(k), GCN, [3, 3], "none", sync=False) for k in range(2))
+    sender.ZG[True][0][:] = np.random.default_rng(2).standard_normal(sender.ZG[True][0].shape).astype(np.float32)
+    for c in range(3):
+        positions, tensors = sender.rows_for_peers(True, 0, c)[1]
+        fields, listed = ghost_placement(positions)
+        assert fields == {"first": int(positions[0])} and listed == {}
+        msg = Message("ghosts", fields, tensors)
+        receiver.store_peer_rows("fwd", 0, 0, c, tensors | {"positions": ghost_positions(msg)})
+        at = receiver.n + receiver.part.ghosts_from(0).start + positions
+        np.testing.assert_array_equal(receiver.ZG[True][0][at], tensors["rows"])
+    scattered = np.array([0, 2, 3], np.int32)
+    assert ghost_placement(scattered) == ({}, {"positions": scattered})
+    rows = np.zeros((3, 8), np.float32)
+    slots = receiver.part.ghosts_from(0)
+    beyond = Message("ghosts", {"first": slots.stop - slots.start - 1}, {"rows": rows})
+    with pytest.raises(ProtocolError, match="out of range"):
+        receiver.store_peer_rows("fwd", 0, 0, 0, {"rows": rows, "positions": ghost_positions(beyond)})
+    for fields, tensors in (({"first": -1}, {"rows": rows}), ({"first": 0}, {}), ({}, {"rows": rows})):
+        with pytest.raises(ProtocolError):
+            ghost_positions(Message("ghosts", fields, tensors))

@@ -61,6 +61,27 @@ def test_round_trip_over_pair_sockets_zero_copy():
     b.close()
 
 
+@pytest.mark.parametrize("wire, bytes_per_row", [("float32", 4 * 64), ("bfloat16", 2 * 64), ("float16", 2 * 64),
+                                                  ("int8", 64 + 2)])
+def test_row_blocks_travel_in_the_form_named_and_arrive_as_float32(wire, bytes_per_row):
+    a, b = pair()
+    z = np.random.default_rng(0).standard_normal((10, 64)).astype(np.float32)
+    ids = np.arange(10)
+    frames = a.encode(Message("ghosts", {}, {"rows": z, "positions": ids}, wire={"rows": wire}), ADDR)
+    assert len(frames[2]) == 10 * bytes_per_row and len(frames[3]) == ids.nbytes  # only the rows narrower
+    got = b.decode(frames, ADDR)
+    assert got.tensors["rows"].dtype == np.float32 and got.tensors["rows"].shape == (10, 64)
+    assert got.wire == ({} if wire == "float32" else {"rows": wire}) and got.tensor_bytes() == 10 * bytes_per_row + 80
+    step = {"float32": 0, "bfloat16": 2**-8, "float16": 2**-11, "int8": 1 / 127}[wire]
+    assert np.all(np.abs(got.tensors["rows"] - z) <= step * np.abs(z).max(axis=1, keepdims=True) * 1.01)
+    np.testing.assert_array_equal(got.tensors["positions"], ids)
+
+
+def test_only_float32_row_blocks_can_be_sent_narrower():
+    with pytest.raises(ProtocolError, match="tensor 'P': expected 2-D float32"):
+        Session(KEY).encode(Message("rows", {}, {"P": np.zeros(4, np.float32)}, wire={"P": "int8"}), ADDR)
+
+
 def test_the_key_travels_in_no_frame():
     a, _ = pair()
     frames = a.encode(Message("rows", {"x": KEY.hex()[:0]}, {"P": np.frombuffer(b"\0" * 64, np.uint8)}), ADDR)
@@ -98,6 +119,18 @@ def signed(session: Session, header: bytes, *data: bytes, me=ADDR) -> list:
         (b'{"op":"rows","tensors":[{"name":"P","dtype":"uint8","shape":[1]},{"name":"P","dtype":"uint8","shape":[1]}]}',
          [b"\0", b"\0"], "named twice"),
         (b'{"op":"rows","tensors":{"P":1}}', [b"\0"], "does not match"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[2,2],"wire":"int4"}]}', [b"\0" * 8],
+         "wire form 'int4'"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":"int64","shape":[2,2],"wire":"int8"}]}', [b"\0" * 8],
+         "for 2-D float32 rows"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[4],"wire":"float16"}]}', [b"\0" * 8],
+         "for 2-D float32 rows"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[2,2],"wire":"int8"}]}', [b"\0" * 7],
+         r"7 bytes, but shape \[2, 2\] in int8 needs 8"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[65536,65536],"wire":"bfloat16"}]}',
+         [b""], "needs 8589934592"),
+        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[1],"extra":1}]}', [b"\0" * 4],
+         "name, dtype, shape and wire"),
     ],
 )
 def test_hostile_bodies_with_a_valid_mac_are_refused(header, data, message):

@@ -1,0 +1,123 @@
+"""A lighter wire (``--wire-dtype``): bytes, accuracy and epoch time of each row form against float32.
+
+For each graph (Cora's public split; the 200 k synthetic graph of bench_runtime.py), each wire dtype and
+each seed, this trains `local` K=2 in sync mode for a fixed epoch budget and reads the run's metrics:
+test accuracy at the best validation epoch, the bytes through the graph servers' sockets an epoch (as the
+servers counted them; the first epoch, which warms the row cache, left out) and the steady epoch time.
+Then, on the synthetic graph only, async S=1 with float32 and with int8 rows, unlimited and at 200 Mbps
+per Lambda: what a narrower wire buys where the link is the bottleneck.
+
+    python benchmarks/bench_wire.py [--graphs cora,synth200k --wires float32,bfloat16,float16,int8
+                                     --cora-seeds 5 --synth-seeds 3 --epochs 200 --synth-epochs 40
+                                     --markdown FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_tta import DATASETS, GRAPHS, graph_parts, parse_list, steady_epoch_s, train
+
+from dorylus_py.training.record import BestTracker
+from dorylus_py.wire_forms import WIRE_DTYPES
+
+
+def epoch_bytes(rows: list[dict]) -> float:
+    """Median bytes through all graph servers an epoch, the first epoch left out (if there are others)."""
+    return statistics.median(sum(s["bytes"] for s in r["servers"]) for r in (rows[1:] or rows))
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--graphs", default=",".join(GRAPHS), help="comma list of cora, synth200k (default both)")
+    ap.add_argument("--wires", default=",".join(WIRE_DTYPES), help="comma list of wire dtypes (float32 is always run)")
+    ap.add_argument("--cora-seeds", type=int, default=5, help="Cora seeds 0..N-1 (default 5)")
+    ap.add_argument("--synth-seeds", type=int, default=3, help="synthetic graph seeds 0..N-1 (default 3)")
+    ap.add_argument("--epochs", type=int, default=200, help="Cora's epoch budget (default 200)")
+    ap.add_argument("--synth-epochs", type=int, default=40, help="the synthetic graph's (default 40)")
+    ap.add_argument("--lambdas", type=int, default=4, help="emulated Lambdas, a fixed pool (default 4)")
+    ap.add_argument("--nodes", type=int, default=200_000, help="synth200k's vertices (default 200,000)")
+    ap.add_argument("--edges", type=int, default=4_000_000, help="synth200k's edges (default 4,000,000)")
+    ap.add_argument("--markdown", type=Path, metavar="FILE", help="also write the tables to FILE as Markdown")
+
+    def fail(msg: str):  # one line, not argparse's usage block
+        print(f"bench_wire.py: error: {msg}", file=sys.stderr)
+        raise SystemExit(2)
+
+    ap.error = fail
+    args = ap.parse_args()
+    args.graphs = parse_list(args.graphs, GRAPHS, "graphs", fail)
+    args.wires = ["float32", *(w for w in parse_list(args.wires, WIRE_DTYPES, "wires", fail) if w != "float32")]
+    for name, low in (("cora_seeds", 1), ("synth_seeds", 1), ("epochs", 2), ("synth_epochs", 2), ("lambdas", 1),
+                      ("nodes", 100), ("edges", 100)):
+        if getattr(args, name) < low:
+            fail(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
+    if "cora" in args.graphs and not (DATASETS / "cora.npz").exists():
+        fail(f"{DATASETS / 'cora.npz'} absent (set DORYLUS_DATASETS to the folder holding cora.npz)")
+    if args.markdown and not args.markdown.parent.is_dir():
+        fail(f"--markdown: folder {args.markdown.parent} does not exist")
+    return args
+
+
+def run(parts: Path, tmp: Path, args, graph: str, wire: str, seed: int, mode: str, setting: str) -> dict:
+    budget = argparse.Namespace(lambdas=args.lambdas, epochs=args.synth_epochs if graph == "synth200k" else args.epochs)
+    run_dir = tmp / f"{graph}-{wire}-{mode}-{setting}-seed{seed}"
+    rows = train(parts, run_dir, budget, seed, mode, setting, ("--wire-dtype", wire))
+    best = BestTracker.over(rows)
+    out = {"test_acc": best.test_acc_at_best_val, "bytes": epoch_bytes(rows), "epoch_s": steady_epoch_s(rows)}
+    print(f"{run_dir.name}: test {out['test_acc']:.4f}, {out['bytes'] / 1e6:.1f} MB an epoch, epoch "
+          f"{out['epoch_s']:.3f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    t0 = time.perf_counter()
+    sync: dict = {}
+    links: dict = {}
+    with tempfile.TemporaryDirectory(prefix="dorylus-wire-") as name:
+        tmp = Path(name)
+        for graph in args.graphs:
+            parts = graph_parts(graph, tmp, args)
+            seeds = args.synth_seeds if graph == "synth200k" else args.cora_seeds
+            for seed in range(seeds):
+                for wire in args.wires:
+                    sync.setdefault((graph, wire), []).append(run(parts, tmp, args, graph, wire, seed, "sync", "0ms"))
+            if graph == "synth200k":
+                for wire in ("float32", "int8"):
+                    for setting in ("0ms", "200mbps"):
+                        links[wire, setting] = run(parts, tmp, args, graph, wire, 0, "async1", setting)
+    lines = ["| graph | wire | test acc at best val | vs float32 (points) | MB / epoch | bytes / float32 | epoch s |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for graph in args.graphs:
+        base = sync[graph, "float32"]
+        for wire in args.wires:
+            runs = sync[graph, wire]
+            acc = statistics.median(r["test_acc"] for r in runs)
+            diff = 100 * (acc - statistics.median(r["test_acc"] for r in base))
+            mb = statistics.median(r["bytes"] for r in runs)
+            lines.append(f"| {graph} ({len(runs)} seeds) | {wire} | {100 * acc:.2f} % | {diff:+.2f} | {mb / 1e6:.1f} "
+                         f"| {mb / statistics.median(r['bytes'] for r in base):.3f} "
+                         f"| {statistics.median(r['epoch_s'] for r in runs):.3f} |")
+    if links:
+        lines += ["", "| synth200k, async S=1 | epoch s, unlimited | epoch s, 200 Mbps | 200 Mbps / unlimited |",
+                  "| --- | --- | --- | --- |"]
+        for wire in ("float32", "int8"):
+            fast, slow = links[wire, "0ms"]["epoch_s"], links[wire, "200mbps"]["epoch_s"]
+            lines.append(f"| {wire} | {fast:.3f} | {slow:.3f} | {slow / fast:.2f}x |")
+    head = (f"`local` K=2, {args.lambdas} Lambdas, sync; Cora {args.epochs} epochs, synth200k {args.synth_epochs}; "
+            f"medians over seeds; {time.perf_counter() - t0:.0f} s in all")
+    print(head, *lines, sep="\n")
+    if args.markdown:
+        args.markdown.write_text("\n".join([head, "", *lines, ""]))
+
+
+if __name__ == "__main__":
+    main()
