@@ -75,13 +75,16 @@ def chunks_per_server(backend: str, mode: str, workers: int | None, rows: int) -
     second wave of tasks and their fixed costs (measured on the 200 k graph, ``local`` with 2 workers a
     server: 2 chunks 1.31x the reference's epoch, 4 chunks 1.58x): one chunk per worker of a fixed Lambda
     pool (``workers``), and one on ``cpu``/``gpu``, whose tasks torch already spreads over the server's
-    cores (``cpu``: 1 chunk 1.39x, 4 chunks 1.64x). Async mode, and a pool that resizes itself (``workers``
-    None), keep ``ASYNC_CHUNKS`` so chunks can be at different stages. Chunks have at most
+    cores (``cpu``: 1 chunk 1.39x, 4 chunks 1.64x). Async mode on a fixed pool too: its chunks run at
+    different stages whatever their count, and a second wave costs it as much (200 k graph, ``local``
+    K=2, 4 Lambdas, async S=1 against sync: 2 chunks 0.88-0.97x at 0 ms and 0.91-0.94x at 20 ms of
+    latency, 4 chunks 1.06x and 1.14x, 3 chunks 1.37x and 1.13x). A pool that resizes itself
+    (``workers`` None) and async ``cpu``/``gpu`` keep ``ASYNC_CHUNKS``. Chunks have at most
     ``AUTO_CHUNK_ROWS`` rows of ``rows`` (an even split of the graph: partitions differ by a few per
     cent); the count then rounds up to whole waves."""
     if mode == "sync" and backend in ("cpu", "gpu"):
         wave = 1
-    elif mode == "sync" and workers is not None:
+    elif workers is not None and backend not in ("cpu", "gpu"):
         wave = workers
     else:
         wave = ASYNC_CHUNKS

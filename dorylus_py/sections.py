@@ -19,7 +19,7 @@ FUSE_CHOICES = ("auto", "on", "off")  # GCN's fused last layer; auto: where tens
 LAMBDA_BACKENDS = ("local", "lambda")  # tensor tasks in Lambda containers (emulated, or AWS's)
 INPROC_BACKENDS = ("cpu", "gpu")  # tensor tasks in the graph servers' own threads
 AUTO_CHUNK_ROWS = 150_000  # --chunks auto: at most this many rows a chunk (a tensor task's memory grows with them)
-ASYNC_CHUNKS = 4  # --chunks auto in async mode, or on an autotuned pool: chunks a server pipelines at least
+ASYNC_CHUNKS = 4  # --chunks auto on an autotuned pool, or async cpu/gpu: chunks a server pipelines at least
 
 
 def at_least(flag: str, value: float, low: float) -> None:
@@ -115,9 +115,10 @@ class PipelineSettings(Section):
     weight_servers: int = setting(1, "weight servers; every weight tensor is cut into row blocks dealt over them, so M "
                                   "may exceed the layers")
     chunks: int | Auto = setting(AUTO, "vertex intervals per graph server, each a tensor task per stage (default auto: "
-                                 "in sync mode one per tensor worker of a fixed --lambdas pool, and 1 on cpu/gpu, since "
-                                 f"every stage waits for all chunks; {ASYNC_CHUNKS} in async mode or with --lambdas "
-                                 f"auto; at most about {AUTO_CHUNK_ROWS:,} rows each)", metavar="N|auto")
+                                 "one per tensor worker of a fixed --lambdas pool (a second wave of tasks only adds their "
+                                 "fixed costs, in either mode), and in sync mode 1 on cpu/gpu; "
+                                 f"{ASYNC_CHUNKS} with --lambdas auto or async on cpu/gpu; at most about "
+                                 f"{AUTO_CHUNK_ROWS:,} rows each)", metavar="N|auto")
     mode: str = setting("sync", "sync: barriers per layer, equals full-batch training; async: bounded staleness; "
                         "gossip / allreduce: decentralised Cluster-GCN workers (see below)", choices=MODES)
     staleness: int = setting(1, "async: max epochs a chunk runs ahead")

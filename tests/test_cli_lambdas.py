@@ -88,7 +88,8 @@ def test_chunks_auto_is_one_wave_of_tasks_in_sync_mode_and_a_pipeline_in_async()
     assert chunks_of(config_of("--backend", "local"), 200_000) == 2  # 4 Lambdas over 2 servers
     assert chunks_of(config_of("--backend", "lambda", "--lambdas", "32"), 200_000) == 16
     assert chunks_of(config_of("--backend", "cpu"), 200_000) == 1  # torch spreads one task over the cores
-    assert chunks_of(config_of("--backend", "local", "--mode", "async"), 200_000) == 4
+    assert chunks_of(config_of("--backend", "local", "--mode", "async"), 200_000) == 2  # as sync: one per Lambda
+    assert chunks_of(config_of("--backend", "cpu", "--mode", "async"), 200_000) == 4
     assert chunks_of(config_of("--backend", "local", "--lambdas", "auto"), 200_000) == 4  # the pool resizes
     assert chunks_of(config_of("--backend", "local", "--chunks", "3"), 200_000) == 3
     # rows cap, rounded up to whole waves; never more chunks than rows

@@ -55,7 +55,8 @@ def test_chunks_auto_is_resolved_as_dorylus_train_would_for_records_and_every_se
               "graph": {"nodes": 1000, "edges": 10_000, "features": 8, "classes": 2}}
     assert setup_of(config, "c5.2xlarge").chunks == 3  # a record written through the API keeps "auto"
     assert setup_of(config | {"chunks": 5}, "c5.2xlarge").chunks == 5
-    assert setup_of(config | {"mode": "async"}, "c5.2xlarge").chunks == 4
+    assert setup_of(config | {"mode": "async"}, "c5.2xlarge").chunks == 3  # async too: one per Lambda
+    assert setup_of(config | {"mode": "async", "lambdas": "auto"}, "c5.2xlarge").chunks == 4
     cal = Calibration(graph_s_per_unit=1e-6, tensor_s_per_unit=1e-8, billed_per_measured=1.0, tasks_per_server_chunk=8,
                       startup_s=0.0, overlap=1.0, instance="c5.2xlarge", memory_mb=3008, source="hand", task_s=0.01,
                       idle_s_per_chunk=0.1)
