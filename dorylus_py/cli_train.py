@@ -244,6 +244,8 @@ def _run_train(args) -> int:
 
         cfg = dataclasses.replace(cfg, graph_servers=PartitionStore.open(cfg.data).num_parts)
     cfg.check()
+    if cluster is None:  # the graph servers start on this host: their devices must be here
+        cfg.check_devices_here()
     check_partitioner(cfg.partitioner)
     if cfg.backend == "lambda" and cluster is None and not cfg.lambda_run_here:
         raise DorylusError("--backend lambda needs --cluster FILE: Lambdas must reach the graph and weight servers at "

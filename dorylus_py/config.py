@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from dorylus_py.devices import cuda_devices, device_for, device_list
 from dorylus_py.errors import ConfigError
 from dorylus_py.models.architectures import architecture
 from dorylus_py.sections import (  # noqa: F401  (re-exported: what a run's settings are made of)
@@ -124,8 +125,9 @@ class TrainConfig:
         if pool.stream_rows and not architecture(self.gnn.model).streams:
             raise ConfigError(f"--stream-rows streams GCN and GraphSAGE tasks, not --model {self.gnn.model} (GAT's vertex "
                               "forward returns a bias row with the rows, which no block owns)")
-        if p.backend in INPROC_BACKENDS:
-            self.check_device()
+        if len(devices := device_list(p.device)) > 1 and len(devices) != p.graph_servers:
+            raise ConfigError(f"--device lists {len(devices)} devices for {p.graph_servers} graph servers (give one "
+                              "for all, or one per graph server)")
         if p.backend == "lambda" and not self.aws.lambda_function:
             raise ConfigError("--backend lambda needs --lambda-function NAME (or \"lambda_function\" in the cluster file)")
 
@@ -136,10 +138,22 @@ class TrainConfig:
         if self.gossip.average_every and self.pipeline.mode != "gossip":
             raise ConfigError(f"--average-every is for --mode gossip (all-reduce workers always hold one model), "
                               f"got {self.gossip.average_every} with --mode {self.pipeline.mode}")
+        if len(device_list(self.pipeline.device)) > 1:
+            raise ConfigError(f"--mode {self.pipeline.mode}: --device names one device for every worker, not a list")
         self.check_device()
 
+    def check_devices_here(self) -> None:
+        """Where the driver starts the graph servers on its own host (no ``--cluster``): each one's device
+        exists here (``devices.py``), checked before anything starts."""
+        p = self.pipeline
+        if p.backend in INPROC_BACKENDS and p.mode not in DECENTRAL_MODES:
+            gpus = cuda_devices()
+            for k in range(p.graph_servers):
+                device_for(p.device, p.backend, k, k, gpus)
+
     def check_device(self) -> None:
-        """A CUDA device that is not there is a configuration error, not a silent CPU fallback."""
+        """A CUDA device that is not there is a configuration error, not a silent CPU fallback (gossip and
+        all-reduce workers, which run on the driver's host)."""
         import torch
 
         device = self.pipeline.resolved_device()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from dorylus_py.devices import device_list
 from dorylus_py.errors import ConfigError
 from dorylus_py.wire_forms import WIRE_DTYPES
 from dorylus_py.settings import AUTO, Auto, Section, section, setting
@@ -147,7 +148,9 @@ class PipelineSettings(Section):
                               "in-process tensor work (cpu/gpu) crosses no wire", choices=WIRE_DTYPES)
     tensor_threads: int = setting(2, "cpu/gpu: tensor threads per graph server")
     device: str = setting("", "cpu/gpu backends and gossip/allreduce workers: torch device (default cuda for "
-                          "--backend gpu, else cpu)")
+                          "--backend gpu, else cpu). cuda: each graph server on a host takes the next GPU "
+                          "(cuda:{local rank % GPUs}); cuda:N; or a comma list, one per graph server. Checked on "
+                          "the host that uses it")
 
     def check(self) -> None:
         if self.backend not in BACKENDS:
@@ -160,6 +163,7 @@ class PipelineSettings(Section):
             count("--chunks", self.chunks)
         at_least("--staleness", self.staleness, 0)
         at_least("--tensor-threads", self.tensor_threads, 1)
+        device_list(self.device)
         if not 0 <= self.switch_threshold < 1:
             raise ConfigError(f"--switch-threshold must be in (0, 1), got {self.switch_threshold}")
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dorylus_py.devices import cuda_devices, device_for, local_rank
 from dorylus_py.platforms import InprocPlatform, LocalLambdaPlatform
 from dorylus_py.serving.job import JobSpec
 from dorylus_py.serving.node import ServerNode
@@ -13,9 +14,9 @@ def make_platform(spec: JobSpec, rank: int, node: ServerNode):
     """Where this server's tensor tasks run; ``--lambdas`` is shared out among the graph servers. In-process
     workers get a signing session of their own, emulated Lambdas the job key (their own environment)."""
     cfg = spec.config
-    if cfg.backend not in ("local", "lambda"):
-        return InprocPlatform(cfg.tensor_threads, cfg.resolved_device(), node.session.sibling(),
-                              DirectLink(node.ctx, node.poller))
+    if cfg.backend not in ("local", "lambda"):  # the device is this host's to check (devices.py)
+        device = device_for(cfg.device, cfg.backend, rank, local_rank(spec.graph_servers, rank), cuda_devices())
+        return InprocPlatform(cfg.tensor_threads, device, node.session.sibling(), DirectLink(node.ctx, node.poller))
     per_server = spec.lambda_share[0]  # the run plan's share of --lambdas
     seed = cfg.seed * 1000 + rank + 7919 * spec.restart
     if cfg.backend == "local":

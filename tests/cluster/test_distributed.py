@@ -123,19 +123,8 @@ def test_gpu_backend_honours_device_cpu(small_graph, tmp_path):
     `inproc-cpu`) and the maths is the reference's. This is the cpu backend's code path on the device
     named; tensor work on a CUDA device is exercised only where one is present."""
     ref = train_reference(small_graph, TrainConfig(epochs=2, dropout=0.0, feature_norm="none"), show_progress=False)
-    got = run(small_graph, tmp_path, "run", backend="gpu", device="cpu", graph_servers=2, epochs=2)
+    got = run(small_graph, tmp_path, "run", backend="gpu", device="cpu,cpu", graph_servers=2, epochs=2)  # one each
     assert_same_losses(got, ref)
     assert_gradients_once(got.summary, 2 * 2 * 2 * 3)
     rows = [json.loads(line) for line in (tmp_path / "run" / "tasks.jsonl").read_text().splitlines()]
     assert {r["where"] for r in rows if r["where"] != "graph-server"} == {"inproc-cpu"}
-
-
-def test_gpu_backend_without_cuda_is_a_clear_error():
-    import torch
-
-    from dorylus_py.errors import ConfigError
-
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA device is present")
-    with pytest.raises(ConfigError, match="no CUDA device"):
-        TrainConfig(backend="gpu").check()
