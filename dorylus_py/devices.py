@@ -48,7 +48,10 @@ def device_for(value: str, backend: str, rank: int, local_rank: int, gpus: int) 
 
 
 def local_rank(addresses: list[str], rank: int) -> int:
-    """The place of ``addresses[rank]`` among the addresses before it on the same host."""
+    """The place of ``addresses[rank]`` among the addresses before it on the same host (``rank`` itself
+    when the addresses are not known: every server on one host)."""
+    if rank >= len(addresses):
+        return rank
     host = urlsplit(addresses[rank]).hostname
     return sum(urlsplit(a).hostname == host for a in addresses[:rank])
 

@@ -13,7 +13,7 @@ SERVERS = ["tcp://10.0.0.1:7000", "tcp://10.0.0.1:7001", "tcp://10.0.0.2:7000", 
 
 def test_cuda_takes_the_next_gpu_of_each_host():
     ranks = [local_rank(SERVERS, k) for k in range(4)]
-    assert ranks == [0, 1, 0, 2]
+    assert ranks == [0, 1, 0, 2] and local_rank([], 3) == 3
     assert [device_for("cuda", "gpu", k, r, 2) for k, r in enumerate(ranks)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:0"]
     assert device_for("", "gpu", 1, 1, 4) == "cuda:1" and device_for("", "cpu", 3, 2, 0) == "cpu"
 
