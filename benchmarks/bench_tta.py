@@ -82,40 +82,59 @@ def parse_list(value: str, allowed, what: str, fail) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def graph_bench_parser(**kw) -> argparse.ArgumentParser:
+    """A parser with the flags every benchmark of these graphs takes (bench_tta.py, bench_wire.py); its
+    errors are one line and exit 2, not argparse's usage block."""
+    ap = argparse.ArgumentParser(**kw)
     ap.add_argument("--graphs", default=",".join(GRAPHS), help="comma list of cora, synth200k (default both)")
+    ap.add_argument("--lambdas", type=int, default=4, help="emulated Lambdas, a fixed pool (default 4)")
+    ap.add_argument("--nodes", type=int, default=200_000, help="synth200k's vertices (default 200,000)")
+    ap.add_argument("--edges", type=int, default=4_000_000, help="synth200k's edges (default 4,000,000)")
+    ap.add_argument("--markdown", type=Path, metavar="FILE", help="also write the results to FILE as Markdown")
+    ap.error = fail
+    return ap
+
+
+def fail(msg: str):
+    print(f"{Path(sys.argv[0]).name}: error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check_graph_args(args, lows: dict[str, int]) -> None:
+    """The shared flags checked (``--graphs`` made a list), and each of ``lows``'s counts at least its low."""
+    args.graphs = parse_list(args.graphs, GRAPHS, "graphs", fail)
+    for name, low in (lows | {"lambdas": 1, "nodes": 100, "edges": 100}).items():
+        if getattr(args, name) < low:
+            fail(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
+    if "cora" in args.graphs and not (DATASETS / "cora.npz").exists():
+        fail(f"{DATASETS / 'cora.npz'} absent (set DORYLUS_DATASETS to the folder holding cora.npz)")
+    if args.markdown and not args.markdown.parent.is_dir():
+        fail(f"--markdown: folder {args.markdown.parent} does not exist")
+
+
+def report(head: str, lines: list[str], markdown: Path | None) -> None:
+    """The results: printed, and written to ``--markdown``'s file if one was given."""
+    print(head, *lines, sep="\n")
+    if markdown:
+        markdown.write_text("\n".join([head, "", *lines, ""]))
+
+
+def parse_args() -> argparse.Namespace:
+    ap = graph_bench_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma list of 0ms, 20ms, 200mbps (default all)")
     ap.add_argument("--modes", default=",".join(MODES), help="comma list of sync, async1, async2; sync is needed "
                     "for the target (default all)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     ap.add_argument("--epochs", type=int, default=200, help="epoch budget of every run (default 200)")
     ap.add_argument("--fraction", type=float, default=0.97, help="target = this x sync's best val_acc (default 0.97)")
-    ap.add_argument("--lambdas", type=int, default=4, help="emulated Lambdas, a fixed pool (default 4)")
-    ap.add_argument("--nodes", type=int, default=200_000, help="synth200k's vertices (default 200,000)")
-    ap.add_argument("--edges", type=int, default=4_000_000, help="synth200k's edges (default 4,000,000)")
-    ap.add_argument("--markdown", type=Path, metavar="FILE", help="also write the table to FILE as Markdown")
-
-    def fail(msg: str):  # one line, not argparse's usage block
-        print(f"bench_tta.py: error: {msg}", file=sys.stderr)
-        raise SystemExit(2)
-
-    ap.error = fail
     args = ap.parse_args()
-    args.graphs = parse_list(args.graphs, GRAPHS, "graphs", fail)
+    check_graph_args(args, {"seeds": 1, "epochs": 2})
     args.settings = parse_list(args.settings, SETTINGS, "settings", fail)
     args.modes = parse_list(args.modes, MODES, "modes", fail)
     if "sync" not in args.modes:
         fail("--modes must include sync: the target is a fraction of sync's best validation accuracy")
-    for name, low in (("seeds", 1), ("epochs", 2), ("lambdas", 1), ("nodes", 100), ("edges", 100)):
-        if getattr(args, name) < low:
-            fail(f"--{name} must be at least {low}, got {getattr(args, name)}")
     if not 0 < args.fraction <= 1:
         fail(f"--fraction must be in (0, 1], got {args.fraction}")
-    if "cora" in args.graphs and not (DATASETS / "cora.npz").exists():
-        fail(f"{DATASETS / 'cora.npz'} absent (set DORYLUS_DATASETS to the folder holding cora.npz)")
-    if args.markdown and not args.markdown.parent.is_dir():
-        fail(f"--markdown: folder {args.markdown.parent} does not exist")
     return args
 
 
@@ -193,9 +212,7 @@ def main() -> None:
     head = (f"`local` K=2, {args.lambdas} Lambdas, {args.epochs} epochs, seeds 0-{args.seeds - 1} (medians); target = "
             f"{args.fraction:g} x sync's best val_acc of the same seed and setting; "
             f"{time.perf_counter() - t_start:.0f} s in all")
-    print(head, *lines, sep="\n")
-    if args.markdown:
-        args.markdown.write_text("\n".join([head, "", *lines, ""]))
+    report(head, lines, args.markdown)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_tta import DATASETS, GRAPHS, graph_parts, parse_list, steady_epoch_s, train
+from bench_tta import (check_graph_args, fail, graph_bench_parser, graph_parts, parse_list, report, steady_epoch_s,
+                       train)
 
 from dorylus_py.training.record import BestTracker
 from dorylus_py.wire_forms import WIRE_DTYPES
@@ -37,34 +38,15 @@ def epoch_bytes(rows: list[dict]) -> float:
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--graphs", default=",".join(GRAPHS), help="comma list of cora, synth200k (default both)")
+    ap = graph_bench_parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--wires", default=",".join(WIRE_DTYPES), help="comma list of wire dtypes (float32 is always run)")
     ap.add_argument("--cora-seeds", type=int, default=5, help="Cora seeds 0..N-1 (default 5)")
     ap.add_argument("--synth-seeds", type=int, default=3, help="synthetic graph seeds 0..N-1 (default 3)")
     ap.add_argument("--epochs", type=int, default=200, help="Cora's epoch budget (default 200)")
     ap.add_argument("--synth-epochs", type=int, default=40, help="the synthetic graph's (default 40)")
-    ap.add_argument("--lambdas", type=int, default=4, help="emulated Lambdas, a fixed pool (default 4)")
-    ap.add_argument("--nodes", type=int, default=200_000, help="synth200k's vertices (default 200,000)")
-    ap.add_argument("--edges", type=int, default=4_000_000, help="synth200k's edges (default 4,000,000)")
-    ap.add_argument("--markdown", type=Path, metavar="FILE", help="also write the tables to FILE as Markdown")
-
-    def fail(msg: str):  # one line, not argparse's usage block
-        print(f"bench_wire.py: error: {msg}", file=sys.stderr)
-        raise SystemExit(2)
-
-    ap.error = fail
     args = ap.parse_args()
-    args.graphs = parse_list(args.graphs, GRAPHS, "graphs", fail)
+    check_graph_args(args, {"cora_seeds": 1, "synth_seeds": 1, "epochs": 2, "synth_epochs": 2})
     args.wires = ["float32", *(w for w in parse_list(args.wires, WIRE_DTYPES, "wires", fail) if w != "float32")]
-    for name, low in (("cora_seeds", 1), ("synth_seeds", 1), ("epochs", 2), ("synth_epochs", 2), ("lambdas", 1),
-                      ("nodes", 100), ("edges", 100)):
-        if getattr(args, name) < low:
-            fail(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
-    if "cora" in args.graphs and not (DATASETS / "cora.npz").exists():
-        fail(f"{DATASETS / 'cora.npz'} absent (set DORYLUS_DATASETS to the folder holding cora.npz)")
-    if args.markdown and not args.markdown.parent.is_dir():
-        fail(f"--markdown: folder {args.markdown.parent} does not exist")
     return args
 
 
@@ -96,8 +78,8 @@ def main() -> None:
                 for wire in ("float32", "int8"):
                     for setting in ("0ms", "200mbps"):
                         links[wire, setting] = run(parts, tmp, args, graph, wire, 0, "async1", setting)
-    lines = ["| graph | wire | test acc at best val (mean) | vs float32, same seed (mean, points) | MB / epoch "
-             "| bytes / float32 | epoch s |",
+    lines = [("| graph | wire | test acc at best val (mean) | vs float32, same seed (mean, points) | MB / epoch "
+              "| bytes / float32 | epoch s |"),
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for graph in args.graphs:
         base = sync[graph, "float32"]
@@ -117,9 +99,7 @@ def main() -> None:
             lines.append(f"| {wire} | {fast:.3f} | {slow:.3f} | {slow / fast:.2f}x |")
     head = (f"`local` K=2, {args.lambdas} Lambdas, sync; Cora {args.epochs} epochs, synth200k {args.synth_epochs}; "
             f"bytes and epoch times: medians over seeds; {time.perf_counter() - t0:.0f} s in all")
-    print(head, *lines, sep="\n")
-    if args.markdown:
-        args.markdown.write_text("\n".join([head, "", *lines, ""]))
+    report(head, lines, args.markdown)
 
 
 if __name__ == "__main__":

@@ -153,14 +153,10 @@ class TrainConfig:
 
     def check_device(self) -> None:
         """A CUDA device that is not there is a configuration error, not a silent CPU fallback (gossip and
-        all-reduce workers, which run on the driver's host)."""
-        import torch
-
+        all-reduce workers, which run on the driver's host; graph servers' devices: ``devices.py``)."""
         device = self.pipeline.resolved_device()
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            p = self.pipeline
-            who = f"--mode {p.mode}" if p.mode in DECENTRAL_MODES else f"--backend {p.backend}"
-            raise ConfigError(f"{who} wants device {device}, but torch sees no CUDA device "
+        if device.startswith("cuda") and not cuda_devices():
+            raise ConfigError(f"--mode {self.pipeline.mode} wants device {device}, but torch sees no CUDA device "
                               "(use --device cpu, or --backend cpu)")
 
     def attention_dropout(self) -> float:
