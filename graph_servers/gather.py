@@ -2,7 +2,9 @@
 forward and backward, GAT's attention gradient, the fused last layer's activation and its backward.
 
 Each works on one chunk's rows, or on all rows (sync mode), and touches only rows that no running task
-reads (the scheduler's rule). The arrays and what they hold are :class:`~graph_servers.graph_state.GraphState`'s.
+reads (the scheduler's rule). The arrays and what they hold are :class:`~graph_servers.graph_state.GraphState`'s;
+the stages compute on their device twins (``device_rows.py``: the arrays themselves on the CPU) and copy
+back what they wrote.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ class GatherStages:
 
     def run_graph(self, stage: str, epoch: int, layer: int, chunk: int | None) -> None:
         """The graph stage ``stage`` of layer ``layer`` for one chunk's rows, or all rows (``chunk`` None)."""
+        with self.dev.stage():
+            self._run_graph(stage, epoch, layer, chunk)
+
+    def _run_graph(self, stage: str, epoch: int, layer: int, chunk: int | None) -> None:
         if stage in ("gather", "egather"):
             self.gather(stage == "gather", layer, chunk)
         elif stage == "gather_bwd":
@@ -37,55 +43,60 @@ class GatherStages:
 
     def gather(self, train: bool, layer: int, chunk: int | None) -> None:
         """``G_l`` of the chunk's rows, written in place."""
-        s, ((a, b), m) = self.shapes[layer], self._rows(chunk)
-        out, zg = self.G[train][layer][a:b], torch.from_numpy(self.ZG[train][layer])
+        s, ((a, b), m), on = self.shapes[layer], self._rows(chunk), self.dev.twin
+        out, zg = on(self.G[train][layer])[a:b], on(self.ZG[train][layer])
         if self.attention:
-            out[:] = m.gather(self._values(train, layer), zg, s.heads, s.concat).numpy()
+            out[:] = m.gather(self._values(train, layer), zg, s.heads, s.concat)
         else:
-            m.gather(zg, out=torch.from_numpy(out))
+            m.gather(zg, out=out)
         if self.S:
-            out += self.S[train][layer][a:b]
+            out += on(self.S[train][layer])[a:b]
+        self.dev.download(self.G[train][layer], slice(a, b))
 
     def gather_backward(self, layer: int, chunk: int | None) -> None:
         """``dZ_l`` of the chunk's rows: our own chunks' ``dG_l`` through ``Aᵀ``, plus the peers' parts
         (GAT: also the sources' score gradients, from our edges' ``ds`` and the peers' parts)."""
-        s, ((a, b), m) = self.shapes[layer], self._rows(chunk)
-        dz, dg = self.dZ[layer][a:b], torch.from_numpy(self.dG[layer])
+        s, ((a, b), m), on = self.shapes[layer], self._rows(chunk), self.dev.twin
+        dz, dg = on(self.dZ[layer])[a:b], on(self.dG[layer])
         if self.attention:
-            dz[:] = m.gather_t(self._values(True, layer), dg, s.heads, s.concat).numpy()
-            self.dsrc[layer][a:b] = row_sums(m.local_t, torch.from_numpy(self.ds[layer])).numpy()
+            dz[:] = m.gather_t(self._values(True, layer), dg, s.heads, s.concat)
+            on(self.dsrc[layer])[a:b] = row_sums(m.local_t, on(self.ds[layer]))
         else:
-            m.gather_t(dg, out=torch.from_numpy(dz))
-        self.received[("bwd", layer)].add_to(a, b, dz)
-        if self.attention:
-            self.received[("ebwd", layer)].add_to(a, b, self.dsrc[layer][a:b])
+            m.gather_t(dg, out=dz)
+        outputs = {"bwd": self.dZ[layer]} | ({"ebwd": self.dsrc[layer]} if self.attention else {})
+        for phase, rows in outputs.items():  # the peers' parts are added on the host, where they came
+            self.dev.download(rows, slice(a, b))
+            self.received[(phase, layer)].add_to(a, b, rows[a:b])
+            self.dev.upload(rows, slice(a, b))
 
     def activate(self, epoch: int, chunk: int) -> None:
         """The fused last layer's input ``P̃ = dropout(relu(G_{L-2}))`` of the chunk's rows (into ``ZG``,
         from where the chunk's rows go to the peers that hold them as ghosts)."""
         a, b = self.chunk(chunk)
-        self.ZG[True][self.layers - 1][a:b] = self._fused_input(epoch, a, b).numpy()
+        zg = self.ZG[True][self.layers - 1]
+        self.dev.twin(zg)[a:b] = self._fused_input(epoch, a, b)
+        self.dev.download(zg, slice(a, b))
 
     def _fused_input(self, epoch: int, a: int, b: int) -> torch.Tensor:
         f, l = self.fused, self.layers - 1
-        g = torch.from_numpy(self.G[True][l - 1][a:b])
-        keep = (dropout_keep_mask(f.id_start + a, f.id_start + b, g.shape[1], f.rate, f.seed, epoch, l)
+        g = self.dev.twin(self.G[True][l - 1])[a:b]
+        keep = (dropout_keep_mask(f.id_start + a, f.id_start + b, g.shape[1], f.rate, f.seed, epoch, l, device=g.device)
                 if f.rate > 0 else None)
         return gcn_ops.apply_vertex_input(g, l, keep, f.rate)
 
     def activate_backward(self, epoch: int, chunk: int) -> None:
         """``dG_{L-2}`` of the chunk's rows from ``dP̃`` (Gather backward's ``dZ_{L-1}``) and ``P̃`` (kept in
         ``ZG``; with ``remat``, where ``dP̃`` now is, recomputed from ``G_{L-2}`` and the same mask)."""
-        l, (a, b) = self.layers - 1, self.chunk(chunk)
-        dp = torch.from_numpy(self.dZ[l][a:b])
-        p = self._fused_input(epoch, a, b) if self.remat else torch.from_numpy(self.ZG[True][l][a:b])
-        self.dG[l - 1][a:b] = gcn_ops.activation_backward(dp, p, self.fused.rate).numpy()
+        l, (a, b), on = self.layers - 1, self.chunk(chunk), self.dev.twin
+        dp = on(self.dZ[l])[a:b]
+        p = self._fused_input(epoch, a, b) if self.remat else on(self.ZG[True][l])[a:b]
+        on(self.dG[l - 1])[a:b] = gcn_ops.activation_backward(dp, p, self.fused.rate)
+        self.dev.download(self.dG[l - 1], slice(a, b))
 
     def attention_grad(self, layer: int, chunk: int | None) -> None:
         """GAT: ``dα̃`` of the chunk's in-edges, ``<dG_l[v], Z_l[u]>`` per head (an SDDMM per block)."""
-        s, ((a, b), m) = self.shapes[layer], self._rows(chunk)
-        local, ghost = m.value_grads(torch.from_numpy(self.dG[layer][a:b]), torch.from_numpy(self.ZG[True][layer]),
-                                     s.heads, s.concat)
-        (llo, lhi), (glo, ghi) = m.edge_runs()
-        self.dalpha[: s.heads, llo:lhi] = local.numpy()
-        self.dalpha[: s.heads, glo:ghi] = ghost.numpy()
+        s, ((a, b), m), on = self.shapes[layer], self._rows(chunk), self.dev.twin
+        local, ghost = m.value_grads(on(self.dG[layer])[a:b], on(self.ZG[True][layer]), s.heads, s.concat)
+        for (lo, hi), values in zip(m.edge_runs(), (local, ghost)):
+            on(self.dalpha)[: s.heads, lo:hi] = values
+            self.dev.download(self.dalpha, (slice(0, s.heads), slice(lo, hi)))

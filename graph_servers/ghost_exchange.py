@@ -53,16 +53,17 @@ class GhostExchange:
                 for p in self.peers}
 
     def _contribution(self, phase: str, layer: int, chunk: int) -> np.ndarray:
-        """The chunk's contribution rows, one per ghost it touches (in ghost order)."""
+        """The chunk's contribution rows, one per ghost it touches (in ghost order), computed on the device."""
         s, (a, b), m = self.shapes[layer], self.chunk(chunk), self.ghost_t[chunk]
-        dg = torch.from_numpy(self.dG[layer][a:b])
-        if not self.attention:
-            contrib = torch.sparse.mm(m, dg).numpy()
-        elif phase == "bwd":
-            contrib = gather_heads_backward(m, self._values(True, layer), dg, s.heads, s.concat).numpy()
-        else:
-            contrib = row_sums(m, torch.from_numpy(self.ds[layer])).numpy()
-        return contrib
+        with self.dev.stage():
+            dg = self.dev.twin(self.dG[layer])[a:b]
+            if not self.attention:
+                contrib = torch.sparse.mm(m, dg)
+            elif phase == "bwd":
+                contrib = gather_heads_backward(m, self._values(True, layer), dg, s.heads, s.concat)
+            else:
+                contrib = row_sums(m, self.dev.twin(self.ds[layer]))
+            return contrib.cpu().numpy()
 
     def store_peer_rows(self, phase: str, src: int, layer: int, src_chunk: int, tensors: dict[str, np.ndarray]) -> None:
         """Keep a peer's rows (checked first: nothing out of range is written)."""
@@ -87,9 +88,12 @@ class GhostExchange:
             raise ProtocolError(f"ghost positions out of range [0, {limit})")
         if not backward:
             train, at = phase == "fwd", self.n + sl.start + positions
+            written = slice(int(at.min()), int(at.max()) + 1) if len(at) else slice(0, 0)  # positions may skip
             self.ZG[train][layer][at] = tensors["rows"]
+            self.dev.upload(self.ZG[train][layer], written)
             if self.attention:
                 self.SG[train][layer][at] = tensors["scores"]
+                self.dev.upload(self.SG[train][layer], written)
             return
         increasing = bool(np.all(positions[1:] > positions[:-1]))  # as senders send them: no sort needed
         if not increasing and len(np.unique(positions)) != len(positions):

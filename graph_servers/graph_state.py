@@ -56,19 +56,16 @@ from dorylus_py.kernels.heads import HeadBlocks
 from dorylus_py.kernels.sparse import BlockAdjacency, csr_nbytes
 from dorylus_py.models.spec import ModelSpec
 from dorylus_py.partition.layout import Partition
+from graph_servers.device_rows import DeviceRows
 from graph_servers.gather import GatherStages
 from graph_servers.ghost_exchange import GhostExchange
 from graph_servers.received import ALL_CHUNKS, NewestParts, OrderedSum
 
 
-def _zeros(*shape) -> np.ndarray:
-    return np.zeros(shape, np.float32)
-
-
-def _sharing(*shapes: tuple[int, int]) -> list[np.ndarray]:
+def _sharing(zeros, *shapes: tuple[int, int]) -> list[np.ndarray]:
     """One buffer for arrays of these shapes that are never live at once: each a C-contiguous view of
     its start."""
-    flat = np.zeros(max(r * w for r, w in shapes), np.float32)
+    flat = zeros(max(r * w for r, w in shapes))
     return [flat[: r * w].reshape(r, w) for r, w in shapes]
 
 
@@ -94,13 +91,13 @@ class FusedInput:
 
 class GraphState(GatherStages, GhostExchange):
     def __init__(self, part: Partition, model: ModelSpec, chunk_counts: list[int], feature_norm: str, edge_offset: int = 0,
-                 fused: FusedInput | None = None, sync: bool = False, remat: bool = False):
+                 fused: FusedInput | None = None, sync: bool = False, remat: bool = False, device: str = "cpu"):
         """``chunk_counts``: how many chunks every graph server has (ours included); ``edge_offset``:
         the id of this partition's first edge (edges are numbered across partitions, for dropout keys);
         ``fused``: the last layer runs fused (``pipeline/stages.py``: ``fused_last_layer``), so its
         training buffers are as wide as its input (``Â P̃``), not its output; ``sync``: every epoch is
         synchronous (the peers' contributions are summed as they come); ``remat`` (sync only): keep only
-        what backward reads (below)."""
+        what backward reads (below); ``device``: where the graph stages compute (``device_rows.py``)."""
         return_freed_memory()  # before the buffers: chunk-sized temporaries must not pile up in the heap
         self.part, self.model, self.chunk_counts, self.edge_offset = part, model, chunk_counts, edge_offset
         self.fused = fused
@@ -113,10 +110,13 @@ class GraphState(GatherStages, GhostExchange):
         self.labels = np.asarray(part.labels).astype(np.int32)  # what loss tasks pull each epoch: half of int64
         self.masks = np.stack([np.asarray(part.train_mask), np.asarray(part.val_mask), np.asarray(part.test_mask)])
         self.nnz_local = len(part.local_indices)
-        self.adj = self._adjacency()
+        self.dev = DeviceRows(device)
+        _zeros = self.dev.zeros
+        host_adj = self._adjacency()
+        self.adj = host_adj.to(self.dev.device)  # once; on the CPU the same blocks (the store's arrays)
         self.bounds = np.linspace(0, n, chunk_counts[part.index] + 1).astype(np.int64)
         self.send_ids = [torch.from_numpy(np.array(part.sends_to(p))) for p in range(part.num_parts)]
-        self._chunk_layouts()
+        self._chunk_layouts(host_adj)
         shapes, edges, hmax = self.shapes, self.nnz_local + len(part.ghost_indices), max(s.heads for s in self.shapes)
         # ZG[train][l]: rows 0..n-1 are Z_l, rows n.. its ghosts; G[train][l]: the layer's output
         # (remat: a layer's training and evaluation buffers are one, dZ_l is Z_l's rows; see the top)
@@ -127,7 +127,7 @@ class GraphState(GatherStages, GhostExchange):
         def passes(rows: int, column: int) -> dict[bool, list[np.ndarray]]:
             """Per pass (training, evaluation), per layer: a ``rows`` x width buffer (``widths``' ``column``)."""
             pairs = [[(rows, self.widths(t, l)[column]) for t in (True, False)] for l in range(self.layers)]
-            bufs = [_sharing(*p) if remat else [_zeros(*s) for s in p] for p in pairs]
+            bufs = [_sharing(_zeros, *p) if remat else [_zeros(*s) for s in p] for p in pairs]
             return {True: [t for t, _ in bufs], False: [e for _, e in bufs]}
 
         self.ZG, self.G = passes(n + g, 0), passes(n, 1)
@@ -155,6 +155,15 @@ class GraphState(GatherStages, GhostExchange):
             self.ds = [_zeros(s.heads, edges) for s in shapes]
             self.dsrc = [_zeros(n, s.heads) for s in shapes]
             self.ddst = [_zeros(n, s.heads) for s in shapes]
+        self.dev.track(self._buffers())
+
+    def _buffers(self) -> list[np.ndarray]:
+        """Every per-layer buffer, as the graph stages and the tasks' results reach them."""
+        per_pass = [d[t] for d in (self.ZG, self.G, self.S) if d is not None for t in (True, False)]
+        if self.attention:
+            per_pass += [d[t] for d in (self.SG, self.SD, self.alpha) for t in (True, False)]
+            per_pass += [self.ds, self.dsrc, self.ddst, [self.dalpha]]
+        return [a for layers in per_pass + [self.dG, self.dZ] for a in layers]
 
     def widths(self, train: bool, layer: int) -> tuple[int, int]:
         """``(width of Z_l and its ghosts, width of G_l)``; the fused last layer's training pass gathers
@@ -220,17 +229,16 @@ class GraphState(GatherStages, GhostExchange):
         lp, gp, nl = self.part.local_indptr, self.part.ghost_indptr, self.nnz_local
         return (int(lp[a]), int(lp[b])), (nl + int(gp[a]), nl + int(gp[b]))
 
-    def _chunk_layouts(self) -> None:
+    def _chunk_layouts(self, host_adj: BlockAdjacency | HeadBlocks) -> None:
         """Per chunk: its rows of the blocks (views), ``A[chunk, ghosts]ᵀ`` for the contributions to the
         ghosts' owners, and which of its rows each peer holds as ghosts."""
         part = self.part
         self.rows_of, self.ghost_t, self.touched, self.send_in_chunk = [], [], [], []
         for c in range(self.chunks):
             a, b = self.chunk(c)
-            rows = self.adj.rows(a, b)
-            self.rows_of.append(rows)
-            touched, ghost_t = rows.ghost_transpose()  # the ghosts this chunk has edges from, grouped by owner
-            self.ghost_t.append(ghost_t)  # (touched, b - a)
+            self.rows_of.append(self.adj.rows(a, b))  # views of the blocks, on the device
+            touched, ghost_t = host_adj.rows(a, b).ghost_transpose()  # the ghosts this chunk has edges from, by owner
+            self.ghost_t.append(ghost_t.to(self.dev.device))  # (touched, b - a)
             cut = np.searchsorted(touched, np.asarray(part.ghost_offsets))
             self.touched.append({p: (cut[p], cut[p + 1], (touched[cut[p] : cut[p + 1]].astype(np.int64)
                                      - part.ghost_offsets[p]).astype(np.int32)) for p in self.peers})
@@ -242,7 +250,7 @@ class GraphState(GatherStages, GhostExchange):
             self.send_in_chunk.append(per_peer)
 
     def _values(self, train: bool, layer: int) -> torch.Tensor:
-        return torch.from_numpy(self.alpha[train][layer])
+        return self.dev.twin(self.alpha[train][layer])
 
     # --- tensor tasks' inputs (graph_servers/task_io.py) -------------------------------------------
 

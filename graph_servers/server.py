@@ -56,7 +56,7 @@ from graph_servers.task_io import (
 )
 from graph_servers.usage import Usage
 from graph_servers.wire import ghost_placement, held_tokens, task_event
-from graph_servers.workers import make_platform
+from graph_servers.workers import make_platform, server_device
 
 log = logging.getLogger("dorylus.graph_server")
 
@@ -85,9 +85,10 @@ class GraphServer(Requests):
         self.kinds, self.by_task = task_kinds(stages), task_stages(stages)
         self.graph_train = {s.name: s.train for s in stages if s.task is None}  # graph stage -> training pass
         fused = FusedInput(cfg.dropout, cfg.seed, spec.id_offsets[self.k]) if fused_last else None
+        device = server_device(spec, self.k)
         self.state = GraphState(part, self.model, spec.chunk_counts, spec.feature_norm,
                                 spec.edge_offsets[self.k] if spec.edge_offsets else 0, fused, sync=spec.mode == "sync",
-                                remat=cfg.remat)
+                                remat=cfg.remat, device=device)
         # the static rows' name per chunk, where workers cache them (task_io.py); no checksum: this start's own
         features = store.manifest["parts"][self.k]["files"]["features.npy"].get("sha256") or os.urandom(16).hex()
         self.static_tokens = static_tokens(self.state, json.dumps([features, part.feature_dtype, self.k])) \
@@ -96,7 +97,7 @@ class GraphServer(Requests):
         self.weight_servers = [self._dealer(a) for a in spec.weight_servers]
         self.blocks = weight_blocks(self.model.tensors(), len(spec.weight_servers))
         self.layer_servers = [servers_of_layer(self.blocks, l) for l in range(self.model.num_layers)]
-        self.platform = make_platform(spec, self.k, node)
+        self.platform = make_platform(spec, self.k, node, device)
         self.direct: DirectLink | None = getattr(self.platform, "direct", None)
         policy = RelaunchPolicy(cfg.relaunch_min_s, cfg.relaunch_factor, self.platform.startup_hint_s)
         self.scheduler = Scheduler(

@@ -180,26 +180,29 @@ def apply_result(s: GraphState, key: TaskKey, tensors: dict[str, np.ndarray]) ->
     """Write a checked, accepted result into the arrays (gradients go to the weight servers instead)."""
     kind, train, _, layer, chunk = key
     a, b = s.chunk(chunk)
+    rows = []  # (buffer, result): the chunk's rows of each
     if kind == "fwd":
-        s.ZG[train][layer][a:b] = tensors["Z"]
-        if s.S is not None:
-            s.S[train][layer][a:b] = tensors["S"]
+        rows += [(s.ZG[train][layer], "Z")] + ([(s.S[train][layer], "S")] if s.S is not None else [])
         if s.attention:
-            s.SG[train][layer][a:b] = tensors["src"]
-            s.SD[train][layer][a:b] = tensors["dst"]
+            rows += [(s.SG[train][layer], "src"), (s.SD[train][layer], "dst")]
     elif kind == "edge_fwd":
-        _put_edges(s.alpha[train][layer], s.edge_runs(chunk), tensors["alpha"])
+        _put_edges(s, s.alpha[train][layer], s.edge_runs(chunk), tensors["alpha"])
     elif kind == "edge_bwd":
-        _put_edges(s.ds[layer], s.edge_runs(chunk), tensors["ds"])
-        s.ddst[layer][a:b] = tensors["ddst"]
+        _put_edges(s, s.ds[layer], s.edge_runs(chunk), tensors["ds"])
+        rows.append((s.ddst[layer], "ddst"))
     elif kind == "bwd" and layer > 0:
-        s.dG[layer - 1][a:b] = tensors["dG"]
+        rows.append((s.dG[layer - 1], "dG"))
     elif kind in ("loss", "fused"):  # fused: dL/d(Â P̃), which Gather backward turns into dP̃
-        s.dG[s.layers - 1][a:b] = tensors["dG"]
+        rows.append((s.dG[s.layers - 1], "dG"))
+    for buffer, name in rows:
+        buffer[a:b] = tensors[name]
+        s.dev.upload(buffer, slice(a, b))  # to the graph stages' twin (device_rows.py)
 
 
-def _put_edges(target: np.ndarray, runs, values: np.ndarray) -> None:
+def _put_edges(s: GraphState, target: np.ndarray, runs, values: np.ndarray) -> None:
     """Write a chunk's per-edge ``(H, E)`` result (its local block's edges, then its ghost block's)."""
     (llo, lhi), (glo, ghi) = runs
     target[:, llo:lhi] = values[:, : lhi - llo]
     target[:, glo:ghi] = values[:, lhi - llo :]
+    for lo, hi in runs:
+        s.dev.upload(target, (slice(None), slice(lo, hi)))

@@ -10,12 +10,20 @@ from dorylus_py.serving.node import ServerNode
 from graph_servers.direct import DirectLink
 
 
-def make_platform(spec: JobSpec, rank: int, node: ServerNode):
+def server_device(spec: JobSpec, rank: int) -> str:
+    """The torch device of this graph server's graph stages and in-process tensor tasks: ``cpu`` when its
+    tasks run in Lambdas. Checked here, on the server's host (``devices.py``)."""
+    cfg = spec.config
+    if cfg.backend in ("local", "lambda"):
+        return "cpu"
+    return device_for(cfg.device, cfg.backend, rank, local_rank(spec.graph_servers, rank), cuda_devices())
+
+
+def make_platform(spec: JobSpec, rank: int, node: ServerNode, device: str):
     """Where this server's tensor tasks run; ``--lambdas`` is shared out among the graph servers. In-process
     workers get a signing session of their own, emulated Lambdas the job key (their own environment)."""
     cfg = spec.config
-    if cfg.backend not in ("local", "lambda"):  # the device is this host's to check (devices.py)
-        device = device_for(cfg.device, cfg.backend, rank, local_rank(spec.graph_servers, rank), cuda_devices())
+    if cfg.backend not in ("local", "lambda"):
         return InprocPlatform(cfg.tensor_threads, device, node.session.sibling(), DirectLink(node.ctx, node.poller))
     per_server = spec.lambda_share[0]  # the run plan's share of --lambdas
     seed = cfg.seed * 1000 + rank + 7919 * spec.restart

@@ -213,6 +213,10 @@ class HeadBlocks:
         ghost = EdgeCSR(tensor_view(ghost_indptr), tensor_view(ghost_indices), (n, g), None, local.nnz)
         return cls(local, ghost, _compact(local.transpose()))
 
+    def to(self, device) -> "HeadBlocks":
+        """These blocks on ``device``."""
+        return HeadBlocks(self.local.to(device), self.ghost.to(device), self.local_t.to(device))
+
     def rows(self, a: int, b: int) -> "HeadBlocks":
         """Rows ``a..b-1`` (views; their edges keep their numbers)."""
         if a == 0 and b == self.local.shape[0]:

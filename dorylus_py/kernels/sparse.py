@@ -140,6 +140,11 @@ class BlockAdjacency:
     def symmetric(self) -> bool:
         return self.local_t is self.local
 
+    def to(self, device) -> "BlockAdjacency":
+        """These blocks on ``device`` (themselves where they already are)."""
+        ll = self.local.to(device)
+        return BlockAdjacency(ll, self.ghost.to(device), ll if self.symmetric else self.local_t.to(device))
+
     def rows(self, a: int, b: int) -> "BlockAdjacency":
         """Rows ``a:b``, sharing the arrays (only ``b - a + 1`` row pointers per block are new)."""
         if a == 0 and b == self.local.shape[0]:

@@ -115,10 +115,9 @@ _MASKS = _RecentMasks()
 def _keep(ctx: TaskContext, p: torch.Tensor):
     if ctx.rate <= 0:
         return None
-    key = (ctx.id_start, p.shape[0], p.shape[1], ctx.rate, ctx.seed, ctx.epoch, ctx.layer)
-    mask = _MASKS.get(key, lambda: dropout_keep_mask(ctx.id_start, ctx.id_start + p.shape[0], p.shape[1], ctx.rate,
-                                                       ctx.seed, ctx.epoch, ctx.layer))
-    return mask.to(p.device)
+    key = (ctx.id_start, p.shape[0], p.shape[1], ctx.rate, ctx.seed, ctx.epoch, ctx.layer, p.device)
+    return _MASKS.get(key, lambda: dropout_keep_mask(ctx.id_start, ctx.id_start + p.shape[0], p.shape[1], ctx.rate,
+                                                     ctx.seed, ctx.epoch, ctx.layer, device=p.device))
 
 
 def _forward(ctx, t, w) -> dict:
@@ -148,7 +147,7 @@ def _edge(ctx, t) -> dict:
     if ctx.attn_rate > 0:
         runs = ((ctx.edge_start, int(local_ptr[-1])), (ctx.ghost_edge_start, int(ghost_ptr[-1])))
         keep = torch.cat([dropout_keep_mask(start, start + count, src.shape[0], ctx.attn_rate, ctx.seed, ctx.epoch,
-                                            ctx.layer, EDGE) for start, count in runs]).t().to(src.device)
+                                            ctx.layer, EDGE, src.device) for start, count in runs]).t()
         keep = in_rows(keep)
     if ctx.kind == "edge_fwd":
         alpha = attention.apply_edge_forward(in_rows(src), dst, indptr, ctx.negative_slope, keep, ctx.attn_rate)

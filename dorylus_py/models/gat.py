@@ -86,7 +86,7 @@ class GAT(nn.Module):
             top = torch.segment_reduce(e.detach(), "max", offsets=g.a.crow, axis=0, unsafe=True)
             ex = torch.exp(e - top.index_select(0, g.dst))
             if self.training and self.attn_dropout:  # keyed by edge; the scale folded into the mask
-                keep = dropout_keep_mask(0, g.a.nnz, s.heads, self.attn_dropout, self.seed, epoch, l, EDGE).to(ex.device)
+                keep = dropout_keep_mask(0, g.a.nnz, s.heads, self.attn_dropout, self.seed, epoch, l, EDGE, ex.device)
                 ex_kept = ex * (keep * (1.0 / (1.0 - self.attn_dropout)))
             else:
                 ex_kept = ex
