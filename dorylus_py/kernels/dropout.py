@@ -30,18 +30,24 @@ def dropout_keep_mask(start: int, stop: int, width: int, p: float, seed: int, ep
         return torch.zeros((0, width), dtype=torch.bool, device=device)
     if not (0 <= layer < 256 and 0 <= stream < 256):
         raise ValueError(f"dropout keys take layers and streams below 256, got layer {layer} stream {stream}")
-    key = (epoch << 16) | (stream << 8) | layer
-    threshold = round(p * 65536)
+    key = (seed & (2**64 - 1), (epoch << 16) | (stream << 8) | layer)
     if torch.device(device).type != "cpu":
-        words = philox_words16(start * width, (stop - start) * width, (seed, key), device)
-        return (words >= threshold).reshape(stop - start, width)
-    bitgen = np.random.Philox(key=np.array([seed & (2**64 - 1), key], dtype=np.uint64))
+        return drawn_by_torch(start, stop, width, p, key, device)
+    bitgen = np.random.Philox(key=np.array(key, dtype=np.uint64))
     first = start * width * _WORD_BYTES
     bitgen.advance(first // _BLOCK_BYTES)
     skip = first % _BLOCK_BYTES
     raw = np.random.Generator(bitgen).bytes((stop - start) * width * _WORD_BYTES + skip)
     words = np.frombuffer(raw, dtype=np.uint8, offset=skip).view("<u2").reshape(stop - start, width)
-    return torch.from_numpy(words >= np.uint16(threshold))
+    return torch.from_numpy(words >= np.uint16(round(p * 65536)))
+
+
+def drawn_by_torch(start: int, stop: int, width: int, p: float, key: tuple[int, int],
+                   device: torch.device | str) -> torch.Tensor:
+    """The mask :func:`dropout_keep_mask` draws, drawn on ``device`` by torch ops (any device: the tests
+    compare it with numpy's on the CPU)."""
+    words = philox_words16(start * width, (stop - start) * width, key, device)
+    return (words >= round(p * 65536)).reshape(stop - start, width)
 
 
 def dropout(h: torch.Tensor, p: float, seed: int, epoch: int, layer: int, start: int = 0) -> torch.Tensor:
