@@ -97,6 +97,6 @@ class GatherStages:
         """GAT: ``dα̃`` of the chunk's in-edges, ``<dG_l[v], Z_l[u]>`` per head (an SDDMM per block)."""
         s, ((a, b), m), on = self.shapes[layer], self._rows(chunk), self.dev.twin
         local, ghost = m.value_grads(on(self.dG[layer])[a:b], on(self.ZG[True][layer]), s.heads, s.concat)
-        for (lo, hi), values in zip(m.edge_runs(), (local, ghost)):
+        for (lo, hi), values in zip(m.edge_runs(), (local, ghost), strict=True):
             on(self.dalpha)[: s.heads, lo:hi] = values
             self.dev.download(self.dalpha, (slice(0, s.heads), slice(lo, hi)))

@@ -100,7 +100,7 @@ def test_graph_stages_compute_on_the_twins_and_equal_the_host_path(model, small_
         else:
             assert ops.bad  # the host-only path computes on the buffers: the check can fail
         s.result = [b.copy() for b in s._buffers()], contributions
-    for got, want in zip(twins.result[0], host.result[0]):
+    for got, want in zip(twins.result[0], host.result[0], strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     for p, (pos, rows) in host.result[1].items():
         np.testing.assert_array_equal(twins.result[1][p][0], pos)
