@@ -124,6 +124,7 @@ class GraphServer(Requests):
             "structure_bytes_per_edge": round(self.state.structure_bytes / max(self.state.edges, 1), 2),
             "peers": len(self.peers), "chunks": self.state.chunks, "platform": self.platform.name,
             "fused_last_layer": fused is not None, "remat": cfg.remat, "buffer_bytes": self.state.buffer_bytes,
+            "device": device, "device_twin_bytes": self.state.dev.twin_bytes,
             "first_epoch": spec.first_epoch, "restart": spec.restart, "job": node.session.job.hex()}))
 
     def _dealer(self, address: str) -> zmq.Socket:
