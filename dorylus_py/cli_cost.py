@@ -93,7 +93,9 @@ def add_cost(sub) -> None:
                         "and the widths gathered, the graph servers' message handling with the bytes they move "
                         "(rows of every task, ghost rows: see --edge-cut), tensor time with vertices x layer sizes, "
                         "spread over the Lambdas "
-                        "(or the servers' tensor threads), server speed with vCPUs relative to the calibration's "
+                        "(or the servers' tensor threads; on gpu the dense part on one GPU per server, at a speed-up "
+                        "that is assumed unless --gpu-calibration measured it), server speed with vCPUs relative to "
+                        "the calibration's "
                         "instance. From its own calibration a run is reproduced; far from it, treat the numbers as "
                         "a guide (dorylus_py/cost/estimate.py).")
     g = e.add_argument_group("the graph (from --data, or given)")
