@@ -93,7 +93,9 @@ def add_cost(sub) -> None:
                         "and the widths gathered, the graph servers' message handling with the bytes they move "
                         "(rows of every task, ghost rows: see --edge-cut), tensor time with vertices x layer sizes, "
                         "spread over the Lambdas "
-                        "(or the servers' tensor threads), server speed with vCPUs relative to the calibration's "
+                        "(or the servers' tensor threads; on gpu the dense part on one GPU per server, at a speed-up "
+                        "that is assumed unless --gpu-calibration measured it), server speed with vCPUs relative to "
+                        "the calibration's "
                         "instance. From its own calibration a run is reproduced; far from it, treat the numbers as "
                         "a guide (dorylus_py/cost/estimate.py).")
     g = e.add_argument_group("the graph (from --data, or given)")
@@ -111,7 +113,10 @@ def add_cost(sub) -> None:
     c.add_argument("--backend", choices=("lambda", "local", "cpu", "gpu"), default="lambda", help="default lambda")
     c.add_argument("--graph-servers", "-k", type=int, default=d.graph_servers, help=f"default {d.graph_servers}")
     c.add_argument("--weight-servers", type=int, default=d.weight_servers, help=f"default {d.weight_servers}")
-    c.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type of every server (default c5.2xlarge)")
+    c.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type of the graph servers (default c5.2xlarge; "
+                   "--backend gpu: a GPU type, e.g. g5.xlarge)")
+    c.add_argument("--weight-instance", default="", metavar="TYPE", help="EC2 type of the weight servers (default "
+                   "--as-instance's, or c5.xlarge beside GPU graph servers: weight servers do no GPU work)")
     c.add_argument("--lambdas", type=int, default=32, help="Lambdas at once (default 32)")
     c.add_argument("--lambda-memory-mb", type=int, default=d.lambda_memory_mb, help=f"default {d.lambda_memory_mb}")
     c.add_argument("--chunks", type=count_or_auto, default=d.chunks, metavar="N|auto",
@@ -133,7 +138,18 @@ def add_cost(sub) -> None:
     k.add_argument("--prices", metavar="FILE", help="price table JSON replacing the built-in one")
     k.add_argument("--arch", choices=("x86", "arm"), default="x86", help="Lambda architecture priced (default x86)")
     k.add_argument("--search", action="store_true", help="estimate a grid (backend lambda/cpu x 1-16 graph servers x "
-                   "instance types x 16-256 Lambdas) and list the cheapest, fastest and best-value ones")
+                   "CPU instance types x 16-256 Lambdas, and gpu x 1-16 graph servers x GPU instance types), list the "
+                   "cheapest, fastest and best-value ones, and the best value of each kind side by side (CPU servers + "
+                   "Lambdas, CPU servers only, GPU servers only)")
+    k.add_argument("--gpu-speedup", type=float, metavar="X", help="gpu: one GPU does the dense tensor work X times as "
+                   "fast as one tensor worker of the calibration, whatever the GPU (default: assumed, no GPU "
+                   "calibration exists: V100 10x, the other GPUs scaled by memory bandwidth; dorylus_py/cost/gpu.py)")
+    k.add_argument("--gpu-gather-speedup", type=float, metavar="X", help="gpu: Gather on the GPU, X times as fast as "
+                   "on a calibration server (default: Gather on the host's vCPUs, as --backend gpu runs it)")
+    k.add_argument("--gpu-calibration", metavar="RUN_DIR", help="a --backend gpu run's record: its measured tensor "
+                   "rate gives the GPU speed-up (other GPUs scaled by memory bandwidth) instead of the assumption")
+    k.add_argument("--gpu-calibration-instance", metavar="TYPE", help="the EC2 type whose GPU the --gpu-calibration "
+                   "run used (or one with the same GPU, e.g. g5.xlarge for an A10G)")
     k.add_argument("--top", type=int, default=5, help="rows per list with --search (default 5)")
     e.set_defaults(run=_run_cost_estimate)
 
@@ -149,12 +165,15 @@ ESTIMATE_COLUMNS = [
 def _run_cost_estimate(args) -> int:
     from dorylus_py.config import TrainConfig
     from dorylus_py.cost.estimate import Calibration, Setup, Workload, search
+    from dorylus_py.cost.gpu import SEARCHED, comparison
     from dorylus_py.cost.model import Prices
     from dorylus_py.cost.report import text_table
     from dorylus_py.plan import plan
 
     prices = Prices.load(args.prices, args.region, args.arch)
     prices.hourly(args.as_instance)
+    if args.weight_instance:
+        prices.hourly(args.weight_instance)
     known_ghosts = None
     if args.data:
         from dorylus_py.cli_train import is_prepared_store
@@ -191,17 +210,44 @@ def _run_cost_estimate(args) -> int:
     work = Workload(counts["nodes"], counts["edges"], dims, args.edge_cut, known_ghosts)
     cal = (Calibration.from_record(args.calibration, args.calibration_instance) if args.calibration
            else Calibration.default())
+    gpu = _gpu_speed(args, cal)
     setup = Setup(args.backend, args.graph_servers, args.weight_servers, args.as_instance, args.lambdas,
-                  args.lambda_memory_mb, chunks, args.epochs, args.tensor_threads, args.row_cache_mb, args.wire_dtype)
+                  args.lambda_memory_mb, chunks, args.epochs, args.tensor_threads, args.row_cache_mb, args.wire_dtype,
+                  args.weight_instance)
     print(f"graph: {work.nodes:,} vertices, {work.edges:,} edges, layers {work.dims}; {args.epochs} epochs; "
           f"prices {prices.region} ({prices.date}); calibration: {cal.source}")
+    gpu_instances = [i for i in SEARCHED if i in prices.ec2_hourly] if args.search else []
+    if args.backend == "gpu" or gpu_instances:
+        print(gpu.describe([args.as_instance] if args.backend == "gpu" and not args.search else gpu_instances))
     if not args.search:
-        print(text_table([cal.estimate(work, setup, prices)], ESTIMATE_COLUMNS))
+        print(text_table([cal.estimate(work, setup, prices, gpu)], ESTIMATE_COLUMNS))
         return 0
     instances = [i for i in ("c5.xlarge", "c5.2xlarge", "c5.4xlarge", "c5n.2xlarge", "c5n.4xlarge", "m5.2xlarge",
                              "r5.2xlarge") if i in prices.ec2_hourly]
-    rows = search(cal, work, setup, prices, instances, args.chunks)
+    rows = search(cal, work, setup, prices, instances, args.chunks, gpu_instances, gpu)
     for title, key, reverse in (("cheapest", "total $", False), ("fastest", "wall s", False), ("best value", "value", True)):
         print(f"\n{title} of {len(rows)} configurations:")
         print(text_table(sorted(rows, key=lambda r: r[key], reverse=reverse)[:args.top], ESTIMATE_COLUMNS))
+    print("\nthe best value of each kind (value = 1 / (hours x USD); the Dorylus paper's comparison):")
+    print(text_table(comparison(rows), COMPARISON_COLUMNS))
     return 0
+
+
+COMPARISON_COLUMNS = [("kind", "{}"), *ESTIMATE_COLUMNS[:3], ("lambdas", "{}"), ("epoch s", "{:.3f}"),
+                      ("wall s", "{:.1f}"), ("total $", "{:.5f}"), ("value", "{:.4g}"), ("value vs lambda", "{:.2f}x")]
+
+
+def _gpu_speed(args, cal):
+    """The GPU speed-up: measured by a --backend gpu run's record, given, or the stated assumption."""
+    from dorylus_py.cost.gpu import GpuSpeed
+    from dorylus_py.cost.model import read_record
+
+    if args.calibration and read_record(args.calibration)[0].get("backend") == "gpu":
+        raise DorylusError("--calibration takes a CPU or Lambda run (its rates are scaled to every backend); give a "
+                           "--backend gpu run as --gpu-calibration")
+    if args.gpu_calibration:
+        if args.gpu_speedup is not None or not args.gpu_calibration_instance:
+            raise DorylusError("--gpu-calibration needs --gpu-calibration-instance (the EC2 type of its GPU) and "
+                               "no --gpu-speedup")
+        return GpuSpeed.from_record(cal, args.gpu_calibration, args.gpu_calibration_instance, args.gpu_gather_speedup)
+    return GpuSpeed.given(args.gpu_speedup, args.gpu_gather_speedup)

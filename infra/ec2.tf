@@ -2,20 +2,30 @@
 # dependencies (server-requirements.txt), every file checked against its SHA-256, writes the cluster file
 # and starts `dorylus graph-server` / `dorylus weight-server` as a hardened systemd service. User data
 # holds nothing secret: the cluster file names the job key's secret, read at start through the role.
+# With graph_server_ami (a GPU image), the graph servers keep the image's CUDA torch: the lock's CPU
+# torch is left out of their requirements and their environment sees the image's (server.sh.tftpl).
 
 data "aws_ssm_parameter" "al2023" {
   name = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 }
 
 locals {
+  gpu_image = var.graph_server_ami != ""
+  lock      = trimspace(file("${path.module}/server-requirements.txt"))
+  cpu_image = { ami = data.aws_ssm_parameter.al2023.value, python = "python3.11", image_torch = false }
+  graph_image = local.gpu_image ? {
+    ami = var.graph_server_ami, python = var.graph_server_image_python, image_torch = true
+  } : local.cpu_image
   servers = merge(
-    { for i, ip in local.graph_server_ips : "graph-server-${i}" => {
-      role = "graph-server", rank = i, ip = ip, type = var.graph_server_type, disk_gb = 100
-    } },
-    { for i, ip in local.weight_server_ips : "weight-server-${i}" => {
+    { for i, ip in local.graph_server_ips : "graph-server-${i}" => merge(local.graph_image, {
+      role = "graph-server", rank = i, ip = ip, type = var.graph_server_type, disk_gb = local.gpu_image ? 200 : 100
+    }) },
+    { for i, ip in local.weight_server_ips : "weight-server-${i}" => merge(local.cpu_image, {
       role = "weight-server", rank = i, ip = ip, type = var.weight_server_type, disk_gb = 30
-    } },
+    }) },
   )
+  # the lock without its CPU torch, for a server that keeps its image's CUDA build
+  lock_without_torch = join("\n", [for line in split("\n", local.lock) : line if !startswith(line, "torch==")])
 }
 
 resource "aws_s3_object" "server_wheel" {
@@ -32,7 +42,7 @@ resource "aws_instance" "server" {
   # checkov:skip=CKV_AWS_88: a public address instead of a NAT gateway (about 32 USD a month plus data) for pip at
   #   boot and operator SSH; the security group admits only operator_cidr, the Lambdas and the servers
   for_each                    = local.servers
-  ami                         = data.aws_ssm_parameter.al2023.value
+  ami                         = each.value.ami
   instance_type               = each.value.type
   subnet_id                   = aws_subnet.servers.id
   private_ip                  = each.value.ip
@@ -46,7 +56,8 @@ resource "aws_instance" "server" {
     role         = each.value.role, rank = each.value.rank, cluster_json = jsonencode(local.cluster), region = var.region,
     bucket       = aws_s3_bucket.data.bucket, wheel_key = aws_s3_object.server_wheel.key,
     wheel_file   = basename(var.server_wheel), wheel_sha256 = filesha256(var.server_wheel),
-    requirements = trimspace(file("${path.module}/server-requirements.txt"))
+    python       = each.value.python, image_torch = each.value.image_torch,
+    requirements = each.value.image_torch ? local.lock_without_torch : local.lock
   })
   metadata_options {
     http_tokens   = "required" # IMDSv2 only

@@ -32,9 +32,38 @@ variable "graph_server_count" {
 }
 
 variable "graph_server_type" {
-  description = "EC2 instance type of the graph servers"
+  description = "EC2 instance type of the graph servers (a GPU type, e.g. g5.xlarge, with graph_server_ami for --backend gpu)"
   type        = string
   default     = "c5n.2xlarge"
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]*\\.[a-z0-9]+$", var.graph_server_type))
+    error_message = "graph_server_type must be an EC2 instance type, such as c5n.2xlarge or g5.xlarge."
+  }
+}
+
+variable "graph_server_ami" {
+  description = <<-EOT
+    AMI of the graph servers. Empty: Amazon Linux 2023 with the lock's CPU torch. For --backend gpu: an
+    Amazon Linux 2023 image with NVIDIA's driver and a CUDA build of torch for Python 3.11, such as AWS's
+    "Deep Learning OSS Nvidia Driver AMI GPU PyTorch" for Amazon Linux 2023; the servers then use that
+    torch (graph_server_image_python) instead of installing the CPU build over it.
+  EOT
+  type        = string
+  default     = ""
+  validation {
+    condition     = var.graph_server_ami == "" || can(regex("^ami-([0-9a-f]{8}|[0-9a-f]{17})$", var.graph_server_ami))
+    error_message = "graph_server_ami must be empty (Amazon Linux 2023, CPU torch) or an AMI id: ami- and 8 or 17 hex digits."
+  }
+}
+
+variable "graph_server_image_python" {
+  description = "With graph_server_ami: the image's Python 3.11 that imports its CUDA torch (the Deep Learning AMI's PyTorch environment by default); the boot stops if it is not that"
+  type        = string
+  default     = "/opt/pytorch/bin/python3"
+  validation {
+    condition     = can(regex("^/[A-Za-z0-9._/+-]+$", var.graph_server_image_python))
+    error_message = "graph_server_image_python must be an absolute path (letters, digits, . _ / + -)."
+  }
 }
 
 variable "weight_server_count" {

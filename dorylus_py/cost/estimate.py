@@ -29,7 +29,9 @@ calibrated on 200 k vertices / 4 M edges, the model predicts 2 M / 40 M within t
 ``benchmarks/bench_scale.py`` (README), where a purely proportional model was off by +200 % (``cpu``). Cost is priced as ``cost/model.py`` prices a record: server-hours,
 GB-seconds (a Lambda under 1769 MB gets a proportional CPU share, so runs that much longer) and
 requests. From its own calibration a run is reproduced; other configurations are extrapolations.
-Server speed scales with vCPUs relative to the calibration's ``--as-instance``.
+Server speed scales with vCPUs relative to the calibration's ``--as-instance``. On ``gpu`` the dense part
+of the tensor time runs on one GPU per graph server, at a speed-up that is assumed unless a GPU run
+measured it (``cost/gpu.py``), and weight servers are priced as a CPU type.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 
 from dorylus_py.config import SECTION_OF, TrainConfig, row_cache_mb
+from dorylus_py.cost.gpu import GPUS, WEIGHT_SERVER, GpuSpeed, gpu_of
 from dorylus_py.cost.model import Prices, read_record
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.plan import plan
@@ -55,7 +58,7 @@ GRAPH_KINDS = ("gather", "gather_bwd", "attn_grad", "activate", "activate_bwd") 
 
 
 def vcpus(instance: str) -> int:
-    """vCPUs of an EC2 size: large 2, xlarge 4, Nxlarge 4N (true of the c5/m5/r5/p3/g5 families)."""
+    """vCPUs of an EC2 size: large 2, xlarge 4, Nxlarge 4N (true of the c5/m5/r5/p3/g4dn/g5/g6 families)."""
     m = re.fullmatch(r"[a-z0-9-]+\.(\d*)x?large", instance)
     if m is None:
         raise ConfigError(f"cannot tell the vCPUs of instance type {instance!r}")
@@ -133,6 +136,11 @@ class Setup:
     tensor_threads: int = 2
     row_cache_mb: int | None = None  # local/lambda workers' feature cache; None: the default, a quarter of memory
     wire_dtype: str = "float32"  # what rows travel as (--wire-dtype)
+    weight_instance: str = ""  # EC2 type of the weight servers; "": ``instance``, or a CPU type beside GPUs
+
+    @property
+    def weight_type(self) -> str:
+        return self.weight_instance or (WEIGHT_SERVER if gpu_of(self.instance) else self.instance)
 
     def bytes_per_server(self, work: Workload, wire: str | None = None) -> float:
         """Bytes through one graph server an epoch, rows in ``wire`` (default: this setup's)."""
@@ -179,6 +187,8 @@ class Calibration:
             raise DataError(f"{run_dir}: a calibration needs a run of a distributed backend (with tasks.jsonl and epochs)")
         setup = setup_of(config, instance)
         work = workload_of(config)
+        # a gpu record's rates are its GPU's: its threads share the one GPU, which does their summed work
+        own_gpu = GpuSpeed(base=float(setup.tensor_threads), scaled=False, source=str(run_dir))
         # Rates come from the steady epochs: the first one also carries start-up (process launch, first
         # touch of memory, torch's warm-up), which goes into startup_s instead.
         rows = metrics[1:] or metrics
@@ -197,16 +207,23 @@ class Calibration:
                   max(0.0, metrics[-1]["wall_s"] - len(metrics) * steady), 1.0, instance, setup.memory_mb, str(run_dir),
                   task_s, idle / setup.chunks, _io_seconds_per_byte(rows) * setup.bytes_per_server(work)
                   / setup.loop_bytes(work))  # per float32 byte (the same for a float32 run)
-        return cls(**(asdict(cal) | {"overlap": (steady - idle) / max(cal._parts(work, setup)[0], 1e-9)}))
+        both = cal._parts(work, setup, own_gpu)[0]
+        return cls(**(asdict(cal) | {"overlap": (steady - idle) / max(both, 1e-9)}))
 
-    def _parts(self, work: Workload, setup: Setup) -> tuple[float, float]:
+    def _parts(self, work: Workload, setup: Setup, gpu: GpuSpeed) -> tuple[float, float]:
         """(graph + tensor seconds per epoch before the overlap factor, summed tensor seconds)."""
         speed = vcpus(setup.instance) / vcpus(self.instance)
-        graph = self.graph_s_per_unit * work.graph_units(setup.graph_servers) / speed
+        graph = self.graph_s_per_unit * work.graph_units(setup.graph_servers)
+        on_gpu = setup.backend == "gpu" and gpu.gather_speedup is not None
+        graph /= gpu.gather_speedup if on_gpu else speed
         graph += self.io_s_per_byte * setup.loop_bytes(work)  # one loop thread: more vCPUs do not help
         tasks = self.tasks_per_server_chunk * setup.graph_servers * setup.chunks
         tensor_total = self.tensor_s_per_unit * work.tensor_units() + self.task_s * tasks
-        if setup.backend in ("cpu", "gpu"):
+        if setup.backend == "gpu":  # the dense part on the GPU, the fixed part on the host's tensor threads
+            dense = self.tensor_s_per_unit * work.tensor_units() / gpu.speedup(setup.instance)
+            fixed = self.task_s * tasks / (setup.tensor_threads * speed)
+            tensor = (dense + fixed) / setup.graph_servers
+        elif setup.backend == "cpu":
             tensor = tensor_total / (setup.graph_servers * setup.tensor_threads * speed)
         else:
             cpu_share = min(1.0, setup.memory_mb / FULL_CPU_MB) / min(1.0, self.memory_mb / FULL_CPU_MB)
@@ -214,12 +231,14 @@ class Calibration:
             tensor = tensor_total / min(setup.lambdas, max(1.0, tasks))
         return graph + tensor, tensor_total
 
-    def estimate(self, work: Workload, setup: Setup, prices: Prices) -> dict:
-        both, tensor_total = self._parts(work, setup)
+    def estimate(self, work: Workload, setup: Setup, prices: Prices, gpu: GpuSpeed = GpuSpeed()) -> dict:
+        if setup.backend == "gpu" and gpu_of(setup.instance) is None:
+            raise ConfigError(f"--backend gpu needs a GPU instance type ({', '.join(GPUS)}), not {setup.instance!r}")
+        both, tensor_total = self._parts(work, setup, gpu)
         epoch_s = self.idle_s_per_chunk * setup.chunks + self.overlap * both
         wall = self.startup_s + setup.epochs * epoch_s
-        servers = setup.graph_servers + setup.weight_servers
-        server_usd = servers * wall / 3600.0 * prices.hourly(setup.instance)
+        server_usd = wall / 3600.0 * (setup.graph_servers * prices.hourly(setup.instance)
+                                      + setup.weight_servers * prices.hourly(setup.weight_type))
         lambda_usd = gb_s = requests = 0.0
         if setup.backend in ("local", "lambda"):
             gb_s = tensor_total * self.billed_per_measured * setup.epochs * setup.memory_mb / 1024.0
@@ -271,16 +290,18 @@ def workload_of(config: dict) -> Workload:
 
 
 def search(cal: Calibration, work: Workload, base: Setup, prices: Prices, instances: list[str],
-           chunks: int | str | None = None) -> list[dict]:
-    """Every configuration of a grid: backend x graph servers x instance x Lambdas; ``chunks`` (default
-    ``base.chunks``) as given to `dorylus train`, so ``auto`` is resolved for each configuration."""
+           chunks: int | str | None = None, gpu_instances: list[str] = (), gpu: GpuSpeed = GpuSpeed()) -> list[dict]:
+    """Every configuration of a grid: backend x graph servers x instance x Lambdas (``lambda`` and ``cpu`` on
+    ``instances``, ``gpu`` on ``gpu_instances``); ``chunks`` (default ``base.chunks``) as given to `dorylus
+    train`, so ``auto`` is resolved for each configuration."""
+    grid = [*itertools.product(("lambda", "cpu"), instances), *(("gpu", i) for i in gpu_instances)]
     rows = []
-    for backend, k, inst in itertools.product(("lambda", "cpu"), (1, 2, 4, 8, 16), instances):
+    for (backend, inst), k in itertools.product(grid, (1, 2, 4, 8, 16)):
         for lambdas in ((16, 32, 64, 128, 256) if backend == "lambda" else (0,)):
             n = base.chunks if chunks is None else chunks_for(chunks, backend, k, max(lambdas, 1), work.nodes)
             setup = Setup(backend, k, base.weight_servers, inst, lambdas, base.memory_mb, n, base.epochs,
-                          base.tensor_threads, base.row_cache_mb)
-            rows.append(cal.estimate(work, setup, prices))
+                          base.tensor_threads, base.row_cache_mb, base.wire_dtype, base.weight_instance)
+            rows.append(cal.estimate(work, setup, prices, gpu))
     return rows
 
 

@@ -66,12 +66,12 @@ class Terraform:
         for name in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
             self.env.pop(name, None)  # only the override's keys: the operator's
 
-    def run(self, *args: str, timeout_s: float = 300) -> str:
+    def run(self, *args: str, timeout_s: float = 300, stdin: str | None = None) -> str:
         with open(self.log, "a") as log:
             log.write(f"\n$ terraform {' '.join(args)}\n")
             log.flush()
             proc = subprocess.run([self.terraform, *args], cwd=self.dir, env=self.env, stdout=subprocess.PIPE,
-                                  stderr=log, text=True, timeout=timeout_s, check=False)
+                                  stderr=log, text=True, timeout=timeout_s, check=False, input=stdin)
             log.write(proc.stdout)
         if proc.returncode:
             raise ConfigError(f"terraform {args[0]} failed (exit {proc.returncode}); see {self.log}")
@@ -82,6 +82,15 @@ class Terraform:
 
     def apply(self, variables: dict[str, str]) -> None:
         self.run("apply", "-auto-approve", "-no-color", *_vars(variables))
+
+    def plan(self, variables: dict[str, str]) -> dict:
+        """``terraform plan`` of ``variables``, as ``terraform show -json`` gives it (what apply would make)."""
+        self.run("plan", "-no-color", "-out=rehearsal.tfplan", *_vars(variables))
+        return json.loads(self.run("show", "-json", "-no-color", "rehearsal.tfplan"))
+
+    def evaluate(self, expression: str, variables: dict[str, str]) -> object:
+        """An expression over the configuration's variables and locals (``terraform console``, no state)."""
+        return json.loads(json.loads(self.run("console", *_vars(variables), stdin=f"jsonencode({expression})\n")))
 
     def output(self) -> dict:
         return json.loads(self.run("output", "-json", "-no-color"))

@@ -86,6 +86,7 @@ def user_data(role: str = "graph-server", rank: int = 0, **values) -> str:
     assert "%{" not in template, "the template grew directives: render it with terraform instead"
     values = {"role": role, "rank": rank, "cluster_json": "{}", "region": "us-east-1", "bucket": "dorylus-data-x",
               "wheel_key": "packages/dorylus_py-0.1.0-py3-none-any.whl", "wheel_file": "dorylus_py-0.1.0-py3-none-any.whl",
-              "wheel_sha256": "0" * 64, "requirements": (INFRA / "server-requirements.txt").read_text().strip()} | values
+              "wheel_sha256": "0" * 64, "requirements": (INFRA / "server-requirements.txt").read_text().strip(),
+              "python": "python3.11", "image_torch": "false"} | values
     return re.sub(r"\$\{(\w+)\}", lambda m: str(values[m.group(1)]), template)
 

@@ -53,3 +53,49 @@ def test_rehearse_refuses_a_work_folder_that_holds_files(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "not empty" in err and "Traceback" not in err
     assert main(["aws", "rehearse", "--epochs", "0"]) == 2
+
+
+@pytest.mark.timeout(600)
+def test_terraform_plans_gpu_graph_servers_on_their_image(rehearsal_tools, moto_aws, tmp_path):
+    """graph_server_type and graph_server_ami: `terraform plan` against moto makes the graph servers of that
+    type from that image (with room for its CUDA libraries), the weight server stays on Amazon Linux 2023's
+    CPU type, and the graph servers' requirements are the lock less its CPU torch; bad values stop it."""
+    from dorylus_py.errors import ConfigError
+    from dorylus_py.rehearsal.run import Rehearsal
+    from dorylus_py.rehearsal.terraform import Terraform
+
+    terraform, mirror = rehearsal_tools
+    wheel = tmp_path / "dorylus_py-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"a wheel")
+    tf = Terraform(terraform, tmp_path, moto_aws.url, ("testing", "testing"), "", tmp_path / "terraform.log")
+    tf.init(mirror)
+    gpu = {"graph_server_type": "g5.xlarge", "graph_server_ami": "ami-0123456789abcdef0"}
+    variables = Rehearsal.VARIABLES | {"server_wheel": str(wheel)} | gpu
+    planned = {r["address"]: r["values"] for r in tf.plan(variables)["planned_values"]["root_module"]["resources"]
+               if r["type"] == "aws_instance"}
+    al2023 = moto_aws_ssm_al2023()
+    assert {a: (v["instance_type"], v["ami"], v["root_block_device"][0]["volume_size"]) for a, v in planned.items()} == {
+        'aws_instance.server["graph-server-0"]': ("g5.xlarge", "ami-0123456789abcdef0", 200),
+        'aws_instance.server["graph-server-1"]': ("g5.xlarge", "ami-0123456789abcdef0", 200),
+        'aws_instance.server["weight-server-0"]': ("c5.xlarge", al2023, 30)}
+    servers = tf.evaluate('{for k, s in local.servers : k => [s.python, s.image_torch]}', variables)
+    assert servers == {"graph-server-0": ["/opt/pytorch/bin/python3", True],
+                       "graph-server-1": ["/opt/pytorch/bin/python3", True], "weight-server-0": ["python3.11", False]}
+    dropped = tf.evaluate('setsubtract(split("\\n", local.lock), split("\\n", local.lock_without_torch))', variables)
+    assert [d.split()[0] for d in dropped] == ["torch==2.13.0+cpu"]
+    cpu = tf.evaluate('{for k, s in local.servers : k => s.image_torch}', {**variables, "graph_server_ami": ""})
+    assert cpu == {"graph-server-0": False, "graph-server-1": False, "weight-server-0": False}
+    for name, bad, message in (("graph_server_ami", "ami-12345", "ami- and 8 or 17 hex digits"),
+                               ("graph_server_image_python", "python3", "must be an absolute path"),
+                               ("graph_server_type", "g5 xlarge", "must be an EC2 instance type")):
+        with pytest.raises(ConfigError, match="terraform console failed"):
+            tf.evaluate("local.servers", {**variables, name: bad})
+        assert message in (tmp_path / "terraform.log").read_text()
+
+
+def moto_aws_ssm_al2023() -> str:
+    """The Amazon Linux 2023 AMI moto's public SSM parameter names (what the weight server boots)."""
+    import boto3
+
+    name = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
+    return boto3.client("ssm").get_parameter(Name=name)["Parameter"]["Value"]

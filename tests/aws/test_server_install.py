@@ -111,3 +111,56 @@ def test_reserved_concurrency_is_unset_unless_asked():
     assert var["default"] is None and "quota" in var["description"]
     assert blocks("resource")[("aws_lambda_function", "tensor")]["reserved_concurrent_executions"] == \
         "${var.lambda_reserved_concurrency}"
+
+
+def _gpu_branch(script: str, opt: Path) -> str:
+    """The boot script's lines from the choice of Python to the end of the GPU image's block, /opt/dorylus moved."""
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("python="))
+    end = next(i for i, line in enumerate(lines) if line == "fi" and i > start)
+    return "set -euo pipefail\n" + "\n".join(lines[start:end + 1]).replace("/opt/dorylus", str(opt)) + "\necho \"$deps\"\n"
+
+
+def _image(tmp_path: Path, cuda: str | None) -> Path:
+    """A stand-in for a GPU image's Python: this interpreter, with a folder holding a ``torch`` built for ``cuda``."""
+    import sys
+
+    site = tmp_path / "image-site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text(f"class version:\n    cuda = {cuda!r}\n")
+    python = tmp_path / "image-python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    return python
+
+
+@pytest.mark.parametrize("cuda", ["12.4", None])
+def test_a_gpu_image_keeps_its_cuda_torch(tmp_path, cuda):
+    """graph_server_ami: the lock's CPU torch is left out and pip installs the lock as it is (--no-deps); the
+    environment imports the image's torch, after its own packages; an image without a CUDA torch stops the boot."""
+    import subprocess
+
+    lock = "\n".join(line for line in (INFRA / "server-requirements.txt").read_text().strip().splitlines()
+                     if not line.startswith("torch=="))
+    python = _image(tmp_path, cuda)
+    script = user_data(python=str(python), image_torch="true", requirements=lock)
+    assert not [r for r in heredoc(script, "/opt/dorylus/requirements.txt").splitlines() if r.startswith("torch")]
+    assert "$deps" in next(line for line in script.splitlines() if "/opt/dorylus/bin/pip install" in line)
+    proc = subprocess.run(["bash", "-c", _gpu_branch(script, tmp_path / "venv")], capture_output=True, text=True,
+                          timeout=300, check=False)
+    if cuda is None:
+        assert proc.returncode != 0 and "not Python 3.11 with a CUDA build of torch" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "--no-deps"
+    probe = "import sys, sysconfig, torch; print(torch.version.cuda, torch.__file__, sys.path.index(sysconfig.get_path('purelib')) < sys.path.index(str(__import__('pathlib').Path(torch.__file__).parents[1])))"
+    out = subprocess.run([str(tmp_path / "venv" / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                         check=True, env={"PATH": "/usr/bin:/bin"}).stdout.split()
+    assert out == ["12.4", str(tmp_path / "image-site" / "torch" / "__init__.py"), "True"]
+
+
+def test_the_cpu_image_installs_the_locks_torch_with_the_resolver():
+    script = user_data()
+    assert "torch==2.13.0+cpu" in heredoc(script, "/opt/dorylus/requirements.txt")
+    proc_lines = _gpu_branch(script, Path("/x")).splitlines()
+    assert "python='python3.11'" in proc_lines and "if [ 'false' = true ]; then" in proc_lines
