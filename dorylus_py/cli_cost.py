@@ -93,7 +93,7 @@ def add_cost(sub) -> None:
                         "and the widths gathered, the graph servers' message handling with the bytes they move "
                         "(rows of every task, ghost rows: see --edge-cut), tensor time with vertices x layer sizes, "
                         "spread over the Lambdas "
-                        "(or the servers' tensor threads; on gpu the dense part on one GPU per server, at a speed-up "
+                        "(or the servers' tensor threads; on gpu the dense part and Gather on one GPU per server, at a speed-up "
                         "that is assumed unless --gpu-calibration measured it), server speed with vCPUs relative to "
                         "the calibration's "
                         "instance. From its own calibration a run is reproduced; far from it, treat the numbers as "
@@ -145,7 +145,7 @@ def add_cost(sub) -> None:
                    "fast as one tensor worker of the calibration, whatever the GPU (default: assumed, no GPU "
                    "calibration exists: V100 10x, the other GPUs scaled by memory bandwidth; dorylus_py/cost/gpu.py)")
     k.add_argument("--gpu-gather-speedup", type=float, metavar="X", help="gpu: Gather on the GPU, X times as fast as "
-                   "on a calibration server (default: Gather on the host's vCPUs, as --backend gpu runs it)")
+                   "on a calibration server (default: assumed, the dense work's factor)")
     k.add_argument("--gpu-calibration", metavar="RUN_DIR", help="a --backend gpu run's record: its measured tensor "
                    "rate gives the GPU speed-up (other GPUs scaled by memory bandwidth) instead of the assumption")
     k.add_argument("--gpu-calibration-instance", metavar="TYPE", help="the EC2 type whose GPU the --gpu-calibration "

@@ -188,7 +188,7 @@ class Calibration:
         setup = setup_of(config, instance)
         work = workload_of(config)
         # a gpu record's rates are its GPU's: its threads share the one GPU, which does their summed work
-        own_gpu = GpuSpeed(base=float(setup.tensor_threads), scaled=False, source=str(run_dir))
+        own_gpu = GpuSpeed(base=float(setup.tensor_threads), scaled=False, source=str(run_dir), gather_speedup=1.0)
         # Rates come from the steady epochs: the first one also carries start-up (process launch, first
         # touch of memory, torch's warm-up), which goes into startup_s instead.
         rows = metrics[1:] or metrics
@@ -214,8 +214,7 @@ class Calibration:
         """(graph + tensor seconds per epoch before the overlap factor, summed tensor seconds)."""
         speed = vcpus(setup.instance) / vcpus(self.instance)
         graph = self.graph_s_per_unit * work.graph_units(setup.graph_servers)
-        on_gpu = setup.backend == "gpu" and gpu.gather_speedup is not None
-        graph /= gpu.gather_speedup if on_gpu else speed
+        graph /= gpu.gather(setup.instance) if setup.backend == "gpu" else speed
         graph += self.io_s_per_byte * setup.loop_bytes(work)  # one loop thread: more vCPUs do not help
         tasks = self.tasks_per_server_chunk * setup.graph_servers * setup.chunks
         tensor_total = self.tensor_s_per_unit * work.tensor_units() + self.task_s * tasks

@@ -7,8 +7,9 @@ an assumption, printed with every estimate that uses it, unless a ``--backend gp
 it (``GpuSpeed.from_record``). ``speedup`` says how many times as fast as one tensor worker of the
 calibration (a Lambda, or one tensor thread of a ``cpu`` server) one GPU does the dense part of the
 tensor tasks (the calibration's per-unit rate). The fixed cost of a task (taking its rows, starting) is
-host work, not sped up. Gather runs on the host's CPU, as ``--backend gpu`` does today, unless
-``gather_speedup`` is given.
+host work, not sped up. Gather runs on the GPU too (``graph_servers/device_rows.py``), assumed as many
+times as fast as on a calibration server as the dense work is over one worker, unless ``gather_speedup``
+is given.
 
 Default speed-ups: a V100 (p3) is assumed to do the dense work 10x as fast as one calibrated worker (an
 assumption, not a measurement: every task's rows cross PCIe, which at GCN's widths bounds what the GPU's
@@ -51,7 +52,7 @@ class GpuSpeed:
     base: float = ANCHOR[1]
     scaled: bool = True
     source: str = "assumed (no GPU calibration)"
-    gather_speedup: float | None = None  # Gather on the GPU, x the calibration server's; None: on the host's CPU
+    gather_speedup: float | None = None  # Gather on the GPU, x the calibration server's; None: as ``speedup``
 
     @classmethod
     def given(cls, speedup: float | None, gather_speedup: float | None = None) -> "GpuSpeed":
@@ -66,8 +67,9 @@ class GpuSpeed:
     @classmethod
     def from_record(cls, cal, run_dir: str, instance: str, gather_speedup: float | None = None) -> "GpuSpeed":
         """Measured: a ``--backend gpu`` run's tensor rate on ``instance``'s GPU against ``cal``'s per-worker
-        rate. Its tensor threads share one GPU, so the GPU's rate is their summed durations over the
-        threads; the other GPUs are scaled from it by bandwidth."""
+        rate (its tensor threads share one GPU, so the GPU's rate is their summed durations over the
+        threads), and its Gather rate against ``cal``'s (unless ``gather_speedup`` is given); the other
+        GPUs are scaled from it by bandwidth."""
         from dorylus_py.cost.estimate import Calibration, setup_of
         from dorylus_py.cost.model import read_record
 
@@ -82,8 +84,9 @@ class GpuSpeed:
         if measured.tensor_s_per_unit <= 0:
             raise DataError(f"{run_dir}: its tensor tasks took no time beyond their fixed cost; no GPU rate to use")
         threads = setup_of(config, instance).tensor_threads
+        gather = gather_speedup or cal.graph_s_per_unit / max(measured.graph_s_per_unit, 1e-30)
         return cls(gpu, cal.tensor_s_per_unit * threads / measured.tensor_s_per_unit, True,
-                   f"measured on {instance} ({gpu}) by {run_dir}", gather_speedup)
+                   f"measured on {instance} ({gpu}) by {run_dir}", gather)
 
     def speedup(self, instance: str) -> float:
         if not self.scaled:
@@ -93,6 +96,10 @@ class GpuSpeed:
             raise ConfigError(f"--backend gpu needs a GPU instance type (families {', '.join(GPUS)}), not {instance!r}")
         return self.of_gpu(gpu)
 
+    def gather(self, instance: str) -> float:
+        """Gather on ``instance``'s GPU, x a calibration server's: given, or assumed as the dense work's."""
+        return self.gather_speedup or self.speedup(instance)
+
     def of_gpu(self, gpu: str) -> float:
         return self.base * _bandwidth(gpu) / _bandwidth(self.gpu) if self.scaled else self.base
 
@@ -101,7 +108,7 @@ class GpuSpeed:
         gpus = sorted({gpu_of(i) for i in instances if gpu_of(i)}, key=_bandwidth)
         rates = ", ".join(f"{g} {self.of_gpu(g):.3g}x" for g in gpus)
         gather = (f"Gather {self.gather_speedup:g}x the calibration server's (given)" if self.gather_speedup
-                  else "Gather on the host's vCPUs")
+                  else "Gather on the GPU at the same factors x the calibration server's")
         return f"GPU tensor speed per GPU, x one calibrated tensor worker: {rates}; {self.source}; {gather}"
 
 

@@ -1,5 +1,5 @@
-"""GPU graph servers in the estimator: the GPU's speed-up applies to the dense tensor work only, Gather
-stays on the host's vCPUs unless told, weight servers are priced as a CPU type, a GPU run's record
+"""GPU graph servers in the estimator: the GPU's speed-up applies to the dense tensor work and Gather (at
+the same assumed factor unless told), not to the fixed cost per task, weight servers are priced as a CPU type, a GPU run's record
 measures the speed-up, and --search puts GPU servers only beside CPU servers + Lambdas and CPU servers
 only. No GPU here: the GPU records below are CPU runs relabelled, which is what makes their rates known."""
 
@@ -35,7 +35,7 @@ def test_gpu_types_have_their_vcpus_gpus_and_prices():
 
 def test_the_gpu_speeds_up_the_dense_tensor_work_only():
     """Split the epoch into its terms (every other rate 0): the dense part divides by the speed-up, the
-    fixed cost per task by the host's tensor threads, Gather by the host's vCPUs (or a given factor)."""
+    fixed cost per task by the host's tensor threads, Gather by the same speed-up (or a given factor)."""
     dense, fixed, gather = (replace(CAL, **{k: 0.0 for k in ("graph_s_per_unit", "tensor_s_per_unit", "task_s")
                                            if k != keep}) for keep in ("tensor_s_per_unit", "task_s", "graph_s_per_unit"))
     prices = Prices.load()
@@ -49,8 +49,9 @@ def test_the_gpu_speeds_up_the_dense_tensor_work_only():
     tasks = 8 * 2 * 1
     assert epoch(fixed) == pytest.approx(0.002 * tasks / 2 / 2)  # g5.2xlarge's 8 vCPUs: the calibration's speed
     assert epoch(fixed, gpu=GpuSpeed.given(100.0)) == epoch(fixed)
-    assert epoch(gather, gpu=GpuSpeed.given(100.0)) == epoch(gather)
-    assert epoch(gather, replace(GPU, instance="g5.xlarge")) == pytest.approx(2 * epoch(gather))  # half the vCPUs
+    assert epoch(gather) == pytest.approx(1e-7 * WORK.graph_units(2) / (10 * 600 / 900))  # on the A10G
+    assert epoch(gather, gpu=GpuSpeed.given(100.0)) == pytest.approx(epoch(gather) * (10 * 600 / 900) / 100)
+    assert epoch(gather, replace(GPU, instance="g5.xlarge")) == pytest.approx(epoch(gather))  # vCPUs do not matter
     assert epoch(gather, gpu=GpuSpeed.given(None, 5.0)) == pytest.approx(1e-7 * WORK.graph_units(2) / 5)
     cpu = replace(GPU, backend="cpu", instance="c5.2xlarge")
     assert epoch(dense, cpu) == pytest.approx(1e-8 * WORK.tensor_units() / (2 * 2))  # the same work on 2 threads
