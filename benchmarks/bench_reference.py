@@ -24,8 +24,9 @@ from dorylus_py.models.gcn import GCN
 from dorylus_py.training.reference import model_dims
 
 
-def pyg_model(graph, cfg: TrainConfig):
-    """PyG's GCN (GCNConv, cached normalisation, no bias) and its training step on ``graph``."""
+def pyg_model(graph, cfg: TrainConfig, device: str = "cpu"):
+    """PyG's GCN (GCNConv, cached normalisation, no bias) and its training step on ``graph``, on ``device``
+    (gpu_check.py times it on the GPU its `gpu` backend uses)."""
     from torch_geometric.nn import GCNConv
 
     class PyGGCN(torch.nn.Module):
@@ -44,11 +45,11 @@ def pyg_model(graph, cfg: TrainConfig):
             return x
 
     src, dst = graph.edges()
-    edge_index = torch.from_numpy(np.stack([src, dst]))
-    x = torch.from_numpy(graph.features)
-    y = torch.from_numpy(graph.labels)
-    train = torch.from_numpy(graph.train_mask).nonzero().squeeze(1)
-    model = PyGGCN(model_dims(cfg, graph))
+    edge_index = torch.from_numpy(np.stack([src, dst])).to(device)
+    x = torch.from_numpy(graph.features).to(device)
+    y = torch.from_numpy(graph.labels).to(device)
+    train = torch.from_numpy(graph.train_mask).nonzero().squeeze(1).to(device)
+    model = PyGGCN(model_dims(cfg, graph)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
 
     def step():

@@ -75,8 +75,9 @@ def synth_parts(tmp: Path, nodes: int, edges: int, k: int = 2) -> tuple[Path, Pa
     return graph, parts
 
 
-def single_process(kind: str, data: str, epochs: int, threads: int) -> list[float]:
-    """Runs in a subprocess: epoch times of PyG or the reference trainer on ``data``."""
+def single_process(kind: str, data: str, epochs: int, threads: int, device: str = "cpu") -> list[float]:
+    """Runs in a subprocess: epoch times of PyG or the reference trainer on ``data``; PyG on ``device``
+    (each epoch waits for the device, or a CUDA epoch would time only the kernel launches)."""
     import torch
     import torch.nn.functional as F
 
@@ -92,7 +93,8 @@ def single_process(kind: str, data: str, epochs: int, threads: int) -> list[floa
     sys.path.insert(0, str(HERE))
     from bench_reference import pyg_model
 
-    model, step, x, edge_index = pyg_model(graph, cfg)
+    model, step, x, edge_index = pyg_model(graph, cfg, device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times = []
     for _ in range(epochs):
         t0 = time.perf_counter()
@@ -100,6 +102,7 @@ def single_process(kind: str, data: str, epochs: int, threads: int) -> list[floa
         model.eval()
         with torch.no_grad():
             F.softmax(model(x, edge_index), dim=1)
+        sync()
         times.append(time.perf_counter() - t0)
     return times
 
@@ -114,11 +117,12 @@ def main() -> None:
     ap.add_argument("--chunks", default="auto", help="chunks per graph server (default auto, as `dorylus train`)")
     ap.add_argument("--worker", choices=("pyg", "reference"), help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not 0 <= args.warmup < args.epochs:
         ap.error(f"--warmup must be in [0, --epochs), got {args.warmup}")
     if args.worker:
-        print(json.dumps(single_process(args.worker, args.data, args.epochs, args.threads)))
+        print(json.dumps(single_process(args.worker, args.data, args.epochs, args.threads, args.device)))
         return
 
     tmp = Path(tempfile.mkdtemp(prefix="dorylus-bench-"))
