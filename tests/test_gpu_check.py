@@ -101,7 +101,9 @@ def test_every_check_runs_on_the_cpu_passes_and_writes_its_table(tmp_path):
     """The whole script as a GPU machine runs it, on the CPU and tiny graphs; without PYTHONPATH, so the script
     itself must put this checkout on its children's path. 64 s on 2 cores at a load of 2-4, 241 s at 10. The
     straggler sleeps 30x its compute: on 2 busy cores gossip is CPU-bound and wins only the time all-reduce
-    leaves idle (docs/gossip.md); at 10x over 4 batches an epoch, under a load of 7, it lost (1.45x)."""
+    leaves idle (docs/gossip.md); at 10x over 4 batches an epoch, under a load of 7, it lost (1.45x). So the
+    epoch ratio's bound is loose here (10x: a timing claim on busy shared cores would fail under load); the
+    pure tests above hold the verdict to its 1.0x, which a GPU run checks."""
     table = tmp_path / "gpu.md"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     pyg = [] if importlib.util.find_spec("torch_geometric") else ["--no-pyg"]
@@ -110,7 +112,7 @@ def test_every_check_runs_on_the_cpu_passes_and_writes_its_table(tmp_path):
          "--models", "gcn", "--ref-nodes", "300", "--ref-edges", "2000", "--ref-epochs", "2",
          "--nodes", "1000", "--edges", "8000", "--epochs", "3", "--warmup", "1",
          "--gossip-nodes", "2000", "--gossip-edges", "20000", "--gossip-epochs", "4", "--clusters", "16",
-         "--per-batch", "2", "--slowdown", "30", *pyg],
+         "--per-batch", "2", "--slowdown", "30", "--max-gossip-ratio", "10", *pyg],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = table.read_text()
