@@ -42,8 +42,9 @@ DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or HERE.parents[1] / "shared"
 GRAPHS = ("cora", "synth200k")
 SETTINGS = {"0ms": [], "20ms": ["--lambda-latency-ms", "20"], "200mbps": ["--lambda-bandwidth-mbps", "200"]}
 MODES = {"sync": ["--mode", "sync"], "async1": ["--mode", "async", "--staleness", "1"],
-         "async2": ["--mode", "async", "--staleness", "2"]}
-LABEL = {"sync": "sync", "async1": "async S=1", "async2": "async S=2"}
+         "async2": ["--mode", "async", "--staleness", "2"],
+         "async1c": ["--mode", "async", "--staleness", "1", "--async-update", "chunk"]}
+LABEL = {"sync": "sync", "async1": "async S=1", "async2": "async S=2", "async1c": "async S=1, update per chunk"}
 
 
 def steady_epoch_s(rows: list[dict]) -> float:
@@ -122,8 +123,8 @@ def report(head: str, lines: list[str], markdown: Path | None) -> None:
 def parse_args() -> argparse.Namespace:
     ap = graph_bench_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma list of 0ms, 20ms, 200mbps (default all)")
-    ap.add_argument("--modes", default=",".join(MODES), help="comma list of sync, async1, async2; sync is needed "
-                    "for the target (default all)")
+    ap.add_argument("--modes", default="sync,async1,async2", help="comma list of sync, async1, async2, async1c "
+                    "(async S=1 with --async-update chunk); sync is needed for the target (default sync,async1,async2)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     ap.add_argument("--epochs", type=int, default=200, help="epoch budget of every run (default 200)")
     ap.add_argument("--fraction", type=float, default=0.97, help="target = this x sync's best val_acc (default 0.97)")

@@ -81,8 +81,9 @@ class DeviceRows:
     def upload(self, host: np.ndarray, index=slice(None)) -> None:
         """After ``host[index]`` was written on the host: the same part of its twin, on the copy stream."""
         if self.copies:
-            with self._on(self._copy):
-                self.twin(host)[index].copy_(torch.from_numpy(host)[index], non_blocking=True)
+            src = torch.from_numpy(host)[index]
+            with self._on(self._copy):  # a strided part (a run of per-edge columns) goes through a temporary
+                self.twin(host)[index].copy_(src, non_blocking=src.is_contiguous())
 
     def download(self, host: np.ndarray, index=slice(None)) -> None:
         """After a stage wrote ``twin[index]``: ``host[index]``, back before this returns (what the
@@ -92,7 +93,8 @@ class DeviceRows:
         with self._on(self._copy):
             if self._copy is not None:
                 self._copy.wait_stream(self._compute)
-            torch.from_numpy(host)[index].copy_(self.twin(host)[index], non_blocking=True)
+            dst = torch.from_numpy(host)[index]
+            dst.copy_(self.twin(host)[index], non_blocking=dst.is_contiguous())
         if self._copy is not None:
             self._copy.synchronize()
 
