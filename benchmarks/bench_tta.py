@@ -205,8 +205,9 @@ def main() -> None:
                         run = {"tta": time_to_target(rows, target), "test_acc": best.test_acc_at_best_val,
                                "epoch_s": steady_epoch_s(rows)}
                         results.setdefault((graph, setting, mode), []).append(run)
+                        reached = "not reached" if run["tta"] is None else f"reached in {run['tta']:.1f} s"
                         print(f"{run_dir.name}: best val {best.best_val_acc:.3f} at epoch {best.best_epoch}, target "
-                              f"{target:.3f} in {seconds(run['tta'])} s, epoch {run['epoch_s']:.3f} s "
+                              f"{target:.3f} {reached}, epoch {run['epoch_s']:.3f} s "
                               f"({time.perf_counter() - t_start:.0f} s so far)", file=sys.stderr, flush=True)
     args.modes = modes
     lines = table(results, args)
