@@ -63,8 +63,9 @@ def test_allreduce_run_record(tmp_path, small_npz):
     kinds = Counter(t["kind"] for t in tasks)
     assert kinds["batch"] == 6 and kinds["allreduce"] == 4 * 2  # 2 steps per epoch, 4 workers
     assert summary["mode"] == "allreduce" and np.isfinite(summary["final_loss"])
-    first = [2, 2, 1, 1]  # epoch 1's deal; a worker may train the next epoch's share before the stop reaches it
-    assert all(f <= n <= 2 * f for n, f in zip(summary["batches_per_worker"], first, strict=True)), summary["batches_per_worker"]
+    first = [2, 2, 1, 1]  # epoch 1's deal; a worker may train later epochs' shares before the stop reaches it
+    # (under a loaded suite [6, 6, 3, 2]: all three epochs), never more than the budget's three
+    assert all(f <= n <= 3 * f for n, f in zip(summary["batches_per_worker"], first, strict=True)), summary["batches_per_worker"]
     assert summary["gossip_rounds"] == 0
 
 
