@@ -157,13 +157,14 @@ class GraphState(GatherStages, GhostExchange):
             self.ddst = [_zeros(n, s.heads) for s in shapes]
         self.dev.track(self._buffers())
 
-    def _buffers(self) -> list[np.ndarray]:
-        """Every per-layer buffer, as the graph stages and the tasks' results reach them."""
-        per_pass = [d[t] for d in (self.ZG, self.G, self.S) if d is not None for t in (True, False)]
-        if self.attention:
-            per_pass += [d[t] for d in (self.SG, self.SD, self.alpha) for t in (True, False)]
-            per_pass += [self.ds, self.dsrc, self.ddst, [self.dalpha]]
-        return [a for layers in per_pass + [self.dG, self.dZ] for a in layers]
+    def _buffers(self, attention: bool = True) -> list[np.ndarray]:
+        """Every per-layer buffer, as the graph stages and the tasks' results reach them (GAT's per-edge and
+        score buffers only with ``attention``)."""
+        per_layer = [d[t] for d in (self.ZG, self.G, self.S) if d is not None for t in (True, False)]
+        if attention and self.attention:
+            per_layer += [d[t] for d in (self.SG, self.SD, self.alpha) for t in (True, False)]
+            per_layer += [self.ds, self.dsrc, self.ddst, [self.dalpha]]
+        return [a for layers in per_layer + [self.dG, self.dZ] for a in layers]
 
     def widths(self, train: bool, layer: int) -> tuple[int, int]:
         """``(width of Z_l and its ghosts, width of G_l)``; the fused last layer's training pass gathers
@@ -213,8 +214,7 @@ class GraphState(GatherStages, GhostExchange):
     @property
     def buffer_bytes(self) -> int:
         """Bytes of the per-layer buffers (``ZG``, ``G``, ``S``, ``dG``, ``dZ``): what ``remat`` lowers."""
-        passes = [d[t] for d in (self.ZG, self.G, self.S) if d is not None for t in (True, False)]
-        return _owned_bytes([a for layers in passes for a in layers] + self.dG + self.dZ)
+        return _owned_bytes(self._buffers(attention=False))
 
     @property
     def chunks(self) -> int:

@@ -107,7 +107,7 @@ class GpuSpeed:
         """One line for the estimate's header: what was assumed or measured, per GPU."""
         gpus = sorted({gpu_of(i) for i in instances if gpu_of(i)}, key=_bandwidth)
         rates = ", ".join(f"{g} {self.of_gpu(g):.3g}x" for g in gpus)
-        gather = (f"Gather {self.gather_speedup:g}x the calibration server's (given)" if self.gather_speedup
+        gather = (f"Gather {self.gather_speedup:g}x the calibration server's" if self.gather_speedup
                   else "Gather on the GPU at the same factors x the calibration server's")
         return f"GPU tensor speed per GPU, x one calibrated tensor worker: {rates}; {self.source}; {gather}"
 
