@@ -15,7 +15,9 @@ from dorylus_py.settings import count_or_auto
 def add_report(sub) -> None:
     p = command(sub, "report", "accuracy, time and cost (as if on AWS) of runs, side by side, from their run records")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run records written by `dorylus train --out`")
-    p.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type each graph/weight server is priced as (default c5.2xlarge)")
+    p.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type each server is priced as (default c5.2xlarge)")
+    p.add_argument("--weight-instance", default="", metavar="TYPE", help="EC2 type the weight servers are priced as "
+                   "(default --as-instance's, or c5.xlarge when that is a GPU type: weight servers do no GPU work)")
     p.add_argument("--region", default="us-east-1", help="price region (default us-east-1)")
     p.add_argument("--prices", metavar="FILE", help="price table JSON replacing the built-in one (same layout)")
     p.add_argument("--arch", choices=("x86", "arm"), default="x86", help="Lambda architecture priced (default x86)")
@@ -38,8 +40,9 @@ def _run_report(args) -> int:
     from dorylus_py.cost.report import html, markdown, report_rows, text_table
 
     prices = Prices.load(args.prices, args.region, args.arch)
-    prices.hourly(args.as_instance)  # an unknown instance type is an error before any work
-    rows = report_rows(args.runs, prices, args.as_instance, args.target_acc)
+    for instance in (args.as_instance, args.weight_instance or args.as_instance):
+        prices.hourly(instance)  # an unknown instance type is an error before any work
+    rows = report_rows(args.runs, prices, args.as_instance, args.target_acc, args.weight_instance)
     print(text_table(rows))
     for row in rows:
         if row["_status"] != row["status"]:  # the failure's line did not fit in the table
@@ -57,11 +60,11 @@ def _run_report(args) -> int:
                 print("wrote " + ", ".join(str(p) for p in images))
         if args.markdown:
             with atomic_file(args.markdown) as out:
-                out.write_text(markdown(rows, prices, args.as_instance))
+                out.write_text(markdown(rows, prices, args.as_instance, args.weight_instance))
             print(f"wrote {args.markdown}")
         if args.html:
             with atomic_file(args.html) as out:
-                out.write_text(html(rows, prices, args.as_instance, images))
+                out.write_text(html(rows, prices, args.as_instance, images, args.weight_instance))
             print(f"wrote {args.html}")
     return 0
 

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 
 from dorylus_py.config import SECTION_OF, TrainConfig, row_cache_mb
-from dorylus_py.cost.gpu import GPUS, WEIGHT_SERVER, GpuSpeed, gpu_of
+from dorylus_py.cost.gpu import GPUS, GpuSpeed, gpu_of, weight_server_type
 from dorylus_py.cost.model import Prices, read_record
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.plan import plan
@@ -140,7 +140,7 @@ class Setup:
 
     @property
     def weight_type(self) -> str:
-        return self.weight_instance or (WEIGHT_SERVER if gpu_of(self.instance) else self.instance)
+        return weight_server_type(self.instance, self.weight_instance)
 
     def bytes_per_server(self, work: Workload, wire: str | None = None) -> float:
         """Bytes through one graph server an epoch, rows in ``wire`` (default: this setup's)."""

@@ -38,6 +38,12 @@ def gpu_of(instance: str) -> str | None:
     return found[0] if found else None
 
 
+def weight_server_type(instance: str, given: str = "") -> str:
+    """What the weight servers beside ``instance`` graph servers run on: ``given``, else the same type,
+    or a CPU type beside GPUs (weight servers do no GPU work)."""
+    return given or (WEIGHT_SERVER if gpu_of(instance) else instance)
+
+
 def _bandwidth(gpu: str) -> float:
     return next(bw for name, bw in GPUS.values() if name == gpu)
 

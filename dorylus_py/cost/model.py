@@ -2,7 +2,8 @@
 
 ``cost = server-hours x hourly price + Lambda GB-seconds x price + requests x price`` and, as in the
 Dorylus paper, ``value = 1 / (time x cost)``. A run made on this machine is priced *as if* its graph
-and weight servers were ``--as-instance`` EC2 instances for the run's wall time, and its emulated
+servers were ``--as-instance`` EC2 instances for the run's wall time (its weight servers
+``--weight-instance``: by default the same, or c5.xlarge beside GPU types), and its emulated
 Lambdas were billed what ``tasks.jsonl`` records (billed ms at the configured memory).
 """
 
@@ -14,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from dorylus_py.config import DECENTRAL_MODES
+from dorylus_py.cost.gpu import weight_server_type
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.jsonfile import read_json
 
@@ -79,12 +81,23 @@ def servers_of(config: dict) -> int:
     return int(config.get("graph_servers", 1)) + int(config.get("weight_servers", 1))
 
 
-def run_cost(config: dict, wall_s: float, tasks: list[dict], prices: Prices, instance: str) -> RunCost:
-    servers = servers_of(config)
+def weight_servers_of(config: dict) -> int:
+    """Of :func:`servers_of`'s machines, the weight servers (none outside the Dorylus pipeline)."""
+    if config.get("mode") in DECENTRAL_MODES or config.get("backend", "reference") == "reference":
+        return 0
+    return int(config.get("weight_servers", 1))
+
+
+def run_cost(config: dict, wall_s: float, tasks: list[dict], prices: Prices, instance: str,
+             weight_instance: str = "") -> RunCost:
+    """Servers priced as ``instance`` for the run's wall time, weight servers as ``weight_instance``
+    (default: :func:`.gpu.weight_server_type`'s, as ``dorylus cost estimate`` prices them)."""
+    servers, weight = servers_of(config), weight_servers_of(config)
     hours = servers * wall_s / 3600.0
+    hourly = (servers - weight) * prices.hourly(instance) + weight * prices.hourly(weight_server_type(instance, weight_instance))
     lambdas = [t for t in tasks if str(t.get("where", "")).endswith("lambda")]
     gb_s = sum(t["billed_ms"] / 1000.0 * t["memory_mb"] / 1024.0 for t in lambdas)
-    return RunCost(servers, hours, hours * prices.hourly(instance), len(lambdas), gb_s,
+    return RunCost(servers, hours, wall_s / 3600.0 * hourly, len(lambdas), gb_s,
                    gb_s * prices.lambda_gb_second + len(lambdas) * prices.lambda_per_request, wall_s)
 
 

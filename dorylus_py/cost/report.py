@@ -9,6 +9,7 @@ from html import escape
 from pathlib import Path
 
 from dorylus_py.config import DECENTRAL_MODES
+from dorylus_py.cost.gpu import weight_server_type
 from dorylus_py.cost.model import Prices, read_record, run_cost
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.models.architectures import architecture
@@ -40,12 +41,13 @@ def model_label(config: dict, run_dir: str) -> str:
     return arch.label(config)
 
 
-def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: float | None) -> list[dict]:
+def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: float | None,
+                weight_instance: str = "") -> list[dict]:
     rows = []
     for d in run_dirs:
         config, metrics, tasks, summary = read_record(d)
         wall = summary.get("wall_s", metrics[-1]["wall_s"] if metrics else 0.0)  # the last epoch's, as the CLI says
-        cost = run_cost(config, wall, tasks, prices, instance)
+        cost = run_cost(config, wall, tasks, prices, instance, weight_instance)
         reached = [m["wall_s"] for m in metrics if target_acc is not None and m["val_acc"] >= target_acc]
         backend = run_kind(config)
         rows.append({
@@ -81,9 +83,14 @@ def text_table(rows: list[dict], columns: list[tuple[str, str]] = COLUMNS) -> st
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
 
 
-def sections(rows: list[dict], prices: Prices, instance: str) -> tuple[str, list[tuple[str, list[str], list[list[str]]]]]:
+def sections(rows: list[dict], prices: Prices, instance: str,
+             weight_instance: str = "") -> tuple[str, list[tuple[str, list[str], list[list[str]]]]]:
     """The report's content, whatever the format: an intro line and (title, header, rows) tables."""
-    intro = (f"Prices: {prices.region}, servers as {instance} at ${prices.hourly(instance)}/h, Lambda "
+    weight = weight_server_type(instance, weight_instance)
+    servers = f"servers as {instance} at ${prices.hourly(instance)}/h"
+    if weight != instance:
+        servers = f"graph {servers}, weight servers as {weight} at ${prices.hourly(weight)}/h"
+    intro = (f"Prices: {prices.region}, {servers}, Lambda "
              f"${prices.lambda_gb_second}/GB-s and ${prices.lambda_per_request}/request ({prices.source}; {prices.date}). "
              "Value = 1 / (hours x USD).")
     tables = [("Runs", [name for name, _ in COLUMNS], [[cell(r[name], fmt) for name, fmt in COLUMNS] for r in rows])]
@@ -97,8 +104,8 @@ def sections(rows: list[dict], prices: Prices, instance: str) -> tuple[str, list
     return intro, tables
 
 
-def markdown(rows: list[dict], prices: Prices, instance: str) -> str:
-    intro, tables = sections(rows, prices, instance)
+def markdown(rows: list[dict], prices: Prices, instance: str, weight_instance: str = "") -> str:
+    intro, tables = sections(rows, prices, instance, weight_instance)
     lines = ["# dorylus report", "", intro]
     for title, head, body in tables:
         lines += ["", f"## {title}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -106,9 +113,9 @@ def markdown(rows: list[dict], prices: Prices, instance: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def html(rows: list[dict], prices: Prices, instance: str, images: list[Path]) -> str:
+def html(rows: list[dict], prices: Prices, instance: str, images: list[Path], weight_instance: str = "") -> str:
     """One self-contained page: the tables, and the PNGs inlined as data URIs."""
-    intro, tables = sections(rows, prices, instance)
+    intro, tables = sections(rows, prices, instance, weight_instance)
     out = ["<!doctype html>", '<html><head><meta charset="utf-8"><title>dorylus report</title>',
            "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
            "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#eee}</style></head><body>",

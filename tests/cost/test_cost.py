@@ -36,6 +36,22 @@ def test_hand_computed_cost(tmp_path):
     assert run_cost(ref_config, 3600.0, [], prices, "m5.xlarge").total_usd == pytest.approx(0.192)
 
 
+def test_weight_servers_beside_gpus_are_priced_as_a_cpu_type(tmp_path, capsys):
+    prices = Prices.load(region="us-east-1")
+    config, metrics, tasks, _ = read_record(make_record(tmp_path / "g", backend="gpu"))
+    # 2 graph servers on g5.xlarge ($1.006/h) and the weight server on c5.xlarge ($0.17/h), for one hour
+    assert run_cost(config, 3600.0, [], prices, "g5.xlarge").server_usd == pytest.approx(2 * 1.006 + 0.17)
+    assert run_cost(config, 3600.0, [], prices, "g5.xlarge", "m5.xlarge").server_usd == pytest.approx(2 * 1.006 + 0.192)
+    assert run_cost(config, 3600.0, [], prices, "c5.2xlarge").server_usd == pytest.approx(3 * 0.34)  # CPU: one type
+    decentral = {"backend": "local", "mode": "gossip", "workers": 2, "weight_servers": 1}  # no weight servers
+    assert run_cost(decentral, 3600.0, [], prices, "g5.xlarge").server_usd == pytest.approx(2 * 1.006)
+    md = tmp_path / "r.md"
+    assert main(["report", str(tmp_path / "g"), "--as-instance", "g5.xlarge", "--markdown", str(md)]) == 0
+    assert "graph servers as g5.xlarge at $1.006/h, weight servers as c5.xlarge at $0.17/h" in md.read_text()
+    assert main(["report", str(tmp_path / "g"), "--weight-instance", "z9.huge"]) == 2
+    assert "no price for instance type 'z9.huge'" in capsys.readouterr().err
+
+
 def test_report_cli_table_and_markdown(tmp_path, capsys):
     a, b = make_record(tmp_path / "a"), make_record(tmp_path / "b", backend="reference", tasks=False)
     assert main(["report", str(a), str(b), "--target-acc", "0.3", "--markdown", str(tmp_path / "r.md")]) == 0
