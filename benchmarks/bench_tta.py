@@ -3,21 +3,26 @@
 Per-epoch time is not Dorylus's claim; time to accuracy is. For each graph (Cora's public split; the
 200 k synthetic graph of bench_runtime.py), each setting (0 ms, 20 ms of Lambda latency, 200 Mbps per
 Lambda) and each seed, this trains `local` K=2 with a fixed pool of Lambdas for a fixed epoch budget in
-sync mode, async S=1 and async S=2 (a 2-layer GCN, 16 hidden, `dorylus train`'s defaults), and reads
-each run's metrics.jsonl. Per run:
+sync mode and the async ``--modes`` (default S=1 and S=2; a 2-layer GCN, 16 hidden, `dorylus train`'s
+defaults, ``--lr`` for every run), and reads each run's metrics.jsonl. Per run:
 
 - time to target: wall seconds from the first epoch's start to the end of the first epoch whose
   validation accuracy reaches the target, ``--fraction`` (0.97) of the best validation accuracy of the
   sync run of the same seed and setting; "not reached" if no epoch does. The first epoch's recorded
   time includes starting the servers and loading the partitions (seconds; more than a whole Cora run
   of epochs), so it is counted as one steady epoch: the median of the others;
-- test accuracy at the best validation epoch; the median epoch time, first epoch left out.
+- epochs to target: the number of that epoch (it does not move with the machine's load);
+- test accuracy at the best validation epoch; the median epoch time, first epoch left out;
+- cores busy: the share of the machine's CPU time (all cores, /proc/stat) that was busy during the run,
+  start-up included. Where the emulated Lambdas share the machine's cores with the servers, sync's idle
+  share bounds what asynchrony can win back in an epoch.
 
 Each row is the median over seeds (a seed that never reaches the target counts as slower than any that
 does), and async rows carry their ratio to sync's in the same setting.
 
     python benchmarks/bench_tta.py [--graphs cora,synth200k --settings 0ms,20ms,200mbps
-                                    --modes sync,async1,async2 --seeds 3 --epochs 200 --markdown FILE]
+                                    --modes sync,async1,async2 --seeds 3 --epochs 200 --lr 0.01
+                                    --markdown FILE]
 """
 
 from __future__ import annotations
@@ -41,10 +46,14 @@ from dorylus_py.training.record import BestTracker, read_lines
 DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or HERE.parents[1] / "shared" / "datasets")
 GRAPHS = ("cora", "synth200k")
 SETTINGS = {"0ms": [], "20ms": ["--lambda-latency-ms", "20"], "200mbps": ["--lambda-bandwidth-mbps", "200"]}
-MODES = {"sync": ["--mode", "sync"], "async1": ["--mode", "async", "--staleness", "1"],
-         "async2": ["--mode", "async", "--staleness", "2"],
-         "async1c": ["--mode", "async", "--staleness", "1", "--async-update", "chunk"]}
-LABEL = {"sync": "sync", "async1": "async S=1", "async2": "async S=2", "async1c": "async S=1, update per chunk"}
+MODES = {"sync": ["--mode", "sync"], "async0": ["--mode", "async", "--staleness", "0"],
+         "async1": ["--mode", "async", "--staleness", "1"], "async2": ["--mode", "async", "--staleness", "2"],
+         "async1c": ["--mode", "async", "--staleness", "1", "--async-update", "chunk"],
+         "async0b": ["--mode", "async", "--staleness", "0", "--local-barrier"],
+         "async1b": ["--mode", "async", "--staleness", "1", "--local-barrier"]}
+LABEL = {"sync": "sync", "async0": "async S=0", "async1": "async S=1", "async2": "async S=2",
+         "async1c": "async S=1, update per chunk", "async0b": "async S=0, local barrier",
+         "async1b": "async S=1, local barrier"}
 
 
 def steady_epoch_s(rows: list[dict]) -> float:
@@ -61,10 +70,40 @@ def time_to_target(rows: list[dict], target: float) -> float | None:
     return next((r["wall_s"] - start for r in rows if r["val_acc"] >= target), None)
 
 
+def epochs_to_target(rows: list[dict], target: float) -> int | None:
+    """The number of the first epoch whose ``val_acc`` reaches ``target`` (counting from 1); None if none
+    does. Unlike the time, it does not move with the machine's load."""
+    return next((i for i, r in enumerate(rows, 1) if r["val_acc"] >= target), None)
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(busy, all) CPU ticks of the machine so far, from /proc/stat; None where there is none. Machine-wide:
+    every process of a run (servers, Lambda emulators) and anything else running beside it."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU time that was busy between two :func:`cpu_ticks`."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def median_tta(times: list[float | None]) -> float | None:
     """The median over seeds, a seed that never reached the target counting as infinitely slow."""
     m = statistics.median(math.inf if t is None else t for t in times)
     return None if math.isinf(m) else m
+
+
+def percent(shares: list[float | None]) -> str:
+    """The median of the shares that were measured, as a percentage."""
+    known = [s for s in shares if s is not None]
+    return f"{100 * statistics.median(known):.0f} %" if known else "-"
 
 
 def seconds(t: float | None) -> str:
@@ -123,11 +162,15 @@ def report(head: str, lines: list[str], markdown: Path | None) -> None:
 def parse_args() -> argparse.Namespace:
     ap = graph_bench_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma list of 0ms, 20ms, 200mbps (default all)")
-    ap.add_argument("--modes", default="sync,async1,async2", help="comma list of sync, async1, async2, async1c "
-                    "(async S=1 with --async-update chunk); sync is needed for the target (default sync,async1,async2)")
+    ap.add_argument("--modes", default="sync,async1,async2", help="comma list of sync, async0, async1, async2 (async "
+                    "S=0..2), async1c (async S=1 with --async-update chunk), async0b, async1b (S=0, S=1 with "
+                    "--local-barrier); sync is needed for the target (default "
+                    "sync,async1,async2)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     ap.add_argument("--epochs", type=int, default=200, help="epoch budget of every run (default 200)")
     ap.add_argument("--fraction", type=float, default=0.97, help="target = this x sync's best val_acc (default 0.97)")
+    ap.add_argument("--lr", type=float, help="learning rate of every run (default: dorylus train's, 0.01; the 200 k "
+                    "graph learns about 3x faster at 0.04, see docs/performance.md)")
     args = ap.parse_args()
     check_graph_args(args, {"seeds": 1, "epochs": 2})
     args.settings = parse_list(args.settings, SETTINGS, "settings", fail)
@@ -136,6 +179,8 @@ def parse_args() -> argparse.Namespace:
         fail("--modes must include sync: the target is a fraction of sync's best validation accuracy")
     if not 0 < args.fraction <= 1:
         fail(f"--fraction must be in (0, 1], got {args.fraction}")
+    if args.lr is not None and not 0 < args.lr < 1:
+        fail(f"--lr must be in (0, 1), got {args.lr}")
     return args
 
 
@@ -155,6 +200,8 @@ def train(parts: Path, run_dir: Path, args, seed: int, mode: str, setting: str, 
     cmd = [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(run_dir), "--quiet",
            "--backend", "local", "-k", "2", "--lambdas", str(args.lambdas), "--epochs", str(args.epochs),
            "--seed", str(seed), *MODES[mode], *SETTINGS[setting], *extra]
+    if args.lr is not None:
+        cmd += ["--lr", str(args.lr)]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=max(600, 60 * args.epochs))
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
@@ -164,8 +211,8 @@ def train(parts: Path, run_dir: Path, args, seed: int, mode: str, setting: str, 
 
 def table(results: dict, args) -> list[str]:
     """Markdown rows: per graph, setting and mode the medians over seeds, and async's ratios to sync."""
-    columns = ("graph", "setting", "mode", "time to target s (reached)", "test acc at best val", "epoch s",
-               "time to target / sync", "epoch / sync")
+    columns = ("graph", "setting", "mode", "time to target s (reached)", "epochs to target", "test acc at best val",
+               "epoch s", "cores busy", "time to target / sync", "epoch / sync")
     lines = [f"| {' | '.join(columns)} |", "| --- " * len(columns) + "|"]
     for graph in args.graphs:
         for setting in args.settings:
@@ -173,13 +220,15 @@ def table(results: dict, args) -> list[str]:
             for mode in args.modes:
                 runs = results[graph, setting, mode]
                 tta = median_tta([r["tta"] for r in runs])
+                ett = median_tta([r["ett"] for r in runs])
                 epoch = statistics.median(r["epoch_s"] for r in runs)
                 reached = sum(r["tta"] is not None for r in runs)
                 if mode == "sync":
                     sync = (tta, epoch)
                 ratios = ["", ""] if mode == "sync" else [ratio(tta, sync[0]), ratio(epoch, sync[1])]
                 lines.append(f"| {graph} | {setting} | {LABEL[mode]} | {seconds(tta)} ({reached}/{len(runs)}) "
-                             f"| {100 * statistics.median(r['test_acc'] for r in runs):.1f} % | {epoch:.3f} "
+                             f"| {'-' if ett is None else f'{ett:g}'} | {100 * statistics.median(r['test_acc'] for r in runs):.1f} % | {epoch:.3f} "
+                             f"| {percent([r['busy'] for r in runs])} "
                              f"| {' | '.join(ratios)} |")
     return lines
 
@@ -198,14 +247,18 @@ def main() -> None:
                     target = None
                     for mode in modes:
                         run_dir = tmp / f"{graph}-{setting}-{mode}-seed{seed}"
+                        ticks = cpu_ticks()
                         rows = train(parts, run_dir, args, seed, mode, setting)
+                        busy = busy_share(ticks, cpu_ticks())
                         best = BestTracker.over(rows)
                         if mode == "sync":
                             target = args.fraction * best.best_val_acc
-                        run = {"tta": time_to_target(rows, target), "test_acc": best.test_acc_at_best_val,
-                               "epoch_s": steady_epoch_s(rows)}
+                        run = {"tta": time_to_target(rows, target), "ett": epochs_to_target(rows, target),
+                               "test_acc": best.test_acc_at_best_val,
+                               "epoch_s": steady_epoch_s(rows), "busy": busy}
                         results.setdefault((graph, setting, mode), []).append(run)
-                        reached = "not reached" if run["tta"] is None else f"reached in {run['tta']:.1f} s"
+                        reached = ("not reached" if run["tta"] is None
+                                   else f"reached in {run['tta']:.1f} s (epoch {run['ett']})")
                         print(f"{run_dir.name}: best val {best.best_val_acc:.3f} at epoch {best.best_epoch}, target "
                               f"{target:.3f} {reached}, epoch {run['epoch_s']:.3f} s "
                               f"({time.perf_counter() - t_start:.0f} s so far)", file=sys.stderr, flush=True)

@@ -101,6 +101,9 @@ class TrainConfig:
             self._check_decentral()
         elif p.backend != "reference":
             self._check_distributed()
+        if p.local_barrier and p.mode != "async":
+            raise ConfigError("--local-barrier is for --mode async (in sync mode every stage waits for every chunk; "
+                              "gossip and allreduce have no graph servers)")
         if p.remat and not p.distributed or p.remat and p.mode != "sync":
             raise ConfigError("--remat is for --mode sync on the distributed backends (local, lambda, cpu, gpu): "
                               "asynchronous chunks read each other's rows at different stages, so no buffer is free")

@@ -128,6 +128,12 @@ class PipelineSettings(Section):
     async_update: str = setting("epoch", "async: one weight update per epoch's worth of chunk gradients, taken without "
                                 "a barrier (default; Cora 81 %), or one per chunk gradient (78 %)",
                                 choices=("epoch", "chunk"))
+    local_barrier: bool = setting(False, "async: a chunk's graph stage (Gather, its backward, the evaluation's "
+                                  "Gather) waits until every chunk of its own server has reached it, so the rows it "
+                                  "reads from its own server are of its epoch and only peers' rows can be stale. On "
+                                  "the 200 k benchmark graph S=1 then reached its target in 70 epochs instead of 94 "
+                                  "(sync 60) and stayed steady at lr 0.04; on Cora it gained nothing (see "
+                                  "docs/performance.md, time to accuracy) (default off)")
     fuse: str = setting("auto", "gcn with --layers >= 2: one task per chunk computes the last layer's forward, the loss "
                         "and its gradient, and the first backward step, where unfused it takes three (forward, loss, "
                         "backward). auto (default): fused where a task saved is a round trip saved, on lambda and on "

@@ -39,3 +39,34 @@ def test_target_never_reached_is_none_and_the_slowest_in_a_median():
     assert bench_tta.time_to_target([], 0.1) is None
     assert bench_tta.median_tta([1.0, None, None]) is None
     assert bench_tta.median_tta([1.0, 2.0, None]) == 2.0
+
+
+def test_epochs_to_target_counts_from_one_and_is_none_when_never_reached():
+    assert bench_tta.epochs_to_target(RUN, 0.30) == 1
+    assert bench_tta.epochs_to_target(RUN, 0.71) == 4
+    assert bench_tta.epochs_to_target(RUN, 0.73) is None
+
+
+def test_table_carries_medians_and_async_ratios_to_sync():
+    class Args:
+        graphs, settings, modes = ["cora"], ["20ms"], ["sync", "async0"]
+
+    def run(tta, ett, epoch_s, busy):
+        return {"tta": tta, "ett": ett, "test_acc": 0.8, "epoch_s": epoch_s, "busy": busy}
+
+    results = {("cora", "20ms", "sync"): [run(10.0, 20, 0.5, 0.9), run(12.0, 24, 0.5, None), run(11.0, 22, 0.5, 0.92)],
+               ("cora", "20ms", "async0"): [run(8.8, 25, 0.4, 0.97), run(None, None, 0.4, 0.99), run(7.7, 21, 0.4, 0.98)]}
+    header, _, sync, async0 = bench_tta.table(results, Args)
+    assert "epochs to target" in header and "cores busy" in header
+    assert sync.split(" | ")[3:6] == ["11.0 (3/3)", "22", "80.0 %"]
+    # a seed that never reached the target is the slowest: the median is the slower reached one
+    cells = async0.strip("| ").split(" | ")
+    assert cells[3:] == ["8.8 (2/3)", "25", "80.0 %", "0.400", "98 %", "0.80x", "0.80x"]
+
+
+def test_busy_share_of_the_machine():
+    assert bench_tta.busy_share((100, 400), (250, 600)) == approx(0.75)
+    assert bench_tta.busy_share(None, (250, 600)) is None and bench_tta.busy_share((1, 5), (1, 5)) is None
+    assert bench_tta.percent([0.5, None, 0.7]) == "60 %" and bench_tta.percent([None]) == "-"
+    now = bench_tta.cpu_ticks()
+    assert now is None or 0 <= now[0] <= now[1]

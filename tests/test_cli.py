@@ -192,6 +192,8 @@ def test_bad_flags_exit_2(tmp_path, capsys, small_graph):
         (["train", "--data", tmp_path / "g.npz", "--backend", "local", "--lambda-memory-mb", 64],
          "--lambda-memory-mb must be >= 128, got 64"),
         (["train", "--data", tmp_path / "g.npz", "--mode", "gossip", "--workers", 0], "--workers must be >= 1, got 0"),
+        (["train", "--data", tmp_path / "g.npz", "--backend", "local", "--local-barrier"],
+         "--local-barrier is for --mode async"),
         (["synth", "--out", tmp_path / "s.npz", "--classes", 1], "--classes must be >= 2, got 1"),
         (["train", "--data", tmp_path / "g.npz", "--layers", 0], "--layers must be >= 1"),
         (["train", "--data", tmp_path / "g.npz", "--feature-norm", "row", "--out", tmp_path / "r"], "needs non-negative features"),

@@ -13,7 +13,10 @@ Each chunk (an interval of the server's vertices) walks the model's stage list e
 worker; *graph* stages are done by the server itself. Asynchronously no chunk waits for another within an epoch (graph stages read the
 freshest values present); the only gate is **bounded staleness**: a chunk may start epoch ``e`` only
 while ``e - slowest <= S``, where ``slowest`` is the lowest epoch any chunk of any server is still in.
-The slowest chunk itself always passes the gate, so the pipeline cannot deadlock. Synchronously every
+The slowest chunk itself always passes the gate, so the pipeline cannot deadlock. With ``local_barrier``
+a graph stage also waits until every chunk of this server has reached it: the rows it reads from its
+own server are then of its epoch, and only peers' rows can be stale (the furthest-behind chunk always
+passes, so this cannot deadlock either). Synchronously every
 chunk waits at every stage for all the others (:meth:`ChunkPipeline.behind`).
 """
 
@@ -35,6 +38,7 @@ class ChunkPipeline:
     busy: list[bool] = field(default_factory=list)  # per chunk: its current stage's work is out
     first: int = 1  # the epoch every chunk starts in (after a checkpoint: its epoch + 1)
     stages: tuple[Stage, ...] = ()  # the model's stage list; empty: GCN's (vertex_stages)
+    local_barrier: bool = False  # async: graph stages wait for this server's other chunks
 
     def __post_init__(self):
         self.stages = tuple(self.stages) or tuple(vertex_stages(self.layers))
@@ -71,6 +75,8 @@ class ChunkPipeline:
                 continue
             if self.stage[c] == 0 and e - slowest > self.staleness:
                 continue  # too far ahead: wait for the slowest chunk
+            if self.local_barrier and self.current(c).task is None and self.behind() < (e, self.stage[c]):
+                continue  # a graph stage: another chunk of this server has not written its rows yet
             out.append((c, e, self.current(c)))
         return out
 

@@ -70,10 +70,11 @@ class Scheduler:
     workers: int = 0  # tasks the platform runs at once (the relaunch allowance counts the queue); 0: unbounded
     stages: tuple[Stage, ...] = ()  # the model's stage list; empty: GCN's
     epoch_gate: int = 1  # sync: an epoch starts while the slowest server is at most this many epochs behind
+    local_barrier: bool = False  # async: a graph stage waits for this server's other chunks (ChunkPipeline)
 
     def __post_init__(self):
         self.pipe = ChunkPipeline(self.chunks, self.layers, self.epochs, self.staleness, first=self.first_epoch,
-                                  stages=self.stages)
+                                  stages=self.stages, local_barrier=self.local_barrier)
         self.by_task = task_stages(self.pipe.stages)
         self.tracker = TaskTracker(self.policy, workers=self.workers)
         self.sync = self.mode == "sync"

@@ -104,6 +104,27 @@ def test_staleness_zero_and_sync_mode_never_overlap_epochs(parts, tmp_path):
     assert not any(barrier_breaks(sync, k, e) for k in (0, 1) for e in range(1, 5))
 
 
+def early_gathers(tasks: list[dict]) -> int:
+    """Training Gathers that began before some chunk of their own server had begun the forward task whose
+    rows they read (that chunk's rows were then still of an earlier epoch)."""
+    fwd = starts([t for t in tasks if t["kind"] == "fwd" and t["train"]], lambda t: (t["server"], t["epoch"], t["layer"]))
+    return sum(t["start"] < fwd[(t["server"], t["epoch"], t["layer"])][1]
+               for t in tasks if t["kind"] == "gather" and t["train"])
+
+
+def test_local_barrier_makes_gathers_wait_for_the_servers_own_chunks(parts, tmp_path):
+    """One emulated Lambda per server and 3 chunks: a chunk's forward comes back long before the server's
+    last chunk's forward begins. Without the barrier its Gather runs at once, on that chunk's old rows;
+    with it, only once every chunk of the server has its rows of the epoch."""
+    free, barrier = ({"epochs": 3, "mode": "async", "staleness": 0, "lambdas": 2, "local_barrier": b} for b in (False, True))
+    _, without = run(parts, tmp_path, "free", **free)
+    summary, with_barrier = run(parts, tmp_path, "barrier", **barrier)
+    assert early_gathers(without) > 0
+    assert early_gathers(with_barrier) == 0 and sum(t["kind"] == "gather" for t in with_barrier) > 0
+    assert summary["epochs"] == 3
+    assert max_lead(with_barrier) == 0
+
+
 SWITCH_EPOCHS = 12
 
 

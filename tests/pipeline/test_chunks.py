@@ -97,3 +97,27 @@ def test_busy_chunk_is_not_ready_and_run_to_the_end():
             steps += 1
         assert steps < 1000
     assert pipe.epoch == [3, 3, 3]
+
+
+def test_local_barrier_holds_a_graph_stage_until_every_chunk_of_the_server_reaches_it():
+    free, barrier = (ChunkPipeline(chunks=2, layers=2, epochs=3, staleness=1, local_barrier=b) for b in (False, True))
+    for pipe in (free, barrier):
+        pipe.started(0)
+        pipe.done(0)  # chunk 0's first task came back: its next stage is a graph stage (gather 0)
+        assert pipe.current(0).task is None and pipe.current(1).task is not None
+    assert [c for c, *_ in free.ready(1)] == [0, 1]  # without the barrier chunk 0 gathers on chunk 1's old rows
+    assert [c for c, *_ in barrier.ready(1)] == [1]  # with it, it waits for chunk 1's rows of this epoch
+    barrier.started(1)
+    barrier.done(1)
+    assert [c for c, *_ in barrier.ready(1)] == [0, 1]
+    # the chunk furthest behind is never held, and tensor stages never wait: the run finishes
+    steps = 0
+    while not barrier.finished():
+        ready = barrier.ready(barrier.min_epoch())
+        assert ready, "stuck"
+        c = ready[-1][0]
+        barrier.started(c)
+        barrier.done(c)
+        barrier.validate()
+        steps += 1
+    assert barrier.epoch == [4, 4] and steps == 2 * 3 * len(barrier.stages) - 2  # two stages done above

@@ -32,6 +32,8 @@ STALL_S = 2_000.0  # simulated seconds with no accepted result: a copy was lost 
 class Cluster:
     def __init__(self, rng, servers, chunks, stages, epochs, mode, staleness, p_fail, p_lost, p_vanish, p_dup,
                  switch_at_step):
+        self.barrier = mode == "async-barrier"  # async with --local-barrier
+        mode = "async" if self.barrier else mode
         self.rng, self.epochs, self.mode, self.staleness = rng, epochs, mode, staleness
         self.p = {"fail": p_fail, "lost": p_lost, "vanish": p_vanish, "dup": p_dup}
         self.stages = stages
@@ -43,7 +45,8 @@ class Cluster:
         layers = max(s.layer for s in stages) + 1
         self.s = [Scheduler(rank=k, chunks=chunks[k], layers=layers, stages=tuple(stages), epochs=epochs, mode=mode, staleness=staleness,
                             peers=tuple(p for p in range(servers) if p != k), peer_chunks=self.peer_chunks[k],
-                            policy=RelaunchPolicy(min_s=1.0, factor=2.0, max_attempts=10**6), stall_s=1e9)
+                            policy=RelaunchPolicy(min_s=1.0, factor=2.0, max_attempts=10**6), stall_s=1e9,
+                            local_barrier=self.barrier)
                   for k in range(servers)]
         self.pending: list[tuple[int, object]] = []  # (server, event) not yet delivered
         self.delivered: list[Counter] = [Counter() for _ in range(servers)]  # (phase, epoch, layer) -> peer messages
@@ -115,6 +118,8 @@ class Cluster:
             if inst.chunk is None:
                 stage = next(s for s in self.stages if (s.name, s.layer) == (inst.stage, inst.layer))
                 self.check_inputs(k, stage, inst.epoch)
+            elif self.barrier and not self.sync(inst.epoch):  # every chunk of the server has reached the stage
+                assert self.s[k].pipe.behind() == self.s[k].pipe.position(inst.chunk)
             self.pending.append((k, ev.GraphDone(inst.stage, inst.epoch, inst.layer, inst.chunk, 0.0)))
         elif t is ev.ReportEpoch:
             self.reports[k].append(inst.epoch)
@@ -233,7 +238,7 @@ def check_run(c, stages, chunks, epochs):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), servers=st.integers(1, 3), chunk_choice=st.lists(st.integers(1, 3), min_size=3, max_size=3),
        layers=st.integers(1, 3), model=st.sampled_from([vertex_stages, attention_stages, fused_vertex_stages]), epochs=st.integers(1, 4),
-       mode=st.sampled_from(["sync", "async"]),
+       mode=st.sampled_from(["sync", "async", "async-barrier"]),
        staleness=st.integers(0, 2), p_fail=st.sampled_from([0.0, 0.2]), p_lost=st.sampled_from([0.0, 0.1]),
        p_vanish=st.sampled_from([0.0, 0.1]), p_dup=st.sampled_from([0.0, 0.3]), chaotic_steps=st.integers(0, 3000),
        switch_at_step=st.integers(0, 400))
