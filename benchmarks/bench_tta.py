@@ -200,8 +200,6 @@ def train(parts: Path, run_dir: Path, args, seed: int, mode: str, setting: str, 
     cmd = [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(run_dir), "--quiet",
            "--backend", "local", "-k", "2", "--lambdas", str(args.lambdas), "--epochs", str(args.epochs),
            "--seed", str(seed), *MODES[mode], *SETTINGS[setting], *extra]
-    if args.lr is not None:
-        cmd += ["--lr", str(args.lr)]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=max(600, 60 * args.epochs))
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
@@ -235,7 +233,8 @@ def table(results: dict, args) -> list[str]:
 
 def main() -> None:
     args = parse_args()
-    modes = ["sync", *(m for m in args.modes if m != "sync")]  # sync first: its best sets the seed's target
+    modes = ["sync", *(m for m in args.modes if m != "sync")]
+    lr = () if args.lr is None else ("--lr", str(args.lr))  # sync first: its best sets the seed's target
     t_start = time.perf_counter()
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="dorylus-tta-") as tmp_name:
@@ -248,7 +247,7 @@ def main() -> None:
                     for mode in modes:
                         run_dir = tmp / f"{graph}-{setting}-{mode}-seed{seed}"
                         ticks = cpu_ticks()
-                        rows = train(parts, run_dir, args, seed, mode, setting)
+                        rows = train(parts, run_dir, args, seed, mode, setting, lr)
                         busy = busy_share(ticks, cpu_ticks())
                         best = BestTracker.over(rows)
                         if mode == "sync":
