@@ -61,19 +61,19 @@ def steady_epoch_s(rows: list[dict]) -> float:
     return statistics.median(r["epoch_s"] for r in (rows[1:] or rows))
 
 
-def time_to_target(rows: list[dict], target: float) -> float | None:
-    """Seconds from the first epoch's start to the end of the first epoch whose ``val_acc`` reaches
-    ``target``; None if none does. The first epoch counts as a steady one (its own time includes start-up)."""
-    if not rows:
-        return None
-    start = rows[0]["wall_s"] - steady_epoch_s(rows)
-    return next((r["wall_s"] - start for r in rows if r["val_acc"] >= target), None)
-
-
 def epochs_to_target(rows: list[dict], target: float) -> int | None:
     """The number of the first epoch whose ``val_acc`` reaches ``target`` (counting from 1); None if none
     does. Unlike the time, it does not move with the machine's load."""
     return next((i for i, r in enumerate(rows, 1) if r["val_acc"] >= target), None)
+
+
+def time_to_target(rows: list[dict], target: float) -> float | None:
+    """Seconds from the first epoch's start to the end of the first epoch whose ``val_acc`` reaches
+    ``target``; None if none does. The first epoch counts as a steady one (its own time includes start-up)."""
+    epoch = epochs_to_target(rows, target)
+    if epoch is None:
+        return None
+    return rows[epoch - 1]["wall_s"] - (rows[0]["wall_s"] - steady_epoch_s(rows))
 
 
 def cpu_ticks() -> tuple[int, int] | None:
