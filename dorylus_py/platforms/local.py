@@ -12,7 +12,10 @@ Each worker gets the job key in its own environment (``DORYLUS_KEY``, passed wit
 not on a command line), where the handler reads it at its cold start, as a real Lambda reads its own.
 
 A worker that dies (``kill -9``, out of memory) fails the invocation it was running and is replaced
-by a new, cold one: like Lambda, the pool itself never breaks. One dispatcher thread hands queued
+by a new, cold one: like Lambda, the pool itself never breaks. As AWS kills a function at its timeout, a
+worker still running an invocation ``KILL_GRACE_S`` after its time limit (frozen, stopped, stuck in a
+call) is killed, the invocation fails with Lambda's ``Task timed out`` and a fresh worker takes its
+place, so the task's relaunch finds a worker even in a pool of one. One dispatcher thread hands queued
 invocations to idle workers and collects their answers; the graph server only sees completions.
 
 The pool can be resized while it runs (``--lambdas auto``). Growing first takes back *parked* workers
@@ -40,6 +43,8 @@ from dorylus_py.platforms.base import (
     billed_ms,
 )
 from dorylus_py.worker.event import TaskEvent
+
+KILL_GRACE_S = 2.0  # past its time limit, a worker still running an invocation is killed (the handler stops itself before)
 
 
 def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, seed: int, bandwidth_mbps: float) -> tuple:
@@ -122,6 +127,8 @@ class _Worker:
         child.close()
         self.ready = False
         self.task: dict | None = None  # the invocation it is running
+        self.deadline = 0.0  # monotonic time by which that invocation must have answered
+        self.cold = cold_start_ms > 0  # its first invocation waits the cold start
         self.parked_at: float | None = None  # parked (in no pool, no tasks) since; None: in the pool
 
 
@@ -139,6 +146,7 @@ class LocalLambdaPlatform(Platform):
         self.timeout_ms = int(timeout_s * 1000)
         self.rng = random.Random(seed)
         self.replaced = 0  # workers that died and were replaced
+        self.timed_out = 0  # workers killed at their invocation's timeout (and replaced)
         self.size = max(1, concurrency)  # workers asked for
         self._ctx = _worker_context()
         self._pending: queue.SimpleQueue = queue.SimpleQueue()
@@ -200,18 +208,20 @@ class LocalLambdaPlatform(Platform):
     def _dispatch(self) -> None:
         while not self._closed.is_set():
             self._fit()
+            self._expire_overdue()
             idle = [w for w in self._workers if w.ready and w.task is None]
             while idle and not self._pending.empty():
                 task, job = self._pending.get()
                 w = idle.pop()
-                w.task = task
+                w.task, w.deadline, w.cold = task, time.monotonic() + self._allowed_s(w), False
                 try:
                     w.conn.send(job)
                 except (OSError, ValueError):  # it died just now: its sentinel says so below
                     pass
             everyone = self._workers + self._parked
             watched = {w.conn: w for w in everyone} | {w.proc.sentinel: w for w in everyone}
-            for ready in wait([self._wake_recv, *watched], timeout=1.0):
+            busy = [w.deadline - time.monotonic() for w in self._workers if w.task is not None]
+            for ready in wait([self._wake_recv, *watched], timeout=max(0.0, min([1.0, *busy]))):
                 if ready is self._wake_recv:
                     self._drain_wake()
                     continue
@@ -220,6 +230,27 @@ class LocalLambdaPlatform(Platform):
                     self._answer(w)
                 elif not w.proc.is_alive():
                     self._replace(w)
+
+    def _allowed_s(self, w: _Worker) -> float:
+        """How long an invocation handed to ``w`` may take to answer: its emulated latency and cold start, the
+        function's timeout, and the grace."""
+        return (self.latency_ms + (self.cold_start_ms if w.cold else 0.0) + self.timeout_ms) / 1000 + KILL_GRACE_S
+
+    def _expire_overdue(self) -> None:
+        """Kill each worker past its invocation's deadline (dispatcher thread)."""
+        now = time.monotonic()
+        for w in [w for w in self._workers if w.task is not None and now >= w.deadline and not w.conn.poll()]:
+            self._expire(w)
+
+    def _expire(self, w: _Worker) -> None:
+        """What AWS does at a function's timeout: the invocation fails, billed in full, and its container
+        (here: the worker process, even a stopped one) is killed; a fresh worker takes its place."""
+        self._stop(w)
+        self._workers[self._workers.index(w)] = self._spawn()
+        self.timed_out += 1
+        end = time.time()
+        self._done.put(Completion(w.task, self.name, end - self.timeout_ms / 1000, end, self.timeout_ms, self.memory_mb,
+                                  False, f"Sandbox.Timedout: Task timed out after {self.timeout_ms / 1000:.2f} seconds"))
 
     def _drain_wake(self) -> None:
         while self._wake_recv.poll():
