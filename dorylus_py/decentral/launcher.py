@@ -3,7 +3,7 @@
 Locally, ``dorylus train --mode gossip --workers W`` checks the run folder, clusters the graph once,
 writes it and the clusters into RUN_DIR (the workers read them), and starts W worker processes
 (``python -m dorylus_py.decentral``). It takes no part in training: it serves the start-up rendezvous (a
-``TCPStore`` where each worker publishes its address), follows ``metrics.jsonl`` for the progress bar,
+bounded store on loopback where each worker publishes its address, ``store.py``), follows ``metrics.jsonl`` for the progress bar,
 says when a worker dies, and reads the record the workers wrote. Under ``torchrun`` (``RANK`` and
 ``WORLD_SIZE`` set) every process runs one worker and the rendezvous is torchrun's store. In both, the
 store's values are signed with the job key (``rendezvous.py``), and the record is written by the
@@ -33,12 +33,8 @@ from dorylus_py.data.graph import Graph
 from dorylus_py.decentral.batches import ClusterBatches
 from dorylus_py.decentral.node import Node
 from dorylus_py.decentral.recorder import Recorder
-from dorylus_py.decentral.rendezvous import (
-    SignedStore,
-    loopback_store,
-    rendezvous,
-    run_id,
-)
+from dorylus_py.decentral.rendezvous import SignedStore, rendezvous, run_id
+from dorylus_py.decentral.store import StoreClient, StoreServer
 from dorylus_py.decentral.worker import Trainer
 from dorylus_py.errors import DorylusError
 from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
@@ -89,9 +85,10 @@ def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict,
     np.save(run_dir / "clusters.npy", assign(graph, cfg.clusters, "metis", cfg.seed))
     write_npz(graph, run_dir / "graph.npz")
     (run_dir / "logs").mkdir(exist_ok=True)
-    store = loopback_store(cfg.workers + 1, cfg.wait_timeout_s)
+    key = new_key()
+    store = StoreServer(key, cfg.workers)
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.workers)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), **{KEY_ENV: new_key().hex()})
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), **{KEY_ENV: key.hex()})
     procs: list[subprocess.Popen] = []
     bar = progress_bar(total=cfg.epochs, desc=f"train ({cfg.mode}, {cfg.workers} workers)", unit="epoch",
                        enabled=show_progress)
@@ -112,6 +109,7 @@ def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict,
     finally:
         bar.close()
         _wait_or_kill(procs, 0)
+        store.close()
     return _result(run_dir)
 
 
@@ -178,8 +176,7 @@ def worker_process(argv=None) -> int:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         host, port = args.store.rsplit(":", 1)
         key = load_job_key()
-        store = SignedStore(dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=cfg.wait_timeout_s)),
-                            key, run_id())
+        store = SignedStore(StoreClient(host, int(port), key, cfg.wait_timeout_s), key, run_id())
         print(f"worker {args.rank}: pid {os.getpid()}", flush=True)
         run_worker(cfg, read_npz(run / "graph.npz"), np.load(run / "clusters.npy"), args.rank, args.world, store, key,
                    run, config)

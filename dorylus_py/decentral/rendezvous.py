@@ -1,11 +1,12 @@
 """Where decentralised workers meet at start-up: a torch ``Store`` whose values are signed with the job key.
 
 Each worker publishes its address and waits for everyone's; the launcher (or rank 0 under torchrun) may
-publish ``abort`` instead. torch's ``TCPStore`` has no authentication, so every value carries an
-HMAC-SHA256 of the run's id, its key and itself under the job key: a value set by anyone without the
-key (who can reach the store's port) is refused, so nobody can redirect a worker's peers or abort the
-job, only make the start fail. On one machine the launcher's store listens on loopback only (torch's
-own binds every interface). What torchrun's store still exposes is in docs/gossip.md.
+publish ``abort`` instead. Under torchrun the store is torchrun's ``TCPStore``, which has no
+authentication, so every value carries an HMAC-SHA256 of the run's id, its key and itself under the job
+key: a value set by anyone without the key (who can reach the store's port) is refused, so nobody can
+redirect a worker's peers or abort the job, only make the start fail. On one machine the launcher's own
+store (``store.py``) listens on loopback only, admits key holders alone and caps what it holds. What
+torchrun's store still exposes is in docs/gossip.md.
 """
 
 from __future__ import annotations
@@ -13,26 +14,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import socket
 import time
-from datetime import timedelta
 
-import torch.distributed as dist
 
 from dorylus_py.errors import DorylusError
 
 MAC_HEX = 64
-
-
-def loopback_store(world: int, timeout_s: float) -> dist.TCPStore:
-    """A master ``TCPStore`` for ``world`` clients listening on 127.0.0.1 alone."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(128)
-    store = dist.TCPStore("127.0.0.1", listener.getsockname()[1], world_size=world, is_master=True,
-                          wait_for_workers=False, timeout=timedelta(seconds=timeout_s),
-                          master_listen_fd=listener.detach())
-    return store
 
 
 class SignedStore:

@@ -7,7 +7,8 @@ the two calls ``--backend lambda`` makes (``platforms/aws.py``, through aiobotoc
   the event goes to a worker of the local emulator's pool (``platforms/local.py``: the real handler on
   the real event JSON, warm containers, the same latency, cold-start and failure knobs) and the answer
   is Lambda's: 200 with the handler's return value and a ``REPORT`` log tail carrying the billed
-  duration; 200 with ``X-Amz-Function-Error: Unhandled`` when the handler raised or its worker died;
+  duration; 200 with ``X-Amz-Function-Error: Unhandled`` when the handler raised, its worker died, or
+  it ran past ``--timeout-s`` (the worker is then killed, its slot freed and a fresh worker started);
   429 ``TooManyRequestsException`` when ``--concurrency`` invocations are running already (no queue:
   AWS throttles a function at its reserved concurrency, and the caller backs off and retries).
 - ``GET /2015-03-31/functions/NAME/configuration``: the memory size and timeout (read at a run's start).
@@ -38,7 +39,7 @@ from urllib.parse import unquote
 from dorylus_py.errors import ConfigError
 from dorylus_py.lab.sigv4 import Credentials, SignatureError, verify
 from dorylus_py.platforms.base import Completion
-from dorylus_py.platforms.local import LocalLambdaPlatform
+from dorylus_py.platforms.local import KILL_GRACE_S, LocalLambdaPlatform
 from dorylus_py.protocol import ProtocolError
 from dorylus_py.worker.event import TaskEvent
 
@@ -113,10 +114,14 @@ class LambdaService:
             self.stats["invocations"] += 1
             self._calls[_copy_of(task)] = (task, call)
         self.pool.invoke(typed)
-        if not call.done.wait(self.function.timeout_s + 10):  # its worker enforces the timeout; this is a guard
+        f = self.function
+        if not call.done.wait(f.timeout_s + (f.latency_ms + f.cold_start_ms) / 1000 + KILL_GRACE_S + 10):
+            # the pool kills a worker at the timeout and answers for it; this is a guard, which frees the slot too
+            with self._lock:
+                self._calls.pop(_copy_of(task), None)
             now = time.time()
-            return Completion(task, "lambda-service", now, now, int(self.function.timeout_s * 1000),
-                              self.function.memory_mb, False, f"Task timed out after {self.function.timeout_s:.2f} seconds")
+            return Completion(task, "lambda-service", now, now, int(f.timeout_s * 1000), f.memory_mb, False,
+                              f"Sandbox.Timedout: Task timed out after {f.timeout_s:.2f} seconds")
         return call.result
 
     def _collect(self) -> None:

@@ -1,25 +1,31 @@
-"""The decentralised workers' start-up rendezvous: a store on loopback alone, whose values only a job-key
-holder can set (torch's TCPStore listens on every interface and checks nobody)."""
+"""The decentralised workers' start-up rendezvous: the launcher's own store on loopback alone, which admits only
+job-key holders, and values only a job-key holder can set (torchrun's TCPStore checks nobody)."""
 
 import psutil
 import pytest
 import torch.distributed as dist
 
-from dorylus_py.decentral.rendezvous import SignedStore, loopback_store, rendezvous
+from dorylus_py.decentral.rendezvous import SignedStore, rendezvous
+from dorylus_py.decentral.store import StoreClient, StoreServer
 from dorylus_py.errors import DorylusError
 
 KEY = b"k" * 32
 
 
-def test_the_launchers_store_listens_on_loopback_only():
-    store = loopback_store(1, 10)
-    listening = [c.laddr for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN
-                 and c.laddr.port == store.port]
-    assert listening and all(addr.ip == "127.0.0.1" for addr in listening)  # torch's own: "*"
+def test_the_launchers_store_listens_on_loopback_only_and_serves_a_rendezvous():
+    server = StoreServer(KEY, 1)
+    try:
+        listening = [c.laddr for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN
+                     and c.laddr.port == server.port]
+        assert listening and all(addr.ip == "127.0.0.1" for addr in listening)  # torch's own: "*"
+        store = SignedStore(StoreClient("127.0.0.1", server.port, KEY, 10), KEY, "")
+        assert rendezvous(store, 0, 1, "tcp://127.0.0.1:5", 10) == ["tcp://127.0.0.1:5"]
+    finally:
+        server.close()
 
 
 def test_values_not_signed_with_the_job_key_are_refused():
-    raw = loopback_store(2, 10)
+    raw = dist.HashStore()  # what torchrun's store lets anyone who reaches it do
     ours, theirs = SignedStore(raw, KEY, ""), SignedStore(raw, b"x" * 32, "")
     ours.set("address/0", "tcp://127.0.0.1:5")
     assert ours.get("address/0") == "tcp://127.0.0.1:5"
@@ -33,4 +39,3 @@ def test_values_not_signed_with_the_job_key_are_refused():
     other_run.set("address/1", "tcp://127.0.0.1:6")  # signed, but for another run: a replay
     with pytest.raises(DorylusError, match="not signed"):
         ours.get("address/1")
-    assert isinstance(raw, dist.TCPStore)

@@ -94,3 +94,22 @@ def test_a_job_with_a_frozen_lambda_ends_with_the_undisturbed_losses(tmp_path):
     assert len(timed_out) == 1 and not timed_out[0]["ok"]
     # the stall lasted the timeout and its grace, not the 300 s after which a stuck job fails
     assert after < 150, after
+
+
+def test_the_lab_lambda_service_kills_a_stopped_worker_frees_its_slot_and_runs_the_next_call():
+    from dorylus_py.lab.lambda_service import Function, LambdaService
+    from dorylus_py.lab.sigv4 import Credentials
+
+    service = LambdaService(Function(timeout_s=TIMEOUT_S, concurrency=1), Credentials("AKID", "secret", "us-east-1"),
+                            b"k" * 32, ("127.0.0.1", 0))
+    try:
+        frozen = service.pool.worker_pids()[0]
+        os.kill(frozen, signal.SIGSTOP)
+        first = service.invoke(event_for("not an address", chunk=0).to_dict())
+        assert not first.ok and "Task timed out" in first.error and first.where == "local-lambda"  # the pool's, not the guard's
+        until(lambda: not psutil.pid_exists(frozen))
+        second = service.invoke(event_for("not an address", chunk=1).to_dict())  # not throttled: the slot is free
+        assert second is not None and second.task["chunk"] == 1 and "Timedout" not in second.error
+        assert service.stats["throttled"] == 0 and service.stats["function_errors"] == 2
+    finally:
+        service.close()
