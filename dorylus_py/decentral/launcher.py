@@ -100,6 +100,9 @@ def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict,
                      "--world", str(cfg.workers), "--store", f"127.0.0.1:{store.port}"],
                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         _watch(cfg, procs, run_dir, bar)
+        if store.refused:
+            tqdm.write(f"warning: the rendezvous store refused {store.refused} requests or connections (someone else on "
+                       "this machine wrote to it, or tried to)", file=sys.stderr)
     except BaseException as e:  # the workers write the record; a job stopped from here ends it here
         _wait_or_kill(procs, 0)
         end_record(run_dir, end_status(e))

@@ -48,10 +48,16 @@ def _proof(key: bytes, nonce: bytes) -> bytes:
     return hmac.new(key, b"dorylus-rendezvous\0" + nonce, hashlib.sha256).digest()
 
 
-def _read(sock: socket.socket, n: int) -> bytes:
+def _read(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes from ``sock``; all of them by ``deadline`` (monotonic) if given, not just each recv."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConnectionError("too slow")
+            sock.settimeout(left)
         k = sock.recv_into(view[got:])
         if not k:
             raise ConnectionError("closed")
@@ -93,17 +99,18 @@ class StoreServer:
                 if not full:
                     self._open.add(conn)
             if full:
-                self.refused += 1
+                self._refuse()
                 conn.close()
                 continue
             threading.Thread(target=self._serve, args=(conn,), name="rendezvous-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         try:
+            deadline = time.monotonic() + HANDSHAKE_S
             conn.settimeout(HANDSHAKE_S)
             nonce = secrets.token_bytes(NONCE)
             conn.sendall(nonce)
-            if not hmac.compare_digest(_read(conn, NONCE), _proof(self._key, nonce)):
+            if not hmac.compare_digest(_read(conn, NONCE, deadline), _proof(self._key, nonce)):
                 raise Refused("not the job key")
             conn.settimeout(None)  # a worker keeps its connection for the job
             while True:
@@ -118,7 +125,7 @@ class StoreServer:
                         self._bytes -= value_len
                 conn.sendall(ANSWER.pack(status, len(body)) + body)
         except Refused as e:
-            self.refused += 1
+            self._refuse()
             reason = str(e).encode()
             try:
                 conn.sendall(ANSWER.pack(REFUSED, len(reason)) + reason)
@@ -130,6 +137,10 @@ class StoreServer:
             with self._lock:
                 self._open.discard(conn)
             conn.close()
+
+    def _refuse(self) -> None:
+        with self._lock:
+            self.refused += 1
 
     def _reserve(self, key_len: int, value_len: int) -> None:
         if key_len > KEY_CAP or value_len > VALUE_CAP:

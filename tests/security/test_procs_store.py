@@ -63,8 +63,8 @@ def test_a_key_holder_is_capped_in_value_size_count_and_bytes_and_a_stranger_get
             try:
                 StoreClient("127.0.0.1", server.port, KEY, 10).set(f"v/{i}", b"x" * VALUE_CAP)
                 accepted += 1
-            except DorylusError as e:
-                assert "does not fit" in str(e)
+            except (DorylusError, OSError):  # refused from its header (the answer, or the reset, comes first)
+                pass
         assert accepted < BYTES_CAP // VALUE_CAP and server.held()[1] <= BYTES_CAP
         small = StoreClient("127.0.0.1", server.port, KEY, 10)
         with pytest.raises(DorylusError, match="keys, its cap"):
@@ -73,32 +73,31 @@ def test_a_key_holder_is_capped_in_value_size_count_and_bytes_and_a_stranger_get
         assert server.held()[0] == server.keys_cap
         with pytest.raises(DorylusError, match="not the job key"):
             StoreClient("127.0.0.1", server.port, b"x" * 32, 10)
-        before = server.held()
+        before, refused = server.held(), server.refused
         assert flood(server.port, n=20) == 0 and server.held() == before
-        assert server.refused >= 3
+        assert server.refused >= refused + 20  # each raw connection: not the key, or over the connection cap
     finally:
         server.close()
 
 
 def _job_and_store(tmp_path) -> tuple[subprocess.Popen, int, bytes]:
-    """A gossip job through the real launcher, its store's port and the job key (once the workers are up)."""
+    """A gossip job through the real launcher, its store's port and the job key (once the workers run)."""
     assert subprocess.run([sys.executable, "-m", "dorylus_py", "synth", "--out", str(tmp_path / "g.npz"), "--nodes",
                            "400", "--edges", "3000", "--features", "8", "--classes", "3"], capture_output=True).returncode == 0
     job = subprocess.Popen([sys.executable, "-m", "dorylus_py", "train", "--data", str(tmp_path / "g.npz"), "--out",
                             str(tmp_path / "run"), "--mode", "gossip", "--workers", "2", "--clusters", "8",
-                            "--clusters-per-batch", "2", "--epochs", "400", "--quiet"],
+                            "--clusters-per-batch", "2", "--epochs", "1000", "--quiet"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and job.poll() is None:
         for p in psutil.Process(job.pid).children():
             try:
-                cmd = p.cmdline()
+                cmd, env = p.cmdline(), p.environ()
             except psutil.NoSuchProcess:
                 continue
-            log = tmp_path / "run" / "logs" / "worker-0.log"
-            if "--store" in cmd and log.exists() and "pid" in log.read_text():  # (written once it met the store)
-                return job, int(cmd[cmd.index("--store") + 1].rsplit(":", 1)[1]), bytes.fromhex(p.environ()[KEY_ENV])
-        time.sleep(0.05)
+            if "--store" in cmd and KEY_ENV in env:
+                return job, int(cmd[cmd.index("--store") + 1].rsplit(":", 1)[1]), bytes.fromhex(env[KEY_ENV])
+        time.sleep(0.01)
     job.kill()
     raise AssertionError(f"no worker started: {job.stderr.read() if job.poll() is not None else 'timeout'}")
 
@@ -109,8 +108,12 @@ def test_a_flood_of_the_launchers_store_leaves_it_within_100_mb_and_the_job_fini
     try:
         launcher = psutil.Process(job.pid)
         idle = launcher.memory_info().rss
-        assert flood(port) == 0  # nothing set: torch's client cannot even talk to it
-        for i in range(150):  # a key holder (the key read from a worker's environment, as root can)
+        assert flood(port) == 0  # at start-up, while the workers meet: torch's client cannot even talk to it
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and metrics.read_text()) and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for i in range(150):  # then a key holder (the key read from a worker's environment, as its user can)
             try:
                 StoreClient("127.0.0.1", port, key, 10).set(f"flood/{i}", b"x" * (4 * MB if i % 2 else VALUE_CAP))
             except (DorylusError, OSError):
@@ -119,8 +122,8 @@ def test_a_flood_of_the_launchers_store_leaves_it_within_100_mb_and_the_job_fini
         assert job.poll() is None, "the job ended before the flood was over: nothing was measured"
         assert grown < 100 * MB, f"the launcher grew by {grown / MB:.0f} MB"
         assert job.wait(timeout=500) == 0, job.stderr.read()
+        assert "the rendezvous store refused" in job.stderr.read()
     finally:
         if job.poll() is None:
             job.kill()
             job.wait()
-    assert KEY_ENV not in (tmp_path / "run" / "config.json").read_text()
