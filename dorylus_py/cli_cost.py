@@ -243,6 +243,7 @@ COMPARISON_COLUMNS = [("kind", "{}"), *ESTIMATE_COLUMNS[:3], ("lambdas", "{}"), 
 def _gpu_speed(args, cal):
     """The GPU speed-up: measured by a --backend gpu run's record, given, or the stated assumption."""
     from dorylus_py.cost.gpu import GpuSpeed
+    from dorylus_py.cost.gpu_measured import gpu_speed_from_record
     from dorylus_py.cost.model import read_record
 
     if args.calibration and read_record(args.calibration)[0].get("backend") == "gpu":
@@ -252,5 +253,5 @@ def _gpu_speed(args, cal):
         if args.gpu_speedup is not None or not args.gpu_calibration_instance:
             raise DorylusError("--gpu-calibration needs --gpu-calibration-instance (the EC2 type of its GPU) and "
                                "no --gpu-speedup")
-        return GpuSpeed.from_record(cal, args.gpu_calibration, args.gpu_calibration_instance, args.gpu_gather_speedup)
+        return gpu_speed_from_record(cal, args.gpu_calibration, args.gpu_calibration_instance, args.gpu_gather_speedup)
     return GpuSpeed.given(args.gpu_speedup, args.gpu_gather_speedup)

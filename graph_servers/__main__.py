@@ -1,4 +1,4 @@
-from dorylus_py.serving.process import serve_process
+from dorylus_py.serving.process import exit_process, serve_process
 from graph_servers.server import GraphServer
 
-raise SystemExit(serve_process("graph-server", GraphServer))
+exit_process(serve_process("graph-server", GraphServer))

@@ -25,15 +25,21 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 def pytest_addoption(parser):
-    parser.addoption("--slow", action="store_true", help="also run tests marked slow (multi-seed accuracy, scale)")
+    parser.addoption("--long", action="store_true", help="also run tests marked long (whole jobs under faults, "
+                     "fuzzing, the lab, the AWS rehearsal, accuracy: what CI runs beyond the README's 10 minutes)")
+    parser.addoption("--slow", action="store_true", help="also run tests marked slow (multi-seed accuracy, scale; "
+                     "implies --long)")
 
 
 def pytest_collection_modifyitems(config, items):
-    if not config.getoption("--slow"):
-        skip = pytest.mark.skip(reason="slow: run with --slow")
-        for item in items:
-            if "slow" in item.keywords:
-                item.add_marker(skip)
+    slow = config.getoption("--slow")
+    wanted = {"slow": slow, "long": slow or config.getoption("--long")}
+    for marker, run in wanted.items():
+        if not run:
+            skip = pytest.mark.skip(reason=f"{marker}: run with --{marker}")
+            for item in items:
+                if marker in item.keywords:
+                    item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ Lambdas.
 
 No GPU calibration exists: this project is measured on machines without a GPU. A GPU's speed is therefore
 an assumption, printed with every estimate that uses it, unless a ``--backend gpu`` run's record measures
-it (``GpuSpeed.from_record``). ``speedup`` says how many times as fast as one tensor worker of the
+it (``gpu_measured.gpu_speed_from_record``). ``speedup`` says how many times as fast as one tensor worker of the
 calibration (a Lambda, or one tensor thread of a ``cpu`` server) one GPU does the dense part of the
 tensor tasks (the calibration's per-unit rate). The fixed cost of a task (taking its rows, starting) is
 host work, not sped up. Gather runs on the GPU too (``graph_servers/device_rows.py``), assumed as many
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dorylus_py.errors import ConfigError, DataError
+from dorylus_py.errors import ConfigError
 
 # EC2 family -> (its GPU, the GPU's memory bandwidth in GB/s from NVIDIA's datasheets). One GPU per
 # graph server: these families' single-GPU sizes (xlarge to 8xlarge; p3.2xlarge) are what the search tries.
@@ -69,30 +69,6 @@ class GpuSpeed:
         if speedup is None:
             return cls(gather_speedup=gather_speedup)
         return cls(base=speedup, scaled=False, source="given (--gpu-speedup)", gather_speedup=gather_speedup)
-
-    @classmethod
-    def from_record(cls, cal, run_dir: str, instance: str, gather_speedup: float | None = None) -> "GpuSpeed":
-        """Measured: a ``--backend gpu`` run's tensor rate on ``instance``'s GPU against ``cal``'s per-worker
-        rate (its tensor threads share one GPU, so the GPU's rate is their summed durations over the
-        threads), and its Gather rate against ``cal``'s (unless ``gather_speedup`` is given); the other
-        GPUs are scaled from it by bandwidth."""
-        from dorylus_py.cost.estimate import Calibration, setup_of
-        from dorylus_py.cost.model import read_record
-
-        gpu = gpu_of(instance)
-        if gpu is None:
-            raise ConfigError(f"--gpu-calibration-instance {instance!r} has no GPU this estimator knows "
-                              f"(families: {', '.join(GPUS)})")
-        config = read_record(run_dir)[0]
-        if config.get("backend") != "gpu":
-            raise DataError(f"{run_dir}: --gpu-calibration needs a --backend gpu run, not {config.get('backend')!r}")
-        measured = Calibration.from_record(run_dir, instance)
-        if measured.tensor_s_per_unit <= 0:
-            raise DataError(f"{run_dir}: its tensor tasks took no time beyond their fixed cost; no GPU rate to use")
-        threads = setup_of(config, instance).tensor_threads
-        gather = gather_speedup or cal.graph_s_per_unit / max(measured.graph_s_per_unit, 1e-30)
-        return cls(gpu, cal.tensor_s_per_unit * threads / measured.tensor_s_per_unit, True,
-                   f"measured on {instance} ({gpu}) by {run_dir}", gather)
 
     def speedup(self, instance: str) -> float:
         if not self.scaled:

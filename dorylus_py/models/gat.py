@@ -12,6 +12,7 @@ product per head, its backward checked against autograd in the tests).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,9 @@ from dorylus_py.kernels.dropout import EDGE, dropout, dropout_keep_mask
 from dorylus_py.kernels.heads import EdgeCSR, GatherHeads
 from dorylus_py.kernels.sparse import gcn_norm_weights
 from dorylus_py.models.gcn import glorot_parameters
-from dorylus_py.models.spec import ModelSpec
+
+if TYPE_CHECKING:  # a type only: spec.py sits above the architectures that build these modules
+    from dorylus_py.models.spec import ModelSpec
 
 
 @dataclass(frozen=True, eq=False)

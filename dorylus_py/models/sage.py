@@ -9,6 +9,8 @@ sparse product with ``M = D⁻¹A`` (a vertex without in-neighbours gets 0), tak
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -20,7 +22,9 @@ from dorylus_py.kernels.sparse import (
     spmm,
 )
 from dorylus_py.models.gcn import glorot_parameters
-from dorylus_py.models.spec import ModelSpec
+
+if TYPE_CHECKING:  # a type only: spec.py sits above the architectures that build these modules
+    from dorylus_py.models.spec import ModelSpec
 
 
 def mean_adjacency(graph, device="cpu") -> NormalizedAdjacency:

@@ -113,6 +113,18 @@ def serve_cluster(role: str, build, cluster_file: str, rank: int, bind: str = ""
         pass
 
 
+def exit_process(code: int) -> None:
+    """End a server process with ``code`` without the interpreter's finalization. Its tensor threads are
+    daemons (``platforms/inproc.py``) and may be inside a torch kernel when the last job ends (a task of an
+    interrupted job); finalizing would destroy torch's thread pools under them, and the C++ runtime
+    aborts ("terminate called without an active exception", SIGABRT; once in ten two-job runs). Nothing is
+    lost: a job's record and checkpoints are written before its end, and the logs are flushed here."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def run_main(main) -> int:
     """Entry-point wrapper for server processes: one-line errors, exit 2; clean exit on stop."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)

@@ -1,3 +1,4 @@
+from dorylus_py.serving.process import exit_process
 from dorylus_py.weights.server import main
 
-raise SystemExit(main())
+exit_process(main())

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from dorylus_py.config import TrainConfig
@@ -68,11 +68,14 @@ class Job:
         return out
 
 
-@functools.lru_cache(maxsize=2)
-def hypothesis_values(count: int) -> list:
-    """``count`` JSON-like values drawn by hypothesis (NaN, infinities, huge integers included)."""
+@functools.lru_cache(maxsize=4)
+def hypothesis_values(count: int, of_seed: int = 0) -> list:
+    """``count`` JSON-like values drawn by hypothesis (NaN, infinities, huge integers included), the same
+    ones for the same ``of_seed`` in every process (hypothesis draws from its own seed otherwise, and a
+    failing corpus could not be replayed)."""
     values: list = []
 
+    @seed(of_seed)
     @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(JSON)
     def draw(value):
@@ -249,7 +252,7 @@ def corpus(role: str, key: bytes, to: str, count: int, seed: int = 0, job: Job =
     """``count`` hostile messages for the process of ``role`` listening at ``to`` (made now: a receiver
     accepts nothing stamped before it started)."""
     rng = random.Random(seed)
-    values = hypothesis_values(300)
+    values = hypothesis_values(300, seed)
     me = Session(key, job=job.nonce)
     strangers = [Session(b"a key that is not the job's key.", job=job.nonce), Session(key, job=b"\x00" * 16)]
     sent: list[list[bytes]] = []

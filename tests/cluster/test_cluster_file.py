@@ -11,10 +11,12 @@ import time
 import numpy as np
 import pytest
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from dorylus_py.cli import main
 from dorylus_py.data import write_npz
 from dorylus_py.errors import ConfigError, DorylusError
+from dorylus_py.protocol.transport import Curve
 from dorylus_py.serving.cluster_spec import ClusterSpec
 from dorylus_py.serving.heartbeat import SILENCE_S
 
@@ -27,6 +29,35 @@ def free_ports(n):
     for s in socks:
         s.close()
     return ports
+
+
+def handshake(address: str, curve: Curve | None = None, within_s: float = 20.0) -> str:
+    """How a ZMTP handshake with ``address`` ends, seen by a DEALER's own monitor: "ok", "refused", or
+    "none" (no answer within the deadline). Plaintext against a CURVE socket is refused."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if curve is not None:
+        sock.curve_publickey, sock.curve_secretkey = curve.client()
+        sock.curve_serverkey = curve.server_public
+    monitor = sock.get_monitor_socket()
+    sock.connect(address)
+    deadline = time.monotonic() + within_s
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            if not monitor.poll(int(left * 1000)):
+                break
+            event = recv_monitor_message(monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                return "ok"
+            if event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                         zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_DISCONNECTED):
+                return "refused"
+        return "none"
+    finally:
+        sock.disable_monitor()
+        monitor.close(0)
+        sock.close(0)
 
 
 def test_servers_from_a_cluster_file_with_curve_serve_job_after_job(small_graph, tmp_path, capsys):
@@ -57,6 +88,12 @@ def test_servers_from_a_cluster_file_with_curve_serve_job_after_job(small_graph,
             assert code == 0, capsys.readouterr().err
             runs.append([json.loads(line) for line in (tmp_path / job / "metrics.jsonl").read_text().splitlines()])
             assert all(p.poll() is None for p in servers)  # still serving
+        # CurveZMQ really is on every server's socket: a plaintext peer is refused in the handshake, a
+        # CURVE client with the job's keys is admitted (so the refusal is the mechanism, not a dead server).
+        job_curve = Curve.of_job(bytes.fromhex(key), public.encode())
+        for address in cluster["graph_servers"] + cluster["weight_servers"]:
+            assert handshake(address) == "refused", f"{address} accepted a plaintext peer"
+            assert handshake(address, job_curve) == "ok", address
         for p in servers:
             p.terminate()
         for p in servers:

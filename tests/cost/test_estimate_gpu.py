@@ -14,6 +14,7 @@ import pytest
 from dorylus_py.cli import main
 from dorylus_py.cost.estimate import Calibration, Setup, Workload, setup_of, vcpus, workload_of
 from dorylus_py.cost.gpu import SEARCHED, GpuSpeed, comparison, gpu_of
+from dorylus_py.cost.gpu_measured import gpu_speed_from_record
 from dorylus_py.cost.model import Prices, read_record
 from dorylus_py.data import write_npz
 from dorylus_py.errors import ConfigError
@@ -115,7 +116,7 @@ def test_a_gpu_record_measures_the_speed_up(cpu_and_gpu_records, capsys):
     cal = Calibration.from_record(str(cpu_dir), "c5.2xlarge")
     gpu_cal = Calibration.from_record(str(gpu_dir), "g5.2xlarge")
     assert gpu_cal.overlap == pytest.approx(cal.overlap) and gpu_cal.tensor_s_per_unit == cal.tensor_s_per_unit
-    speed = GpuSpeed.from_record(cal, str(gpu_dir), "g5.2xlarge")
+    speed = gpu_speed_from_record(cal, str(gpu_dir), "g5.2xlarge")
     assert speed.speedup("g5.xlarge") == pytest.approx(2.0) and "measured" in speed.source
     assert speed.speedup("p3.2xlarge") == pytest.approx(2.0 * 900 / 600)
     config = read_record(cpu_dir)[0]
