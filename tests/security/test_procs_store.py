@@ -127,3 +127,17 @@ def test_a_flood_of_the_launchers_store_leaves_it_within_100_mb_and_the_job_fini
         if job.poll() is None:
             job.kill()
             job.wait()
+
+
+def test_the_launchers_own_store_listens_on_loopback_only(tmp_path):
+    """The launcher of a real gossip job, not a helper: every socket it listens on for its store is bound to
+    127.0.0.1 (torch's TCPStore would listen on every interface)."""
+    job, port, _ = _job_and_store(tmp_path)
+    try:
+        bound = [c.laddr for c in psutil.Process(job.pid).net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+        assert bound, f"the launcher does not listen on the store's port {port}"
+        assert all(addr.ip == "127.0.0.1" for addr in bound), bound
+    finally:
+        job.kill()
+        job.wait()
