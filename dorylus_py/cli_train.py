@@ -62,14 +62,16 @@ def checkpoints_of(cfg, run_dir: Path) -> str:
 def checkpoint_epoch(cfg, checkpoints: str, store: str | None) -> int:
     """The epoch of the newest intact checkpoint, which --resume continues after; checked before anything
     is written, against the job's fingerprint when its partition ``store`` is there to read."""
-    from dorylus_py.checkpoint import fingerprint, load_checkpoint
+    from dorylus_py.checkpoint import fingerprint, load_checkpoint, model_shapes
     from dorylus_py.partition import PartitionStore
 
-    epochs, job = cfg.epochs, None
+    epochs, job, shapes = cfg.epochs, None, None
     if store is not None:
         m = PartitionStore.open(store).manifest
-        job = fingerprint(m, cfg.model, cfg.widths(m["features"], m["classes"]))
-    done = int(load_checkpoint(checkpoints, job)["epoch"])
+        widths = cfg.widths(m["features"], m["classes"])
+        job = fingerprint(m, cfg.model, widths)
+        shapes = model_shapes(cfg, widths)
+    done = int(load_checkpoint(checkpoints, job, shapes)["epoch"])
     if done >= epochs:
         raise ConfigError(f"the newest checkpoint in {checkpoints} is at epoch {done}; --epochs {epochs} leaves "
                           "nothing to do (pass more)")
@@ -158,9 +160,9 @@ def partition_into(cfg, graph, store: Path) -> None:
 
 def drop_data_copy(run_dir: Path) -> None:
     """--no-data-copy: what a run copied of its data into its record, gone once the run ends."""
-    import shutil
+    from dorylus_py.partition.store import delete_store
 
-    shutil.rmtree(run_dir / "partitions", ignore_errors=True)
+    delete_store(run_dir / "partitions")
     for name in ("graph.npz", "clusters.npy"):  # gossip / all-reduce workers read these
         (run_dir / name).unlink(missing_ok=True)
 
