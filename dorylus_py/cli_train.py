@@ -191,7 +191,7 @@ TRAIN_GROUPS = {  # the settings sections of TrainConfig, as --help groups them
 
 def add_train(sub, data) -> None:
     from dorylus_py.config import SECTIONS
-    from dorylus_py.settings import add_flags
+    from dorylus_py.settings import add_flags, path_arg
 
     p = command(
         sub,
@@ -200,8 +200,9 @@ def add_train(sub, data) -> None:
         [data],
         DATA_FORMATS + "\nWithout --data, a graph is generated with `dorylus synth`'s defaults.\n",
     )
-    p.add_argument("--out", metavar="RUN_DIR", help="run record folder (default runs/DATE-TIME-BACKEND)")
-    p.add_argument("--overwrite", action="store_true", help="replace RUN_DIR if it holds a run record")
+    p.add_argument("--out", type=path_arg, metavar="RUN_DIR", help="run record folder (default runs/DATE-TIME-BACKEND)")
+    p.add_argument("--overwrite", action="store_true", help="replace RUN_DIR if it holds a run record and nothing else "
+                   "(only the files dorylus wrote there are deleted; any other file is refused, naming it)")
     p.add_argument("--no-data-copy", action="store_true",
                    help="keep no copy of the data in RUN_DIR: the partitions a distributed run makes when --data is "
                         "not a prepared store of K parts (RUN_DIR/partitions), gossip's graph.npz and clusters.npy, "
@@ -217,7 +218,7 @@ def add_train(sub, data) -> None:
                                     "are started by hand (`dorylus graph-server`/`weight-server`); --data must be a "
                                     "prepared folder they can read")
     groups["recovery"].add_argument(
-        "--resume", dest="resume_dir", metavar="RUN_DIR",
+        "--resume", dest="resume_dir", type=path_arg, metavar="RUN_DIR",
         help="continue the distributed run recorded in RUN_DIR (interrupted, failed, or to go on to more --epochs) "
              "from its newest checkpoint, in that record and with its configuration; only "
              + ", ".join("--" + k.replace("_", "-") for k in RESUME_OVERRIDES) + " may change")

@@ -9,8 +9,9 @@ a few hundred bytes per vertex whatever the edge count (METIS, when chosen, need
 manifest records the format version, the graph's counts and split sizes (so a driver needs nothing
 else), the partitioner and why, edge cut beside a hash partition's, balance, and the size and SHA-256
 of every file; ``--overwrite`` replaces a folder only if it holds nothing but those files (and,
-with ``--delete-checkpoints``, the checkpoints a run kept there). Loading partition ``k`` reads only ``part-k/`` (memory-mapped) and checks sizes always
-and checksums by default, so a truncated or corrupt file is named, never used.
+with ``--delete-checkpoints``, the checkpoints a run kept there). Loading partition ``k`` reads only
+``part-k/`` (memory-mapped) and checks sizes always and checksums by default, so a truncated or
+corrupt file is named, never used.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def prepare(
     check_parts(parts, source.num_nodes, source.name, method)
     if feature_dtype not in FEATURE_DTYPES:
         raise ConfigError(f"--feature-dtype must be one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
-    if overwrite and not delete_checkpoints:
+    if s3.is_s3(out) and overwrite and not delete_checkpoints:
         refuse_to_delete_checkpoints(out)
     if s3.is_s3(out):
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:
@@ -78,9 +79,7 @@ def prepare(
             s3.upload_store(Path(tmp) / "store", str(out), overwrite, progress)
         return manifest
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise DataError(f"{out}: already exists (pass --overwrite to replace it)")
-    check_replaceable(out, store_files(out, delete_checkpoints), True, "a prepared store's files")
+    check_store_out(out, overwrite, delete_checkpoints)
     say = progress or (lambda msg: None)
     made = _make_parents(out.parent)
     try:
@@ -297,6 +296,16 @@ def store_files(root: Path, checkpoints: bool = False) -> Owned:
         return rel in folders if is_dir else rel in names
 
     return owned
+
+
+def check_store_out(out: Path, overwrite: bool, delete_checkpoints: bool = False) -> None:
+    """A local folder :func:`prepare` may write: a new one, or with ``overwrite`` a store holding only its
+    own files (and its checkpoints' only with ``delete_checkpoints``); checked before anything is read."""
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise DataError(f"{out}: already exists (pass --overwrite to replace it)")
+    if not delete_checkpoints:
+        refuse_to_delete_checkpoints(out)
+    check_replaceable(out, store_files(out, delete_checkpoints), True, "a prepared store's files")
 
 
 def delete_store(root: Path) -> None:
