@@ -162,9 +162,10 @@ def _read_small(path: Path, where: str) -> bytes:
         raise
     except OSError as e:  # access denied, a symlink: there, but not to be read
         raise DataError(f"{where}: {'a symlink (refused)' if e.errno == errno.ELOOP else 'unreadable'} ({e.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataError(f"{where}: not a file")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise DataError(f"{where}: not a file")
         data = f.read(MAX_INDEX_BYTES + 1)
     if len(data) > MAX_INDEX_BYTES:
         raise DataError(f"{where}: larger than {MAX_INDEX_BYTES} bytes: not a checkpoint index")
@@ -225,9 +226,12 @@ def _read(root: str, entry: dict, shapes: dict | None) -> dict[str, np.ndarray]:
         except OSError as e:
             raise DataError(f"{where}: {'a symlink (refused)' if e.errno == errno.ELOOP else 'missing or unreadable'} "
                             f"({e.strerror})") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise DataError(f"{path}: not a file")
         with os.fdopen(fd, "rb") as f:  # one open file: what is checked is what is read
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_size != entry["bytes"] or _sha256(f) != entry["sha256"]:
+            if st.st_size != entry["bytes"] or _sha256(f) != entry["sha256"]:
                 raise DataError(f"{path}: missing or does not match {LATEST}")
             f.seek(0)
             arrays = read_npz(f, where, shapes, st.st_size)
