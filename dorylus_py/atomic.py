@@ -95,7 +95,7 @@ def check_replaceable(out: Path, owned: Owned | set[str], overwrite: bool, what:
         raise ConfigError(f"{out}: exists and is not empty (pass --overwrite to replace {what})")
     other = foreign(out, owned)
     if other:
-        raise ConfigError(f"{out}: holds {len(other)} file(s) that are not {what} (such as {other[0]}); --overwrite "
+        raise ConfigError(f"{out}: holds {len(other)} file(s) that are not {what} ({_some(other)}); --overwrite "
                           "replaces only those: choose an empty or new folder")
 
 
@@ -106,7 +106,7 @@ def remove_owned(out: Path, owned: Owned | set[str]) -> None:
         raise ConfigError(f"{out}: not a folder")
     other = foreign(out, owned)
     if other:
-        raise ConfigError(f"{out}: holds {len(other)} file(s) that dorylus did not write (such as {other[0]}); "
+        raise ConfigError(f"{out}: holds {len(other)} file(s) that dorylus did not write ({_some(other)}); "
                           "nothing was deleted")
     owned = _as_test(owned)
     for top, dirs, files in os.walk(out, topdown=False):
@@ -118,6 +118,11 @@ def remove_owned(out: Path, owned: Owned | set[str]) -> None:
                 os.rmdir(p) if is_dir else os.unlink(p)
             except OSError as e:  # a folder holding something new: it stays
                 raise ConfigError(f"{p}: could not be removed ({e.strerror}); the rest of {out} was") from None
+
+
+def _some(names: list[str]) -> str:
+    """The first few of ``names``, for an error line."""
+    return ", ".join(n[:80] for n in names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def _as_test(owned: Owned | set[str]) -> Owned:
