@@ -161,7 +161,8 @@ def _read_small(path: Path, where: str) -> bytes:
     except FileNotFoundError:
         raise
     except OSError as e:  # access denied, a symlink: there, but not to be read
-        raise DataError(f"{where}: {'a symlink (refused)' if e.errno == errno.ELOOP else 'unreadable'} ({e.strerror})") from None
+        what = "a symlink (refused)" if e.errno == errno.ELOOP else "unreadable"
+        raise DataError(f"{where}: {what} ({e.strerror})") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise DataError(f"{where}: not a file")

@@ -199,8 +199,10 @@ class PoolSettings(Section):
                                   "shared out among the graph servers; auto: each graph server sizes its pool as the run "
                                   "goes, growing while tasks wait for a worker and its graph stages idle (keeping a "
                                   "growth only if it raised throughput) and shrinking while workers idle; each decision "
-                                  "is in the server log and tasks.jsonl (kind resize)", metavar="N|auto", most=MAX_LAMBDAS)
-    lambdas_min: int = setting(2, "--lambdas auto: fewest workers in all, where each pool starts", metavar="N", most=MAX_LAMBDAS)
+                                  "is in the server log and tasks.jsonl (kind resize)",
+                                  metavar="N|auto", most=MAX_LAMBDAS)
+    lambdas_min: int = setting(2, "--lambdas auto: fewest workers in all, where each pool starts",
+                               metavar="N", most=MAX_LAMBDAS)
     lambdas_max: int = setting(32, "--lambdas auto: most workers in all", metavar="N", most=MAX_LAMBDAS)
     lambda_latency_ms: float = setting(0.0, "local: injected latency per invocation", most=600_000.0)
     lambda_bandwidth_mbps: float = setting(0.0, "local: cap each emulated Lambda's transfers at this rate, each way (the "
@@ -208,7 +210,8 @@ class PoolSettings(Section):
                                            "default 0: unlimited)", metavar="MBPS", most=1e6)
     lambda_fail_rate: float = setting(0.0, "local: chance an invocation fails")
     lambda_cold_start_ms: float = setting(0.0, "local: the first invocation on each emulated Lambda (and on each "
-                                          "replacement of a dead one) waits this long, as a cold container does", most=600_000.0)
+                                          "replacement of a dead one) waits this long, as a cold container does",
+                                          most=600_000.0)
     lambda_memory_mb: int = setting(3008, "local: billed memory of an emulated Lambda (default 3008); lambda: read from "
                                     "the deployed function", most=10_240)
     lambda_timeout_s: float = setting(60.0, "a Lambda's time limit", most=900.0)
@@ -262,17 +265,20 @@ class AwsSettings(Section):
 class RecoverySettings(Section):
     checkpoint_every: int | None = setting(None, "save every layer's weights and Adam state, all at the same epoch, "
                                            "every N epochs and at the end, into RUN_DIR/checkpoints/; a dead server is "
-                                           "restarted from the newest (default 10; 0: never)", metavar="N", most=MAX_EPOCHS)
+                                           "restarted from the newest (default 10; 0: never)",
+                                           metavar="N", most=MAX_EPOCHS)
     checkpoint_dir: str = setting("", "write checkpoints here instead of RUN_DIR/checkpoints: a folder, or an s3:// "
                                   "prefix that outlives the driver's machine", metavar="DIR", show_default=False)
     max_restarts: int = setting(3, "restart the servers after one dies, hangs or goes silent at most this often, each "
                                 "time from the newest checkpoint, before the job stops with the reason", most=1000)
     relaunch_min_s: float = setting(5.0, "relaunch a task after max(this, factor x average)", most=MAX_WAIT_S)
-    relaunch_factor: float = setting(3.0, "relaunch a task after max(--relaunch-min-s, this x its kind's average)", most=1000.0)
+    relaunch_factor: float = setting(3.0, "relaunch a task after max(--relaunch-min-s, this x its kind's average)",
+                                     most=1000.0)
     wait_timeout_s: float = setting(300.0, "give up on any single wait after this", most=MAX_WAIT_S)
     hang_timeout_s: float = setting(60.0, "a server whose serving loop has not turned for this long, or whose send to a "
                                     "peer has waited this long, is hung: it exits and is restarted like a dead one, "
-                                    "within --max-restarts (default 60; longer than any single step of the job)", most=MAX_WAIT_S)
+                                    "within --max-restarts (default 60; longer than any single step of the job)",
+                                    most=MAX_WAIT_S)
     replace_timeout_s: float = setting(120.0, "--cluster: when a server is lost, the others drop the job and the driver "
                                        "waits this long for every server to say hello again (the lost one restarted by "
                                        "its supervisor or systemd), then resumes from the newest checkpoint, within "

@@ -86,8 +86,8 @@ def check_number(flag: str, value, most: float | None = None) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{flag} must be a finite number, got {value}")
     if most is not None and value > most:
-        raise ConfigError(f"{flag} must be <= {_shown(most)}, got {value:,}" if isinstance(value, int) and value < 10**15
-                          else f"{flag} must be <= {_shown(most)}, got {value:.6g}")
+        shown = f"{value:,}" if isinstance(value, int) and value < 10**15 else f"{value:.6g}"
+        raise ConfigError(f"{flag} must be <= {_shown(most)}, got {shown}")
 
 
 def check_split(train_frac: float, val_frac: float, seed: int, seed_flag: str = "--split-seed") -> None:

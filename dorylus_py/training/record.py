@@ -30,7 +30,8 @@ from dorylus_py.errors import ConfigError, DataError, DorylusError, interrupted_
 
 RECORD_FILES = ("config.json", "metrics.jsonl", "tasks.jsonl", "summary.json", "weights.npz", "best_weights.npz",
                 "graph.npz", "clusters.npy")  # clusters and graph: what gossip / all-reduce workers read
-_TEMP = re.compile(r"\.(?:%s)\.[a-z0-9_]{8}\.tmp" % "|".join(map(re.escape, RECORD_FILES)))  # atomic_file's, left by a kill
+# atomic_file's temporary files, which a killed run may leave
+_TEMP = re.compile(r"\.(?:%s)\.[a-z0-9_]{8}\.tmp" % "|".join(map(re.escape, RECORD_FILES)))
 _LOG = re.compile(r"[A-Za-z0-9_.-]+\.log")  # logs/ROLE.log: the servers' and workers' output
 METRIC_KEYS = ("epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s", "wall_s")
 _unfinished: "weakref.WeakSet[RunRecord]" = weakref.WeakSet()  # records of this process without a summary yet
@@ -188,7 +189,9 @@ def record_files(run_dir: Path) -> Owned:
     def owned(rel: str, is_dir: bool) -> bool:
         top, _, rest = rel.partition("/")
         if not rest:
-            return top in ("logs", "checkpoints", "partitions") if is_dir else bool(top in RECORD_FILES or _TEMP.fullmatch(top))
+            if is_dir:
+                return top in ("logs", "checkpoints", "partitions")
+            return top in RECORD_FILES or bool(_TEMP.fullmatch(top))
         if top == "logs":
             return not is_dir and bool(_LOG.fullmatch(rest))
         if top == "checkpoints":
