@@ -3,23 +3,33 @@
 ``ROOT/epoch-NNNNNN.npz`` per checkpoint and ``ROOT/latest.json`` naming the newest with its size and
 SHA-256, the few before it likewise, and the job's fingerprint; ROOT is a local folder or an ``s3://``
 prefix. A file is complete (written, flushed to disk, renamed) before ``latest.json`` points at it, so
-a reader never sees half a checkpoint, even after a power loss; one that fails its checksum anyway is
-passed over for the newest intact one before it, with a line saying so.
+a reader never sees half a checkpoint, even after a power loss; one that cannot be read for any reason
+is passed over for the newest intact one before it, with a line saying so.
 
-Nothing in ``latest.json`` is trusted as a path: a file name is used only if it is exactly
-``epoch-NNNNNN.npz``, so a checkpoint folder (or an S3 prefix someone else can write) cannot make a
-resume read or write outside it. The fingerprint (the partition store's manifest, the model, its layer
+Nothing read back is trusted. ``latest.json`` (at most :data:`MAX_INDEX_BYTES`) must fit its schema,
+types included, fingerprint and all; a file name is used only if it is exactly ``epoch-NNNNNN.npz``, and
+neither it nor ``latest.json`` may be a symlink, so a checkpoint folder (or an S3 prefix someone else
+can write) cannot make a resume read or write outside it. Before any array is made, each ``.npy``
+member's header must be a plain numeric array whose shape and dtype make exactly the member's size in
+the zip, and the members together must fit the model (each ``TENSOR:FIELD`` at most the tensor's
+elements) or, without the model's shapes, the file's own size: a zip bomb or a header claiming 2^42
+floats is refused at once. The fingerprint (the partition store's manifest, the model, its layer
 widths, the partition count) ties a checkpoint to its job: a resume of other data or another model is
 refused with one line.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
+import math
+import os
 import re
+import stat
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -28,16 +38,25 @@ from dorylus_py import s3
 from dorylus_py.atomic import atomic_file
 from dorylus_py.checksum import sha256_file
 from dorylus_py.errors import ConfigError, DataError
-from dorylus_py.jsonfile import read_json
 
 log = logging.getLogger(__name__)
 LATEST = "latest.json"
 NAME = re.compile(r"epoch-\d{6}\.npz")
+_TEMP = re.compile(r"\.(?:epoch-\d{6}\.npz|latest\.json)\.[a-z0-9_]{8}\.tmp")  # atomic_file's, left by a kill
 KEEP = 4  # checkpoints latest.json lists (the newest and those before it, to fall back on)
+MAX_INDEX_BYTES = 64 * 1024  # latest.json: a few hundred bytes
+MAX_MEMBERS = 4096  # arrays in one checkpoint: 5 per weight tensor
+MAX_HEADER = 4096  # an .npy header's bytes (numpy writes 128)
+_FINGERPRINT = {"store": str, "model": str, "widths": list, "partitions": int}
 
 
 def checkpoint_name(epoch: int) -> str:
     return f"epoch-{epoch:06d}.npz"
+
+
+def is_checkpoint_file(name: str) -> bool:
+    """Whether ``name`` (in a checkpoint folder) is one dorylus writes there: what --overwrite may delete."""
+    return bool(NAME.fullmatch(name) or name == LATEST or _TEMP.fullmatch(name))
 
 
 def fingerprint(manifest: dict, model: str, widths: list[int]) -> dict:
@@ -50,12 +69,25 @@ def fingerprint(manifest: dict, model: str, widths: list[int]) -> dict:
     return {"store": store, "model": model, "widths": [int(w) for w in widths], "partitions": int(manifest["partitions"])}
 
 
-def save_checkpoint(root: str, epoch: int, arrays: dict[str, np.ndarray], job: dict | None = None) -> str:
+def model_shapes(cfg, widths: list[int]) -> dict[str, tuple[int, ...]]:
+    """The weight tensors, by name, of the model ``cfg`` (a TrainConfig) asks for at ``widths``: what
+    bounds the arrays its checkpoints may hold."""
+    from dorylus_py.models import spec_of
+
+    return {t.name: tuple(t.shape) for t in spec_of(cfg, widths).tensors()}
+
+
+def save_checkpoint(root: str, epoch: int, arrays: dict[str, np.ndarray], job: dict) -> str:
     """Write ``arrays`` (and ``epoch``) as the newest checkpoint under ``root``, for the job of
-    fingerprint ``job``; return its address."""
+    fingerprint ``job``; return its address. The checkpoints listed before it are kept only if they are
+    this job's; an index that is there but unreadable is an error, not a fresh start."""
+    _fingerprint(job, "the job's fingerprint")
     name = checkpoint_name(epoch)
     previous = _latest(root, missing_ok=True)
-    kept = [] if previous is None else [_entry(previous)] + previous.get("previous", [])
+    if previous is not None and previous["fingerprint"] != job:
+        log.warning("%s/%s: listed another job's checkpoints; they are no longer listed", root, LATEST)
+        previous = None
+    kept = [] if previous is None else [_entry(previous)] + previous["previous"]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / name
         with open(path, "wb") as f:
@@ -75,19 +107,22 @@ def save_checkpoint(root: str, epoch: int, arrays: dict[str, np.ndarray], job: d
     return f"{root}/{name}"
 
 
-def load_checkpoint(root: str, job: dict | None = None) -> dict[str, np.ndarray]:
-    """The newest intact checkpoint under ``root`` (checked against ``latest.json``; a damaged newest one
-    is passed over, with a line saying so); ``job``: the fingerprint it must carry (ConfigError if not)."""
+def load_checkpoint(root: str, job: dict | None = None,
+                    shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
+    """The newest intact checkpoint under ``root``: a newest one that cannot be read, whatever the
+    reason, is passed over with a line saying so. ``job``: the fingerprint it must carry (ConfigError
+    if not); ``shapes``: the model's weight tensors by name, which bound every array read."""
     latest = _latest(root)
-    if job is not None and latest.get("fingerprint") not in (None, job):
+    if job is not None and latest["fingerprint"] != job:
         raise ConfigError(f"{root}: its checkpoints belong to another job ({_difference(latest['fingerprint'], job)}); "
                           "resume with the data and model they were made with, or start a new run")
     problems = []
-    for entry in [latest] + list(latest.get("previous", []))[: KEEP - 1]:
+    for entry in [_entry(latest)] + latest["previous"]:
         try:
-            arrays = _read(root, _entry(entry))
-        except DataError as e:
-            problems.append(str(e))
+            arrays = _read(root, entry, shapes)
+        except Exception as e:  # noqa: BLE001  (any failure to read one candidate: it is damaged)
+            problems.append(str(e) if isinstance(e, DataError) else f"{root}/{entry['file']}: unreadable "
+                            f"({type(e).__name__}: {str(e)[:80]})")
             continue
         if problems:
             log.warning("%s; resuming from %s (epoch %d) instead", "; ".join(problems), entry["file"], entry["epoch"])
@@ -95,23 +130,72 @@ def load_checkpoint(root: str, job: dict | None = None) -> dict[str, np.ndarray]
     raise DataError(f"{root}: no intact checkpoint ({'; '.join(problems)})")
 
 
+# --- latest.json -----------------------------------------------------------------------------------
+
+
 def _latest(root: str, missing_ok: bool = False) -> dict | None:
-    """``latest.json`` of ``root``, checked for form."""
+    """``latest.json`` of ``root``, checked against its schema. Only an index that is not there at all is
+    "no checkpoint yet" (None with ``missing_ok``); one unreadable, refused or damaged is an error."""
     where = f"{root}/{LATEST}"
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = s3.fetch(root, LATEST, Path(tmp) / LATEST) if s3.is_s3(root) else Path(root) / LATEST
-            latest = read_json(path, DataError, "missing: no checkpoint written yet")
-        except DataError:
-            if missing_ok:
-                return None
-            raise
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            if s3.is_s3(root):
+                text = _read_small(s3.fetch(root, LATEST, Path(tmp) / LATEST), where)
+            else:
+                text = _read_small(Path(root) / LATEST, where)
+    except (FileNotFoundError, s3.Missing):
+        if missing_ok:
+            return None
+        raise DataError(f"{where}: missing: no checkpoint written yet") from None
+    try:
+        latest = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{where}: not valid JSON ({getattr(e, 'msg', e)})") from None
+    return _index(latest, where)
+
+
+def _read_small(path: Path, where: str) -> bytes:
+    """The bytes of the small file ``path``, not through a symlink (FileNotFoundError if absent)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # access denied, a symlink: there, but not to be read
+        what = "a symlink (refused)" if e.errno == errno.ELOOP else "unreadable"
+        raise DataError(f"{where}: {what} ({e.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataError(f"{where}: not a file")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_INDEX_BYTES + 1)
+    if len(data) > MAX_INDEX_BYTES:
+        raise DataError(f"{where}: larger than {MAX_INDEX_BYTES} bytes: not a checkpoint index")
+    return data
+
+
+def _index(latest, where: str) -> dict:
+    """``latest.json``'s schema: the newest entry's fields, ``fingerprint`` (required) and ``previous``
+    (a list of entries), nothing else, each of its type."""
     if not isinstance(latest, dict):
         raise DataError(f"{where}: not a checkpoint index")
-    _entry(latest, where)
-    if not isinstance(latest.get("previous", []), list):
-        raise DataError(f"{where}: 'previous' is not a list")
-    return latest
+    unknown = sorted(set(latest) - {"epoch", "file", "bytes", "sha256", "fingerprint", "previous"})
+    if unknown:
+        raise DataError(f"{where}: unknown field {unknown[0][:40]!r}")
+    if "fingerprint" not in latest:
+        raise DataError(f"{where}: no fingerprint (which job its checkpoints belong to); refusing to resume from it")
+    previous = latest.get("previous", [])
+    if not isinstance(previous, list) or len(previous) > KEEP - 1:
+        raise DataError(f"{where}: 'previous' is not a list of at most {KEEP - 1} checkpoint entries")
+    return _entry(latest, where) | {"fingerprint": _fingerprint(latest["fingerprint"], where),
+                                    "previous": [_entry(e, where) for e in previous]}
+
+
+def _fingerprint(value, where: str) -> dict:
+    if not isinstance(value, dict) or set(value) != set(_FINGERPRINT) or any(
+            type(value[k]) is not t for k, t in _FINGERPRINT.items()) or not all(
+            type(w) is int for w in value["widths"]):
+        raise DataError(f"{where}: the fingerprint is not {{store, model, widths: [int], partitions: int}}")
+    return value
 
 
 def _entry(entry, where: str = "latest.json") -> dict:
@@ -127,28 +211,109 @@ def _entry(entry, where: str = "latest.json") -> dict:
     return {"epoch": epoch, "file": name, "bytes": size, "sha256": sha}
 
 
-def _read(root: str, entry: dict) -> dict[str, np.ndarray]:
+# --- one checkpoint file ---------------------------------------------------------------------------
+
+
+def _read(root: str, entry: dict, shapes: dict | None) -> dict[str, np.ndarray]:
     name = entry["file"]  # a checked name: a plain file of this folder
+    where = f"{root}/{name}"
     with tempfile.TemporaryDirectory() as tmp:
         if s3.is_s3(root):
             path = s3.fetch(root, name, Path(tmp) / name, entry["bytes"], entry["sha256"])
         else:
             path = Path(root) / name
-            if not path.is_file() or path.stat().st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
-                raise DataError(f"{path}: missing or does not match {LATEST}")
         try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k].copy() for k in z.files}
-        except (OSError, ValueError) as e:
-            raise DataError(f"{root}/{name}: unreadable ({e})") from None
-    if "epoch" not in arrays or int(arrays["epoch"]) != entry["epoch"]:
-        raise DataError(f"{root}/{name}: holds no epoch {entry['epoch']}")
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as e:
+            raise DataError(f"{where}: {'a symlink (refused)' if e.errno == errno.ELOOP else 'missing or unreadable'} "
+                            f"({e.strerror})") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise DataError(f"{path}: not a file")
+        with os.fdopen(fd, "rb") as f:  # one open file: what is checked is what is read
+            if st.st_size != entry["bytes"] or _sha256(f) != entry["sha256"]:
+                raise DataError(f"{path}: missing or does not match {LATEST}")
+            f.seek(0)
+            arrays = read_npz(f, where, shapes, st.st_size)
+    if "epoch" not in arrays or arrays["epoch"].shape != () or int(arrays["epoch"]) != entry["epoch"]:
+        raise DataError(f"{where}: holds no epoch {entry['epoch']}")
     return arrays
 
 
+def read_npz(f, where: str, shapes: dict | None, file_bytes: int) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` open as ``f``, each member's size checked before it is read: its header
+    must give exactly the member's size in the zip; with ``shapes`` (tensor -> shape), member ``T:FIELD``
+    may hold at most T's elements (``epoch``: one); without, all members together at most ``file_bytes``
+    (what stored members take)."""
+    try:
+        z = zipfile.ZipFile(f)
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise DataError(f"{where}: not a zip file ({e})") from None
+    with z:
+        members = z.infolist()
+        if len(members) > MAX_MEMBERS or len({m.filename for m in members}) != len(members):
+            raise DataError(f"{where}: {len(members)} members, or some twice")
+        if shapes is None and sum(m.file_size for m in members) > file_bytes:
+            raise DataError(f"{where}: its members claim {sum(m.file_size for m in members):,} bytes, more than the "
+                            f"{file_bytes:,} of the file (compressed? dorylus stores them as they are)")
+        arrays = {}
+        for m in members:
+            if not m.filename.endswith(".npy") or m.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise DataError(f"{where}: member {m.filename[:40]!r} is not an .npy array")
+            key = m.filename[:-4]
+            with z.open(m) as member:
+                arrays[key] = _member(member, m.file_size, f"{where}:{key[:40]}", _limit(key, shapes))
+    return arrays
+
+
+def _limit(key: str, shapes: dict | None) -> int | None:
+    """The most elements the member ``key`` may hold in a checkpoint of a model of ``shapes``."""
+    if shapes is None:
+        return None
+    if key == "epoch":
+        return 1
+    tensor = key.rpartition(":")[0]
+    if tensor not in shapes:
+        raise DataError(f"{key[:40]}: not an array of this model's checkpoints")
+    return math.prod(shapes[tensor])
+
+
+def _member(member, size: int, where: str, limit: int | None) -> np.ndarray:
+    """One ``.npy`` member, its header checked against ``size`` (its bytes in the zip) and ``limit``
+    (elements) before its data is read."""
+    try:
+        version = np.lib.format.read_magic(member)
+        if version not in ((1, 0), (2, 0), (3, 0)):
+            raise ValueError(f"npy version {version}")
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(member, max_header_size=MAX_HEADER)
+    except (ValueError, SyntaxError, TypeError) as e:
+        raise DataError(f"{where}: not an .npy header ({str(e)[:80]})") from None
+    if dtype.hasobject or dtype.kind not in "biuf" or dtype.itemsize > 8 or len(shape) > 8:
+        raise DataError(f"{where}: {dtype} x {len(shape)} dimensions is not a plain numeric array")
+    count = math.prod(shape)
+    data_bytes = count * dtype.itemsize
+    if member.tell() + data_bytes != size:
+        raise DataError(f"{where}: its header claims shape {shape[:4]} of {dtype} ({data_bytes:,} bytes), but the "
+                        f"member holds {size:,} bytes")
+    if limit is not None and count > limit:
+        raise DataError(f"{where}: {count:,} elements, more than the model's {limit:,}")
+    data = member.read(data_bytes)
+    if len(data) != data_bytes:
+        raise DataError(f"{where}: cut short")
+    return np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C").copy()
+
+
+def _sha256(f) -> str:
+    """SHA-256 of an open file, from where it stands."""
+    h = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        h.update(block)
+    return h.hexdigest()
+
+
 def _difference(theirs, ours: dict) -> str:
-    if not isinstance(theirs, dict):
-        return "its fingerprint is unreadable"
     names = {"store": "the prepared data", "model": "the model", "widths": "the layer widths",
              "partitions": "the partition count"}
     return ", ".join(f"{names[k]} differ{'s' if k != 'widths' else ''}: {str(theirs.get(k))[:40]} here, {ours[k]} now"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dorylus_py.cli_parser import command
 from dorylus_py.errors import ConfigError, DorylusError
+from dorylus_py.settings import check_number, check_seed, finite_float, path_arg
 
 DATA_FORMATS = """\
 Dataset formats (PATH):
@@ -27,11 +28,14 @@ Without split masks, a seeded random split of the labelled vertices is drawn (--
 def data_parent() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("dataset side files and split")
-    g.add_argument("--features", metavar="FILE.npy", help="features (N x F) for an edge list")
-    g.add_argument("--labels", metavar="FILE.npy", help="labels (N,) for an edge list; -1 = unlabelled")
-    g.add_argument("--masks", metavar="FILE.npz", help="train_mask/val_mask/test_mask arrays (overrides the file's split)")
-    g.add_argument("--train-frac", type=float, default=0.1, help="random split: train fraction of labelled vertices (default 0.1)")
-    g.add_argument("--val-frac", type=float, default=0.1, help="random split: validation fraction; the rest is test (default 0.1)")
+    g.add_argument("--features", type=path_arg, metavar="FILE.npy", help="features (N x F) for an edge list")
+    g.add_argument("--labels", type=path_arg, metavar="FILE.npy", help="labels (N,) for an edge list; -1 = unlabelled")
+    g.add_argument("--masks", type=path_arg, metavar="FILE.npz", help="train_mask/val_mask/test_mask arrays "
+                   "(overrides the file's split)")
+    g.add_argument("--train-frac", type=finite_float, default=0.1, help="random split: train fraction of labelled "
+                   "vertices (default 0.1)")
+    g.add_argument("--val-frac", type=finite_float, default=0.1, help="random split: validation fraction; the rest is "
+                   "test (default 0.1)")
     g.add_argument("--split-seed", type=int, default=0, help="random split seed (default 0)")
     return p
 
@@ -54,16 +58,16 @@ def add_synth(sub) -> None:
         "synth",
         "generate a graph: degree-corrected stochastic block model, power-law degrees, label-correlated features",
     )
-    p.add_argument("--out", required=True, metavar="FILE.npz", help="where to write the graph (npz layout)")
+    p.add_argument("--out", required=True, type=path_arg, metavar="FILE.npz", help="where to write the graph (npz layout)")
     p.add_argument("--nodes", type=int, default=d.nodes, help=f"vertices (default {d.nodes:,})")
     p.add_argument("--edges", type=int, default=d.edges, help=f"directed edges, both directions counted (default {d.edges:,})")
     p.add_argument("--features", type=int, default=d.features, help=f"feature dimension (default {d.features})")
     p.add_argument("--classes", type=int, default=d.classes, help=f"classes = blocks (default {d.classes})")
-    p.add_argument("--homophily", type=float, default=d.homophily, help=f"chance an edge stays in its block (default {d.homophily})")
-    p.add_argument("--degree-exponent", type=float, default=d.degree_exponent, help=f"power-law exponent of degrees (default {d.degree_exponent})")
-    p.add_argument("--feature-signal", type=float, default=d.feature_signal, help=f"class centroid scale vs unit noise (default {d.feature_signal})")
-    p.add_argument("--train-frac", type=float, default=d.train_frac, help=f"train fraction (default {d.train_frac})")
-    p.add_argument("--val-frac", type=float, default=d.val_frac, help=f"validation fraction; rest is test (default {d.val_frac})")
+    p.add_argument("--homophily", type=finite_float, default=d.homophily, help=f"chance an edge stays in its block (default {d.homophily})")
+    p.add_argument("--degree-exponent", type=finite_float, default=d.degree_exponent, help=f"power-law exponent of degrees (default {d.degree_exponent})")
+    p.add_argument("--feature-signal", type=finite_float, default=d.feature_signal, help=f"class centroid scale vs unit noise (default {d.feature_signal})")
+    p.add_argument("--train-frac", type=finite_float, default=d.train_frac, help=f"train fraction (default {d.train_frac})")
+    p.add_argument("--val-frac", type=finite_float, default=d.val_frac, help=f"validation fraction; rest is test (default {d.val_frac})")
     p.add_argument("--seed", type=int, default=d.seed, help="random seed (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(run=_run_synth)
@@ -135,17 +139,17 @@ def add_prepare(sub, data) -> None:
     )
     p.add_argument("input", metavar="INPUT", help="dataset (see formats below)")
     p.add_argument("--partitions", "-k", type=int, required=True, help="number of partitions (graph servers)")
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder, or s3://BUCKET/PREFIX (AWS credentials, "
+    p.add_argument("--out", required=True, type=path_arg, metavar="DIR", help="output folder, or s3://BUCKET/PREFIX (AWS credentials, "
                    "region and AWS_ENDPOINT_URL from the environment); must be empty unless --overwrite")
     p.add_argument("--partitioner", default="auto",
                    help="metis: minimum edge cut, needs memory; fennel: streaming, a few passes, bounded memory; "
                         "hash: by vertex id; auto (default): metis when its memory estimate fits --memory-budget, "
                         "else fennel (the choice is printed)")
-    p.add_argument("--memory-budget", type=float, metavar="GB", help="auto: memory METIS may use (default: 3/4 of "
+    p.add_argument("--memory-budget", type=finite_float, metavar="GB", help="auto: memory METIS may use (default: 3/4 of "
                    "the memory available now)")
     p.add_argument("--feature-dtype", default="float32", help="how features are stored: float32 (default), float16 "
                    "or bfloat16; graph servers compute in float32")
-    p.add_argument("--scratch", metavar="DIR", help="folder for temporary files, about 16 bytes per edge "
+    p.add_argument("--scratch", type=path_arg, metavar="DIR", help="folder for temporary files, about 16 bytes per edge "
                    "(default: beside --out)")
     p.add_argument("--seed", type=int, default=0, help="METIS / Fennel seed (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (refused if its "
@@ -159,17 +163,23 @@ def _run_prepare(args) -> int:
     from dorylus_py.partition.source import open_source
     from dorylus_py.progress import status
 
+    from dorylus_py.sections import MAX_SERVERS
+    from dorylus_py.partition.store import check_store_out
+
     if args.partitions < 1:  # checked before anything is read or created
         raise ConfigError(f"--partitions must be >= 1, got {args.partitions}")
+    check_number("--partitions", args.partitions, MAX_SERVERS)
     check_partitioner(args.partitioner)
     if args.feature_dtype not in FEATURE_DTYPES:
         raise ConfigError(f"--feature-dtype must be one of {', '.join(FEATURE_DTYPES)}, got {args.feature_dtype!r}")
     if args.memory_budget is not None and args.memory_budget <= 0:
         raise ConfigError(f"--memory-budget must be > 0 GB, got {args.memory_budget}")
+    check_number("--memory-budget", args.memory_budget, 2**20)
+    check_seed("--seed", args.seed)
     if args.scratch and not Path(args.scratch).is_dir():
         raise ConfigError(f"{args.scratch}: --scratch is not a folder")
-    if not is_s3(args.out) and Path(args.out).exists() and not args.overwrite:
-        raise DorylusError(f"{args.out}: already exists (pass --overwrite to replace it)")
+    if not is_s3(args.out):
+        check_store_out(Path(args.out), args.overwrite, args.delete_checkpoints)
     t0 = time.perf_counter()
     status(f"reading {args.input}")
     source = open_source(args.input, sources_of(args))
@@ -196,6 +206,8 @@ def check_partitioner(name: str) -> None:
 
 
 def check_output_file(path: Path, overwrite: bool) -> None:
+    if path.is_dir():
+        raise DorylusError(f"{path}: is a folder; --out names the file to write (such as {path / 'graph.npz'})")
     if path.exists() and not overwrite:
         raise DorylusError(f"{path}: already exists (pass --overwrite to replace it)")
     if not path.parent.exists():

@@ -62,14 +62,16 @@ def checkpoints_of(cfg, run_dir: Path) -> str:
 def checkpoint_epoch(cfg, checkpoints: str, store: str | None) -> int:
     """The epoch of the newest intact checkpoint, which --resume continues after; checked before anything
     is written, against the job's fingerprint when its partition ``store`` is there to read."""
-    from dorylus_py.checkpoint import fingerprint, load_checkpoint
+    from dorylus_py.checkpoint import fingerprint, load_checkpoint, model_shapes
     from dorylus_py.partition import PartitionStore
 
-    epochs, job = cfg.epochs, None
+    epochs, job, shapes = cfg.epochs, None, None
     if store is not None:
         m = PartitionStore.open(store).manifest
-        job = fingerprint(m, cfg.model, cfg.widths(m["features"], m["classes"]))
-    done = int(load_checkpoint(checkpoints, job)["epoch"])
+        widths = cfg.widths(m["features"], m["classes"])
+        job = fingerprint(m, cfg.model, widths)
+        shapes = model_shapes(cfg, widths)
+    done = int(load_checkpoint(checkpoints, job, shapes)["epoch"])
     if done >= epochs:
         raise ConfigError(f"the newest checkpoint in {checkpoints} is at epoch {done}; --epochs {epochs} leaves "
                           "nothing to do (pass more)")
@@ -158,9 +160,9 @@ def partition_into(cfg, graph, store: Path) -> None:
 
 def drop_data_copy(run_dir: Path) -> None:
     """--no-data-copy: what a run copied of its data into its record, gone once the run ends."""
-    import shutil
+    from dorylus_py.partition.store import delete_store
 
-    shutil.rmtree(run_dir / "partitions", ignore_errors=True)
+    delete_store(run_dir / "partitions")
     for name in ("graph.npz", "clusters.npy"):  # gossip / all-reduce workers read these
         (run_dir / name).unlink(missing_ok=True)
 
@@ -189,7 +191,7 @@ TRAIN_GROUPS = {  # the settings sections of TrainConfig, as --help groups them
 
 def add_train(sub, data) -> None:
     from dorylus_py.config import SECTIONS
-    from dorylus_py.settings import add_flags
+    from dorylus_py.settings import add_flags, path_arg
 
     p = command(
         sub,
@@ -198,8 +200,9 @@ def add_train(sub, data) -> None:
         [data],
         DATA_FORMATS + "\nWithout --data, a graph is generated with `dorylus synth`'s defaults.\n",
     )
-    p.add_argument("--out", metavar="RUN_DIR", help="run record folder (default runs/DATE-TIME-BACKEND)")
-    p.add_argument("--overwrite", action="store_true", help="replace RUN_DIR if it holds a run record")
+    p.add_argument("--out", type=path_arg, metavar="RUN_DIR", help="run record folder (default runs/DATE-TIME-BACKEND)")
+    p.add_argument("--overwrite", action="store_true", help="replace RUN_DIR if it holds a run record and nothing else "
+                   "(only the files dorylus wrote there are deleted; any other file is refused, naming it)")
     p.add_argument("--no-data-copy", action="store_true",
                    help="keep no copy of the data in RUN_DIR: the partitions a distributed run makes when --data is "
                         "not a prepared store of K parts (RUN_DIR/partitions), gossip's graph.npz and clusters.npy, "
@@ -215,7 +218,7 @@ def add_train(sub, data) -> None:
                                     "are started by hand (`dorylus graph-server`/`weight-server`); --data must be a "
                                     "prepared folder they can read")
     groups["recovery"].add_argument(
-        "--resume", dest="resume_dir", metavar="RUN_DIR",
+        "--resume", dest="resume_dir", type=path_arg, metavar="RUN_DIR",
         help="continue the distributed run recorded in RUN_DIR (interrupted, failed, or to go on to more --epochs) "
              "from its newest checkpoint, in that record and with its configuration; only "
              + ", ".join("--" + k.replace("_", "-") for k in RESUME_OVERRIDES) + " may change")

@@ -35,7 +35,7 @@ from dorylus_py.sections import (  # noqa: F401  (re-exported: what a run's sett
     RunSettings,
     at_least,
 )
-from dorylus_py.settings import AUTO, fits
+from dorylus_py.settings import AUTO, check_number, check_split, fits
 
 
 @dataclass(frozen=True, init=False)
@@ -90,8 +90,9 @@ class TrainConfig:
         return cls(**values)
 
     def check(self) -> None:
-        """Each section's own values, then what relates them."""
+        """Each section's own values (its numbers finite and within their bounds first), then what relates them."""
         for name in SECTIONS:
+            getattr(self, name).check_limits()
             getattr(self, name).check()
         p, pool = self.pipeline, self.pool
         if pool.lambdas is AUTO and p.backend not in LAMBDA_BACKENDS:
@@ -182,6 +183,9 @@ class TrainConfig:
         return row_cache_mb(self.pipeline.backend, self.pool.lambda_memory_mb, self.pool.row_cache_mb)
 
 
+MAX_SYNTH_EDGES = 2**36  # about 1 TB of edge buckets on disk
+
+
 @dataclass(frozen=True)
 class SynthConfig:
     """A generated graph (``data/synth.py``)."""
@@ -198,13 +202,18 @@ class SynthConfig:
     seed: int = 0
 
     def check(self) -> None:
+        for flag, value, most in (("--nodes", self.nodes, 2**31 - 1), ("--edges", self.edges, MAX_SYNTH_EDGES),
+                                  ("--features", self.features, 65_536), ("--classes", self.classes, 65_536),
+                                  ("--degree-exponent", self.degree_exponent, 100.0),
+                                  ("--feature-signal", self.feature_signal, 1e6)):
+            check_number(flag, value, most)
+        at_least("--feature-signal", self.feature_signal, 0)
+        check_split(self.train_frac, self.val_frac, self.seed, "--seed")
         at_least("--nodes", self.nodes, 2)
         at_least("--classes", self.classes, 2)
         at_least("--features", self.features, 1)
         if self.classes > self.nodes:
             raise ConfigError(f"--classes ({self.classes}) cannot exceed --nodes ({self.nodes})")
-        if self.nodes >= 2**31:
-            raise ConfigError(f"--nodes {self.nodes} is above the supported 2^31 - 1")
         if not 0 <= self.edges <= self.nodes * (self.nodes - 1) // 2:
             raise ConfigError(f"--edges {self.edges} is impossible for {self.nodes} vertices without duplicates")
         if not 0.0 <= self.homophily <= 1.0:

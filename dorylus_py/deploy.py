@@ -60,11 +60,12 @@ def build_context(out: Path, overwrite: bool = False) -> list[Path]:
         raise ConfigError(f"build-context needs a source checkout; missing {dockerfile if not dockerfile.exists() else ENTRY}")
     sources = [dockerfile] + import_closure(ENTRY)
     layout = {src: Path("Dockerfile") if src.name == "Dockerfile" else src.relative_to(REPO) for src in sources}
-    check_replaceable(out, {str(rel) for rel in layout.values()}, overwrite, "a Lambda build context")
+    names = {str(rel) for rel in layout.values()}
+    check_replaceable(out, names, overwrite, "a Lambda build context")
     if not out.parent.exists():
         raise ConfigError(f"{out.parent}: folder does not exist")
     written = []
-    with atomic_dir(out, overwrite=True) as staging:
+    with atomic_dir(out, names) as staging:
         for src, rel in layout.items():
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, staging / rel)

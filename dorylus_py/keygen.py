@@ -27,7 +27,7 @@ def generate(out: Path, overwrite: bool = False) -> bytes:
     check_replaceable(out, {PUBLIC, SECRET, JOB}, overwrite, "its keys")
     if not out.parent.exists():
         raise ConfigError(f"{out.parent}: folder does not exist")
-    with atomic_dir(out, overwrite=True) as staging:  # mkdtemp: mode 0700 from the start
+    with atomic_dir(out, {PUBLIC, SECRET, JOB}) as staging:  # mkdtemp: mode 0700 from the start
         zmq.auth.create_certificates(staging, "server")
         (staging / JOB).write_text(new_key().hex() + "\n")
         for name in (SECRET, JOB):

@@ -22,6 +22,10 @@ from dorylus_py.errors import DataError
 SCHEME = "s3://"
 
 
+class Missing(DataError):
+    """The object is not there (as opposed to there but unreadable, or access denied)."""
+
+
 def is_s3(uri) -> bool:
     return str(uri).startswith(SCHEME)
 
@@ -147,7 +151,7 @@ def fetch(uri: str, name: str, dest: Path, size: int | None = None, sha256: str 
             client().download_file(bucket, _key(prefix, name), str(tmp))
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NoSuchBucket"):
-                raise DataError(f"{where}: missing") from None
+                raise Missing(f"{where}: missing") from None
             raise _error(e, where) from None
         except BotoCoreError as e:
             raise _error(e, where) from None

@@ -9,7 +9,7 @@ from dataclasses import fields
 from dorylus_py.devices import device_list
 from dorylus_py.errors import ConfigError
 from dorylus_py.wire_forms import WIRE_DTYPES
-from dorylus_py.settings import AUTO, Auto, Section, section, setting
+from dorylus_py.settings import AUTO, MAX_SEED, Auto, Section, check_path, section, setting
 
 BACKENDS = ("reference", "local", "lambda", "cpu", "gpu")
 MODES = ("sync", "async", "gossip", "allreduce")
@@ -21,6 +21,12 @@ LAMBDA_BACKENDS = ("local", "lambda")  # tensor tasks in Lambda containers (emul
 INPROC_BACKENDS = ("cpu", "gpu")  # tensor tasks in the graph servers' own threads
 AUTO_CHUNK_ROWS = 150_000  # --chunks auto: at most this many rows a chunk (a tensor task's memory grows with them)
 ASYNC_CHUNKS = 4  # --chunks auto on an autotuned pool, or async cpu/gpu: chunks a server pipelines at least
+# Upper bounds (``most``): far beyond any real run, low enough that no count overflows an allocation, a
+# poll's milliseconds or a dropout key (epochs < 2^48), so a mistyped flag is one line, not a traceback.
+MAX_EPOCHS = 1_000_000
+MAX_SERVERS = 4096
+MAX_LAMBDAS = 10_000  # AWS's concurrency quotas are lower
+MAX_WAIT_S = 7 * 86_400.0  # a week
 
 
 def at_least(flag: str, value: float, low: float) -> None:
@@ -49,13 +55,16 @@ def count(flag: str, value, low: int = 1) -> None:
 class RunSettings(Section):
     data: str | None = setting(None, "dataset or prepared folder (default: a generated graph)", metavar="PATH",
                                show_default=False)
-    epochs: int = setting(200, "epochs")
-    seed: int = setting(0, "weights and dropout seed")
-    threads: int = setting(0, "torch threads (default: torch's choice)")
+    epochs: int = setting(200, "epochs", most=MAX_EPOCHS)
+    seed: int = setting(0, "weights and dropout seed", most=MAX_SEED)
+    threads: int = setting(0, "torch threads (default: torch's choice)", most=1024)
     target_acc: float = setting(0.0, "stop once validation accuracy reaches this (0: run every epoch)")
 
     def check(self) -> None:
         at_least("--epochs", self.epochs, 1)
+        at_least("--seed", self.seed, 0)
+        if self.data:
+            check_path("--data", self.data)
         if not 0.0 <= self.target_acc <= 1.0:
             raise ConfigError(f"--target-acc must be in [0, 1], got {self.target_acc}")
         at_least("--threads", self.threads, 0)
@@ -66,16 +75,16 @@ class ModelSettings(Section):
     model: str = setting("gcn", "gcn: Kipf & Welling; gat: graph attention (Velickovic et al.), attention per edge "
                          "computed in ApplyEdge tasks; sage: GraphSAGE with the mean aggregator", choices=MODELS)
     layers: int = setting(2, "layers (Gather + ApplyVertex each)")
-    hidden: int = setting(16, "hidden width; for gat the width of each head")
+    hidden: int = setting(16, "hidden width; for gat the width of each head", most=65_536)
     dropout: float = setting(0.5, "dropout on each layer's input")
-    heads: int = setting(8, "gat: attention heads of each hidden layer, concatenated")
-    out_heads: int = setting(1, "gat: heads of the last layer, averaged")
+    heads: int = setting(8, "gat: attention heads of each hidden layer, concatenated", most=64)
+    out_heads: int = setting(1, "gat: heads of the last layer, averaged", most=64)
     attn_dropout: float | None = setting(None, "gat: dropout on the attention coefficients, keyed by edge (default: the "
                                          "same as --dropout)", metavar="P")
-    negative_slope: float = setting(0.2, "gat: LeakyReLU slope of the attention scores")
+    negative_slope: float = setting(0.2, "gat: LeakyReLU slope of the attention scores", most=1.0)
     weight_decay: float = setting(5e-4, "L2 weight decay: gcn on the first layer, gat and sage on every weight but "
-                                  "the biases")
-    lr: float = setting(0.01, "Adam learning rate")
+                                  "the biases", most=1.0)
+    lr: float = setting(0.01, "Adam learning rate", most=10.0)
     feature_norm: str = setting("auto", "row: rows sum to 1; auto: row when all features are >= 0", choices=FEATURE_NORMS)
 
     def check(self) -> None:
@@ -112,17 +121,17 @@ class PipelineSettings(Section):
                            "docs/aws.md); cpu/gpu: the same pipeline with tensor work inside the graph servers, on the "
                            "CPU or a CUDA device", choices=BACKENDS)
     graph_servers: int = setting(2, "graph servers = partitions (default: the prepared store's partitions, else 2)",
-                                 short="-k")
+                                 short="-k", most=MAX_SERVERS)
     weight_servers: int = setting(1, "weight servers; every weight tensor is cut into row blocks dealt over them, so M "
-                                  "may exceed the layers")
+                                  "may exceed the layers", most=MAX_SERVERS)
     chunks: int | Auto = setting(AUTO, "vertex intervals per graph server, each a tensor task per stage (default auto: "
                                  "one per tensor worker of a fixed --lambdas pool (a second wave of tasks only adds their "
                                  "fixed costs, in either mode), and in sync mode 1 on cpu/gpu; "
                                  f"{ASYNC_CHUNKS} with --lambdas auto or async on cpu/gpu; at most about "
-                                 f"{AUTO_CHUNK_ROWS:,} rows each)", metavar="N|auto")
+                                 f"{AUTO_CHUNK_ROWS:,} rows each)", metavar="N|auto", most=65_536)
     mode: str = setting("sync", "sync: barriers per layer, equals full-batch training; async: bounded staleness; "
                         "gossip / allreduce: decentralised Cluster-GCN workers (see below)", choices=MODES)
-    staleness: int = setting(1, "async: max epochs a chunk runs ahead")
+    staleness: int = setting(1, "async: max epochs a chunk runs ahead", most=1000)
     switch_threshold: float = setting(0.0, "async: switch to sync mode once validation accuracy is within this of "
                                       "--target-acc, as the original Dorylus does (default 0: never)")
     async_update: str = setting("epoch", "async: one weight update per epoch's worth of chunk gradients, taken without "
@@ -152,7 +161,7 @@ class PipelineSettings(Section):
                               "as AdaQP) quarters them, at some CPU per byte: it pays on slow links (a Lambda's), not on "
                               "loopback. Weights, weight gradients, attention scores and the optimizer stay float32; "
                               "in-process tensor work (cpu/gpu) crosses no wire", choices=WIRE_DTYPES)
-    tensor_threads: int = setting(2, "cpu/gpu: tensor threads per graph server")
+    tensor_threads: int = setting(2, "cpu/gpu: tensor threads per graph server", most=256)
     device: str = setting("", "cpu/gpu backends and gossip/allreduce workers: torch device (default cuda for "
                           "--backend gpu, else cpu). cuda: each graph server on a host takes the next GPU "
                           "(cuda:{local rank % GPUs}); cuda:N; or a comma list, one per graph server. Checked on "
@@ -167,6 +176,8 @@ class PipelineSettings(Section):
         one_of("--wire-dtype", self.wire_dtype, WIRE_DTYPES)
         if self.chunks is not AUTO:  # every backend: a bad count is an error even where unused
             count("--chunks", self.chunks)
+        at_least("--graph-servers", self.graph_servers, 1)
+        at_least("--weight-servers", self.weight_servers, 1)
         at_least("--staleness", self.staleness, 0)
         at_least("--tensor-threads", self.tensor_threads, 1)
         device_list(self.device)
@@ -188,19 +199,22 @@ class PoolSettings(Section):
                                   "shared out among the graph servers; auto: each graph server sizes its pool as the run "
                                   "goes, growing while tasks wait for a worker and its graph stages idle (keeping a "
                                   "growth only if it raised throughput) and shrinking while workers idle; each decision "
-                                  "is in the server log and tasks.jsonl (kind resize)", metavar="N|auto")
-    lambdas_min: int = setting(2, "--lambdas auto: fewest workers in all, where each pool starts", metavar="N")
-    lambdas_max: int = setting(32, "--lambdas auto: most workers in all", metavar="N")
-    lambda_latency_ms: float = setting(0.0, "local: injected latency per invocation")
+                                  "is in the server log and tasks.jsonl (kind resize)",
+                                  metavar="N|auto", most=MAX_LAMBDAS)
+    lambdas_min: int = setting(2, "--lambdas auto: fewest workers in all, where each pool starts",
+                               metavar="N", most=MAX_LAMBDAS)
+    lambdas_max: int = setting(32, "--lambdas auto: most workers in all", metavar="N", most=MAX_LAMBDAS)
+    lambda_latency_ms: float = setting(0.0, "local: injected latency per invocation", most=600_000.0)
     lambda_bandwidth_mbps: float = setting(0.0, "local: cap each emulated Lambda's transfers at this rate, each way (the "
                                            "Dorylus paper measured about 200 between a Lambda and an EC2 server; "
-                                           "default 0: unlimited)", metavar="MBPS")
+                                           "default 0: unlimited)", metavar="MBPS", most=1e6)
     lambda_fail_rate: float = setting(0.0, "local: chance an invocation fails")
     lambda_cold_start_ms: float = setting(0.0, "local: the first invocation on each emulated Lambda (and on each "
-                                          "replacement of a dead one) waits this long, as a cold container does")
+                                          "replacement of a dead one) waits this long, as a cold container does",
+                                          most=600_000.0)
     lambda_memory_mb: int = setting(3008, "local: billed memory of an emulated Lambda (default 3008); lambda: read from "
-                                    "the deployed function")
-    lambda_timeout_s: float = setting(60.0, "a Lambda's time limit")
+                                    "the deployed function", most=10_240)
+    lambda_timeout_s: float = setting(60.0, "a Lambda's time limit", most=900.0)
     row_cache_mb: int | None = setting(None, "each warm tensor worker keeps the input-feature rows it pulled (the only "
                                        "rows that never change in training, and the widest), up to this many MB (once "
                                        "full it keeps what it holds); the graph server then does not send them to it "
@@ -210,7 +224,7 @@ class PoolSettings(Section):
                                "worker asks for every block at once, computes on each as it arrives and sends its rows "
                                "of the result back at once, so its downloads, compute and uploads overlap; the graph "
                                "server takes the result only when the last message is in (default 0: whole chunks)",
-                               metavar="ROWS")
+                               metavar="ROWS", most=2**31 - 1)
 
     def check(self) -> None:
         if self.lambdas is not AUTO:
@@ -251,26 +265,31 @@ class AwsSettings(Section):
 class RecoverySettings(Section):
     checkpoint_every: int | None = setting(None, "save every layer's weights and Adam state, all at the same epoch, "
                                            "every N epochs and at the end, into RUN_DIR/checkpoints/; a dead server is "
-                                           "restarted from the newest (default 10; 0: never)", metavar="N")
+                                           "restarted from the newest (default 10; 0: never)",
+                                           metavar="N", most=MAX_EPOCHS)
     checkpoint_dir: str = setting("", "write checkpoints here instead of RUN_DIR/checkpoints: a folder, or an s3:// "
                                   "prefix that outlives the driver's machine", metavar="DIR", show_default=False)
     max_restarts: int = setting(3, "restart the servers after one dies, hangs or goes silent at most this often, each "
-                                "time from the newest checkpoint, before the job stops with the reason")
-    relaunch_min_s: float = setting(5.0, "relaunch a task after max(this, factor x average)")
-    relaunch_factor: float = setting(3.0, "relaunch a task after max(--relaunch-min-s, this x its kind's average)")
-    wait_timeout_s: float = setting(300.0, "give up on any single wait after this")
+                                "time from the newest checkpoint, before the job stops with the reason", most=1000)
+    relaunch_min_s: float = setting(5.0, "relaunch a task after max(this, factor x average)", most=MAX_WAIT_S)
+    relaunch_factor: float = setting(3.0, "relaunch a task after max(--relaunch-min-s, this x its kind's average)",
+                                     most=1000.0)
+    wait_timeout_s: float = setting(300.0, "give up on any single wait after this", most=MAX_WAIT_S)
     hang_timeout_s: float = setting(60.0, "a server whose serving loop has not turned for this long, or whose send to a "
                                     "peer has waited this long, is hung: it exits and is restarted like a dead one, "
-                                    "within --max-restarts (default 60; longer than any single step of the job)")
+                                    "within --max-restarts (default 60; longer than any single step of the job)",
+                                    most=MAX_WAIT_S)
     replace_timeout_s: float = setting(120.0, "--cluster: when a server is lost, the others drop the job and the driver "
                                        "waits this long for every server to say hello again (the lost one restarted by "
                                        "its supervisor or systemd), then resumes from the newest checkpoint, within "
-                                       "--max-restarts")
+                                       "--max-restarts", most=MAX_WAIT_S)
     resume: bool = False  # this run continues a record's newest checkpoint (`--resume RUN_DIR` sets it)
 
     def check(self) -> None:
         if self.checkpoint_every is not None:
             at_least("--checkpoint-every", self.checkpoint_every, 0)
+        if self.checkpoint_dir:  # checked now, not when the first checkpoint is written
+            check_path("--checkpoint-dir", self.checkpoint_dir)
         at_least("--max-restarts", self.max_restarts, 0)
         above("--relaunch-min-s", self.relaunch_min_s, 0)
         at_least("--relaunch-factor", self.relaunch_factor, 1)
@@ -281,21 +300,22 @@ class RecoverySettings(Section):
 
 @section
 class GossipSettings(Section):
-    workers: int = setting(4, "worker processes (default 4; under torchrun: its world size)")
-    clusters: int = setting(40, "METIS clusters of the graph")
+    workers: int = setting(4, "worker processes (default 4; under torchrun: its world size)", most=1024)
+    clusters: int = setting(40, "METIS clusters of the graph", most=1_000_000)
     clusters_per_batch: int = setting(4, "clusters joined into one batch")
-    diag_lambda: float = setting(1.0, "diagonal enhancement of the batch adjacency")
+    diag_lambda: float = setting(1.0, "diagonal enhancement of the batch adjacency", most=1e6)
     gossip_every: int = setting(1, "gossip: swap parameters and the latest gradient with a random peer every k local "
-                                "steps")
+                                "steps", most=MAX_EPOCHS)
     average_every: int = setting(0, "gossip: every E epochs every worker adopts the average of all models, without "
-                                 "stopping (default 0: never)", metavar="E")
+                                 "stopping (default 0: never)", metavar="E", most=MAX_EPOCHS)
     peer_timeout_s: float = setting(5.0, "a worker that does not answer a peer within this is dead; its batches go to "
-                                    "the others")
+                                    "the others", most=MAX_WAIT_S)
     straggler: str = setting("", "slow worker RANK down FACTOR times (experiments)", metavar="RANK:FACTOR",
                              show_default=False)
 
     def check(self) -> None:
         at_least("--workers", self.workers, 1)
+        at_least("--clusters", self.clusters, 1)
         at_least("--gossip-every", self.gossip_every, 1)
         if not 1 <= self.clusters_per_batch <= self.clusters:
             raise ConfigError(f"need 1 <= --clusters-per-batch ({self.clusters_per_batch}) <= --clusters ({self.clusters})")

@@ -4,6 +4,9 @@ A section of a configuration is a frozen dataclass whose fields are made with :f
 ``dorylus`` CLI generates each field's flag from it (``--field-name``: no flag is named differently from
 its field), with the help text and the default written there, so a setting is described in one place.
 ``auto`` values are :data:`AUTO`, a type of their own, not a string (``--chunks auto``, ``--lambdas auto``).
+A number's upper bound is declared with it too (``most``), and :meth:`Section.check_limits` refuses any
+number above it, and any NaN or infinity, in one line: a count that would overflow an allocation, a
+timeout that would overflow a poll, before anything is created. Paths are checked by :func:`check_path`.
 Only the standard library is imported: ``--help`` stays fast.
 """
 
@@ -11,7 +14,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import MISSING, Field, field
+
+from dorylus_py.errors import ConfigError
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes of one path component, of a whole path (Linux)
+MAX_SEED = 2**32 - 1  # the seeds numpy and torch take, whatever the platform
 
 
 class Section:
@@ -29,6 +38,11 @@ class Section:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in dataclasses.fields(self))})"
+
+    def check_limits(self) -> None:
+        """Every number finite and at most its field's ``most``: what no section's own check has to repeat."""
+        for f in dataclasses.fields(self):
+            check_number(flag_of(f.name), getattr(self, f.name), f.metadata.get("most"))
 
 
 def section(cls):
@@ -57,11 +71,86 @@ AUTO = Auto()
 
 
 def setting(default, help: str, *, choices: tuple | None = None, metavar: str | None = None,
-            short: str | None = None, show_default: bool = True) -> Field:
+            short: str | None = None, show_default: bool = True, most: float | None = None) -> Field:
     """A field of a settings section: ``default``, and its flag's ``help`` (the default is appended unless
-    ``show_default`` is false or the help names it), ``choices``, ``metavar`` and ``short`` option."""
+    ``show_default`` is false or the help names it), ``choices``, ``metavar`` and ``short`` option, and
+    ``most``, the largest value it takes (lower bounds, which often relate fields, are the section's check)."""
     return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar, "short": short,
-                                            "show_default": show_default})
+                                            "show_default": show_default, "most": most})
+
+
+def check_number(flag: str, value, most: float | None = None) -> None:
+    """A number setting is finite and at most ``most``; anything else (None, AUTO, a string) passes."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{flag} must be a finite number, got {value}")
+    if most is not None and value > most:
+        shown = f"{value:,}" if isinstance(value, int) and value < 10**15 else f"{value:.6g}"
+        raise ConfigError(f"{flag} must be <= {_shown(most)}, got {shown}")
+
+
+def check_split(train_frac: float, val_frac: float, seed: int, seed_flag: str = "--split-seed") -> None:
+    """A random split's settings: fractions (NaN fails every comparison) and a seed numpy takes."""
+    if not (0 < train_frac < 1 and 0 <= val_frac < 1 and train_frac + val_frac <= 1):
+        raise ConfigError(
+            f"split fractions must satisfy 0 < train ({train_frac}) and train + val ({val_frac}) <= 1"
+        )
+    check_seed(seed_flag, seed)
+
+
+def check_seed(flag: str, seed: int) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"{flag} must be an integer in [0, {MAX_SEED}], got {seed!r}")
+
+
+def path_problem(value: str) -> str | None:
+    """What keeps the OS from taking the path ``value`` (a NUL byte, a name over NAME_MAX bytes, the whole
+    over PATH_MAX), or what is wrong with an ``s3://`` address (``s3.split``); None when nothing is."""
+    if value.startswith("s3://"):
+        from dorylus_py import s3
+        from dorylus_py.errors import DorylusError
+
+        try:
+            s3.split(value)
+        except DorylusError as e:
+            return str(e)
+        return None
+    raw = value.encode("utf-8", "surrogateescape")
+    long = next((name for name in raw.split(b"/") if len(name) > NAME_MAX), None)
+    if b"\0" in raw:
+        return "the path holds a NUL byte"
+    if long is not None:
+        return f"the path has a name of {len(long)} bytes (at most {NAME_MAX}): {long[:40].decode(errors='replace')}..."
+    if len(raw) > PATH_MAX:
+        return f"the path is {len(raw)} bytes long (at most {PATH_MAX})"
+    return None
+
+
+def check_path(flag: str, value: str) -> None:
+    """:func:`path_problem`, as a ConfigError naming ``flag``: checked before anything is created."""
+    problem = path_problem(value)
+    if problem:
+        raise ConfigError(f"{flag}: {problem}")
+
+
+def path_arg(value: str) -> str:
+    """An argparse ``type`` for a path flag: :func:`path_problem` as it is parsed."""
+    problem = path_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def finite_float(value: str) -> float:
+    """An argparse ``type`` for a float flag: NaN and infinities are no setting."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
+    return number
 
 
 def flag_of(name: str) -> str:
@@ -106,7 +195,7 @@ def _parser_of(kind: str):
     options = [o for o in kind.replace(" ", "").split("|") if o != "None"]
     if "Auto" in options:
         return count_or_auto
-    return {"int": int, "float": float}.get(options[0], str)
+    return {"int": int, "float": finite_float}.get(options[0], str)
 
 
 def _shown(value) -> str:

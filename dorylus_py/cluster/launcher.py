@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from dorylus_py import s3
-from dorylus_py.checkpoint import fingerprint, load_checkpoint, save_checkpoint
+from dorylus_py.checkpoint import fingerprint, load_checkpoint, model_shapes, save_checkpoint
 from dorylus_py.cluster import reports
 from dorylus_py.cluster.driver_link import DriverLink, ServerLost
 from dorylus_py.config import TrainConfig
@@ -103,8 +103,9 @@ def train_distributed(cfg: TrainConfig, parts_dir, record: RunRecord, feature_no
     if cluster is not None and len(cluster.graph_servers) != plan.graph_servers:
         raise DorylusError(f"the cluster file lists {len(cluster.graph_servers)} graph servers but {parts_dir} "
                            f"has {plan.graph_servers} partitions")
-    run = _Run(cfg, plan, record, checkpoint_dir or str(record.dir / "checkpoints"), cluster,
-               load_checkpoint(resume_from, plan.fingerprint) if resume_from else None, show_progress)
+    resumed = (load_checkpoint(resume_from, plan.fingerprint, model_shapes(plan.spec.config, plan.spec.dims))
+               if resume_from else None)
+    run = _Run(cfg, plan, record, checkpoint_dir or str(record.dir / "checkpoints"), cluster, resumed, show_progress)
     link = DriverLink(record.dir, cluster, cfg.hang_timeout_s)
     try:
         run.go(link)

@@ -26,6 +26,7 @@ import numpy as np
 from dorylus_py.atomic import atomic_file
 from dorylus_py.data.graph import SPLITS, Graph, random_split
 from dorylus_py.errors import DataError
+from dorylus_py.settings import check_split
 
 BSNAP_HEADER = np.dtype([("id_bytes", "<i4"), ("num_vertices", "<u4"), ("num_edges", "<u8")])
 
@@ -40,6 +41,9 @@ class Sources:
     train_frac: float = 0.1  # random split: fraction of labelled vertices for training
     val_frac: float = 0.1  # ... for validation; the rest is the test split
     split_seed: int = 0
+
+    def __post_init__(self):  # checked when made, before anything is read or written
+        check_split(self.train_frac, self.val_frac, self.split_seed)
 
 
 def load_graph(path: str | os.PathLike, sources: Sources = Sources()) -> Graph:

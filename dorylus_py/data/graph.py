@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dorylus_py.errors import ConfigError, DataError
+from dorylus_py.errors import DataError
+from dorylus_py.settings import check_split
 
 log = logging.getLogger(__name__)
 
@@ -175,10 +176,7 @@ def random_split(
     labels: np.ndarray, train_frac: float, val_frac: float, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Seeded random split of the labelled vertices; the rest of them are the test split."""
-    if not (0 < train_frac < 1 and 0 <= val_frac < 1 and train_frac + val_frac <= 1):
-        raise ConfigError(
-            f"split fractions must satisfy 0 < train ({train_frac}) and train + val ({val_frac}) <= 1"
-        )
+    check_split(train_frac, val_frac, seed)
     labelled = np.nonzero(labels >= 0)[0]
     order = np.random.default_rng(seed).permutation(labelled)
     n_train = max(1, int(round(train_frac * len(order))))

@@ -8,8 +8,10 @@ graph is never held in memory, only per-vertex arrays and one block of edges, so
 a few hundred bytes per vertex whatever the edge count (METIS, when chosen, needs its own). The
 manifest records the format version, the graph's counts and split sizes (so a driver needs nothing
 else), the partitioner and why, edge cut beside a hash partition's, balance, and the size and SHA-256
-of every file. Loading partition ``k`` reads only ``part-k/`` (memory-mapped) and checks sizes always
-and checksums by default, so a truncated or corrupt file is named, never used.
+of every file; ``--overwrite`` replaces a folder only if it holds nothing but those files (and,
+with ``--delete-checkpoints``, the checkpoints a run kept there). Loading partition ``k`` reads only
+``part-k/`` (memory-mapped) and checks sizes always and checksums by default, so a truncated or
+corrupt file is named, never used.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from dorylus_py import s3
-from dorylus_py.atomic import atomic_dir
+from dorylus_py.atomic import Owned, atomic_dir, check_replaceable, remove_owned
 from dorylus_py.checksum import sha256_file
 from dorylus_py.data.graph import Graph
 from dorylus_py.errors import ConfigError, DataError
@@ -68,7 +70,7 @@ def prepare(
     check_parts(parts, source.num_nodes, source.name, method)
     if feature_dtype not in FEATURE_DTYPES:
         raise ConfigError(f"--feature-dtype must be one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
-    if overwrite and not delete_checkpoints:
+    if s3.is_s3(out) and overwrite and not delete_checkpoints:
         refuse_to_delete_checkpoints(out)
     if s3.is_s3(out):
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:
@@ -77,22 +79,22 @@ def prepare(
             s3.upload_store(Path(tmp) / "store", str(out), overwrite, progress)
         return manifest
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise DataError(f"{out}: already exists (pass --overwrite to replace it)")
+    check_store_out(out, overwrite, delete_checkpoints)
     say = progress or (lambda msg: None)
     made = _make_parents(out.parent)
     try:
-        return _prepare_into(source, out, parts, method, seed, overwrite, feature_dtype, memory_budget, scratch, say)
+        return _prepare_into(source, out, parts, method, seed, store_files(out, delete_checkpoints), feature_dtype,
+                             memory_budget, scratch, say)
     except BaseException:
         for folder in made:  # a failure leaves no folders behind (the store's own is atomic)
             folder.rmdir()
         raise
 
 
-def _prepare_into(source, out: Path, parts, method, seed, overwrite, feature_dtype, memory_budget, scratch, say) -> dict:
+def _prepare_into(source, out: Path, parts, method, seed, owned, feature_dtype, memory_budget, scratch, say) -> dict:
     seconds = {}
     t0 = time.perf_counter()
-    with atomic_dir(out, overwrite=overwrite) as tmp, tempfile.TemporaryDirectory(
+    with atomic_dir(out, owned) as tmp, tempfile.TemporaryDirectory(
         prefix=".prepare-", dir=scratch or out.parent
     ) as work:
         work = Path(work)
@@ -269,6 +271,55 @@ class PartitionStore:
             num_classes=m["classes"],
             source=self.remote or str(self.root),
         )
+
+
+def store_files(root: Path, checkpoints: bool = False) -> Owned:
+    """What `dorylus prepare` wrote in ``root``, by what its manifest lists (nothing without one), and with
+    ``checkpoints`` the files a run's checkpoints left in ``root/checkpoints``: what ``--overwrite`` may
+    delete. A manifest naming paths outside its folder names nothing found in it."""
+    from dorylus_py.checkpoint import is_checkpoint_file
+
+    names = set()
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+        if manifest.get("format") == FORMAT:
+            names = {"manifest.json"} | {f"{part_dir(k)}/{name}" for k, part in enumerate(manifest["parts"])
+                                         for name in part["files"] if isinstance(name, str)}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass  # not a store's manifest: nothing here is a store's
+    folders = {n.split("/")[0] for n in names if "/" in n}
+
+    def owned(rel: str, is_dir: bool) -> bool:
+        top, _, rest = rel.partition("/")
+        if checkpoints and top == "checkpoints":
+            return not rest if is_dir else is_checkpoint_file(rest)
+        return rel in folders if is_dir else rel in names
+
+    return owned
+
+
+def check_store_out(out: Path, overwrite: bool, delete_checkpoints: bool = False) -> None:
+    """A local folder :func:`prepare` may write: a new one, or with ``overwrite`` a store holding only its
+    own files (and its checkpoints' only with ``delete_checkpoints``); checked before anything is read."""
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise DataError(f"{out}: already exists (pass --overwrite to replace it)")
+    if not delete_checkpoints:
+        refuse_to_delete_checkpoints(out)
+    check_replaceable(out, store_files(out, delete_checkpoints), True, "a prepared store's files")
+
+
+def delete_store(root: Path) -> None:
+    """Delete what `dorylus prepare` wrote in ``root``, and ``root`` once empty; anything else in it stays
+    (with a line saying so)."""
+    import logging
+
+    if not root.is_dir() or root.is_symlink():
+        return
+    try:
+        remove_owned(root, store_files(root))
+        root.rmdir()
+    except (ConfigError, OSError) as e:
+        logging.getLogger(__name__).warning("%s: kept (%s)", root, e)
 
 
 def checkpoint_root(store: str) -> str:

@@ -4,6 +4,10 @@
 epoch, loss, train/val/test accuracy, epoch seconds, wall seconds), ``tasks.jsonl`` (one line per task,
 for distributed backends), ``summary.json`` and ``weights.npz`` / ``best_weights.npz``.
 
+``--overwrite`` deletes only what :func:`record_files` says dorylus wrote there (these files, ``logs/``,
+``checkpoints/``, the record's copy of the data in ``partitions/`` as its manifest lists it): a folder
+holding anything else is refused, naming it, with nothing deleted.
+
 However a run ends, its record ends with ``summary.json``: :meth:`RunRecord.finish` writes status
 ``completed``, :meth:`RunRecord.abort` ``interrupted`` or ``failed: <line>`` with what the epochs
 logged so far give. The epoch fields of a summary (final and best accuracies, ``wall_s``) are always
@@ -15,15 +19,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
+import re
 import weakref
 from pathlib import Path
 
 import numpy as np
 
-from dorylus_py.atomic import atomic_file
+from dorylus_py.atomic import Owned, atomic_file, check_replaceable, remove_owned
 from dorylus_py.errors import ConfigError, DataError, DorylusError, interrupted_by_user
 
+RECORD_FILES = ("config.json", "metrics.jsonl", "tasks.jsonl", "summary.json", "weights.npz", "best_weights.npz",
+                "graph.npz", "clusters.npy")  # clusters and graph: what gossip / all-reduce workers read
+# atomic_file's temporary files, which a killed run may leave
+_TEMP = re.compile(r"\.(?:%s)\.[a-z0-9_]{8}\.tmp" % "|".join(map(re.escape, RECORD_FILES)))
+_LOG = re.compile(r"[A-Za-z0-9_.-]+\.log")  # logs/ROLE.log: the servers' and workers' output
 METRIC_KEYS = ("epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s", "wall_s")
 _unfinished: "weakref.WeakSet[RunRecord]" = weakref.WeakSet()  # records of this process without a summary yet
 _stopped: list[Path] = []  # folders of this process's records that ended without completing
@@ -56,9 +65,11 @@ class RunRecord:
             if not overwrite:
                 raise ConfigError(f"{self.dir}: run folder exists and is not empty (pass --overwrite to replace it, or "
                                   f"--resume {self.dir} to continue an interrupted distributed run)")
-            if not (self.dir / "config.json").exists():
+            if not (self.dir / "config.json").is_file():
                 raise ConfigError(f"{self.dir}: not a run record (no config.json); --overwrite replaces only run records")
-            shutil.rmtree(self.dir)
+            owned = record_files(self.dir)
+            check_replaceable(self.dir, owned, True, "a run record's files")
+            remove_owned(self.dir, owned)
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def _reopen(self, after: int) -> None:
@@ -164,6 +175,30 @@ class RunRecord:
     def _rewrite_lines(self, name: str, rows: list[dict]) -> None:
         with atomic_file(self.dir / name) as tmp:
             tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def record_files(run_dir: Path) -> Owned:
+    """What dorylus writes in a run record (what ``--overwrite`` may delete): :data:`RECORD_FILES` and
+    their temporary files, ``logs/*.log``, checkpoint files in ``checkpoints/``, and in ``partitions/``
+    what its manifest lists."""
+    from dorylus_py.checkpoint import is_checkpoint_file
+    from dorylus_py.partition.store import store_files
+
+    store = store_files(Path(run_dir) / "partitions")
+
+    def owned(rel: str, is_dir: bool) -> bool:
+        top, _, rest = rel.partition("/")
+        if not rest:
+            if is_dir:
+                return top in ("logs", "checkpoints", "partitions")
+            return top in RECORD_FILES or bool(_TEMP.fullmatch(top))
+        if top == "logs":
+            return not is_dir and bool(_LOG.fullmatch(rest))
+        if top == "checkpoints":
+            return not is_dir and is_checkpoint_file(rest)
+        return top == "partitions" and store(rest, is_dir)
+
+    return owned
 
 
 def abort_unfinished(status: str) -> list[Path]:

@@ -15,6 +15,8 @@ from dorylus_py.errors import DataError
 from dorylus_py.partition import PartitionStore, prepare
 from dorylus_py.partition.store import checkpoint_root
 
+JOB = {"store": "0" * 32, "model": "gcn", "widths": [2, 2], "partitions": 2}  # a checkpoint's fingerprint
+
 
 @pytest.fixture()
 def graph_file(small_graph, tmp_path):
@@ -112,7 +114,7 @@ def test_overwrite_in_s3_keeps_checkpoints_unless_told(small_graph, tmp_path, mo
     write_npz(small_graph, tmp_path / "g.npz")
     prepare = ["prepare", str(tmp_path / "g.npz"), "-k", "2", "--out", "s3://bkt/datasets/g"]
     assert main(prepare) == 0
-    save_checkpoint(checkpoint_root("s3://bkt/datasets/g"), 1, {"W0": np.ones(2, np.float32)})
+    save_checkpoint(checkpoint_root("s3://bkt/datasets/g"), 1, {"W0": np.ones(2, np.float32)}, JOB)
     capsys.readouterr()
     assert main([*prepare, "--overwrite"]) == 2 and "s3://bkt/datasets/g/checkpoints: holds 2" in capsys.readouterr().err
     assert main([*prepare, "--overwrite", "--delete-checkpoints"]) == 0
@@ -124,7 +126,7 @@ def test_an_s3_checkpoint_index_cannot_write_outside_its_folder(bucket, tmp_path
     """Whoever can write the checkpoint prefix controls latest.json: its file name was used as a local
     path (a `--resume` downloaded the object to wherever '../..' or '/abs' pointed, then failed)."""
     root = f"s3://{bucket}/run/checkpoints"
-    save_checkpoint(root, 3, {"W0": np.ones((2, 2), np.float32)})
+    save_checkpoint(root, 3, {"W0": np.ones((2, 2), np.float32)}, JOB)
     s3 = boto3.client("s3")
     latest = json.loads(s3.get_object(Bucket=bucket, Key="run/checkpoints/latest.json")["Body"].read())
     target = tmp_path / "escaped-by-resume.pth"

@@ -19,6 +19,8 @@ from dorylus_py.platforms.aws import deployed_memory_mb
 pytest.importorskip("hcl2")
 from tests.aws.terraform import render, statements  # noqa: E402
 
+JOB = {"store": "0" * 32, "model": "gcn", "widths": [2, 2], "partitions": 2}  # a checkpoint's fingerprint
+
 
 @pytest.fixture()
 def secret(moto_url):
@@ -81,13 +83,13 @@ def test_server_role_does_what_servers_and_driver_do_and_nothing_more(moto_aws, 
         assert PartitionStore.open(store).load(1).num_local > 0  # graph servers read their partition
         assert deployed_memory_mb("dorylus-tensor") == 1769  # the driver's start
         run = f"s3://{bucket}/checkpoints/run1"
-        save_checkpoint(run, 3, {"W0": np.ones((2, 2), np.float32)})
+        save_checkpoint(run, 3, {"W0": np.ones((2, 2), np.float32)}, JOB)
         assert int(load_checkpoint(run)["epoch"]) == 3
         with pytest.raises(DataError, match="AccessDenied"):  # cannot touch the dataset
             s3store.put_file(store, "manifest.json", _file(tmp_path))
         for root in (checkpoint_root(store), f"s3://{bucket}/elsewhere"):  # nor write outside checkpoints/
             with pytest.raises(DataError, match="AccessDenied"):
-                save_checkpoint(root, 3, {"W0": np.ones(1, np.float32)})
+                save_checkpoint(root, 3, {"W0": np.ones(1, np.float32)}, JOB)
     finally:
         moto_aws.enforce(False)
     denied = {(c.action, c.resource) for c in moto_aws.calls if not c.allowed}

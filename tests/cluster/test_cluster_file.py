@@ -172,7 +172,7 @@ def test_keys_gen_and_curve_settings_in_the_cluster_file(tmp_path, capsys):
     (keys / "notes.txt").write_text("mine")  # --overwrite of a folder holding anything else (a home folder)
     capsys.readouterr()
     assert main(["keys", "gen", str(keys), "--overwrite"]) == 2
-    assert "holds 1 file(s) that are not its keys (such as notes.txt)" in capsys.readouterr().err
+    assert "holds 1 file(s) that are not its keys (notes.txt)" in capsys.readouterr().err
     assert (keys / "notes.txt").read_text() == "mine" and (keys / "job.key").exists()
     (keys / "notes.txt").unlink()
     base = {"driver": "tcp://10.0.0.1:7000", "graph_servers": ["tcp://10.0.0.2:7100"], "weight_servers": ["tcp://10.0.0.3:7200"]}

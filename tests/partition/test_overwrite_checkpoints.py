@@ -14,7 +14,8 @@ def test_overwrite_keeps_checkpoints_unless_told(small_graph, tmp_path, capsys):
     prepare = ["prepare", str(tmp_path / "g.npz"), "-k", "2", "--out", str(store)]
     assert main(prepare) == 0
     assert main([*prepare, "--overwrite"]) == 0  # no checkpoints: replaced as before
-    save_checkpoint(checkpoint_root(str(store)), 5, {"W0": np.ones((2, 2), np.float32)})
+    save_checkpoint(checkpoint_root(str(store)), 5, {"W0": np.ones((2, 2), np.float32)},
+                    {"store": "0" * 32, "model": "gcn", "widths": [2, 2], "partitions": 2})
     capsys.readouterr()
     assert main([*prepare, "--overwrite"]) == 2
     err = capsys.readouterr().err
