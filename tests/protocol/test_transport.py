@@ -5,7 +5,7 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from dorylus_py.protocol import Message, Session, zap
+from dorylus_py.protocol import Limits, Message, Session, zap
 from dorylus_py.protocol.transport import Curve, dealer, router
 
 KEY = b"transport test key of 32 bytes.."
@@ -55,7 +55,7 @@ def test_curve_server_talks_only_to_curve_clients():
         assert server.poll(10_000)
         route, *frames = server.recv_multipart()
         assert peer.decode(frames, address)["n"] == 1
-        assert server.getsockopt(zmq.MAXMSGSIZE) == 2**31 - 1  # oversized frames are cut off at the socket
+        assert server.getsockopt(zmq.MAXMSGSIZE) == Limits().max_message_bytes  # frames over the message cap: cut off
     finally:
         for s in (plain, encrypted, server):
             s.close(0)
