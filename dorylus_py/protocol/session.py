@@ -17,13 +17,16 @@ every other, and one captured in an earlier job or start by the next. Session id
 process and job, and a session accepts nothing stamped before it was made (:mod:`replay`), so a
 restarted process refuses what was captured before it started. The key itself never travels.
 
-A receiver (:meth:`Session.decode`) checks, in order: frame count and sizes, the magic, the MAC
-(``hmac.compare_digest``), the sequence (:mod:`replay`), and only then parses the header JSON within
-limits (:mod:`bounded_json`), the op, the tensors' dtypes and shapes against their byte lengths. A
+A receiver (:meth:`Session.decode`) checks, in order: frame count and sizes (the whole message within
+``Limits.max_message_bytes``), the magic, the MAC (``hmac.compare_digest``), for a message signed for no
+job that it is a bare ``hello`` (its header's first bytes), the sequence (:mod:`replay`), and only then
+parses the header JSON within limits (:mod:`bounded_json`), the op, the tensors' dtypes and shapes
+against their byte lengths (each shape sized before any array is made). A
 float32 row block may travel narrower (``Message.wire``, :mod:`quantize`): its spec names the form, its
 frame holds that form's bytes, and the receiver gets float32 rows back.
 Failures up to and including the sequence raise :class:`AuthError` (answer nothing: the sender cannot
-be trusted with even an error); later ones raise :class:`ProtocolError`.
+be trusted with even an error); later ones raise :class:`ProtocolError`, and so does anything numpy
+raises on a hostile body: ``decode`` raises nothing else.
 """
 
 from __future__ import annotations
