@@ -35,7 +35,7 @@ import zmq
 from dorylus_py.errors import DorylusError
 from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
-from dorylus_py.protocol.transport import dealer, router
+from dorylus_py.protocol.transport import Inbox, dealer, receive, router
 from dorylus_py.serving.cluster_spec import ClusterSpec, cluster_curve
 from dorylus_py.serving.heartbeat import SILENCE_S
 from dorylus_py.serving.rejections import Rejections
@@ -64,6 +64,7 @@ class DriverLink:
         self.rejections = Rejections("driver")
         self.router = router(self.ctx, self.curve)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.inbox = Inbox(self.router, self.session.limits)
         if cluster is None:
             port = self.router.bind_to_random_port("tcp://127.0.0.1")
             self.address = f"tcp://127.0.0.1:{port}"
@@ -224,9 +225,9 @@ class DriverLink:
                 self._held.append(got)
 
     def _one(self) -> tuple[str | None, Message] | None:
-        frames = self.router.recv_multipart(copy=False)
-        ident = frames[0].bytes
         try:
+            frames = self.inbox.recv()
+            ident = frames[0].bytes
             msg = self.session.decode(frames[1:], self.address, unbound=frozenset({"hello"}))
         except ProtocolError as e:
             self.rejections.add("unauthenticated" if isinstance(e, AuthError) else "invalid", e)
@@ -279,7 +280,7 @@ class DriverLink:
                 if not sock.poll(100):
                     continue
                 try:
-                    reply = self.session.decode(sock.recv_multipart(copy=False), self.session.id)
+                    reply = self.session.decode(receive(sock, self.session.limits), self.session.id)
                 except ProtocolError as e:
                     self.rejections.add("unauthenticated" if isinstance(e, AuthError) else "invalid", e)
                     continue

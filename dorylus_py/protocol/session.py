@@ -17,13 +17,16 @@ every other, and one captured in an earlier job or start by the next. Session id
 process and job, and a session accepts nothing stamped before it was made (:mod:`replay`), so a
 restarted process refuses what was captured before it started. The key itself never travels.
 
-A receiver (:meth:`Session.decode`) checks, in order: frame count and sizes, the magic, the MAC
-(``hmac.compare_digest``), the sequence (:mod:`replay`), and only then parses the header JSON within
-limits (:mod:`bounded_json`), the op, the tensors' dtypes and shapes against their byte lengths. A
+A receiver (:meth:`Session.decode`) checks, in order: frame count and sizes (the whole message within
+``Limits.max_message_bytes``), the magic, the MAC (``hmac.compare_digest``), for a message signed for no
+job that it is a bare ``hello`` (its header's first bytes), the sequence (:mod:`replay`), and only then
+parses the header JSON within limits (:mod:`bounded_json`), the op, the tensors' dtypes and shapes
+against their byte lengths (each shape sized before any array is made). A
 float32 row block may travel narrower (``Message.wire``, :mod:`quantize`): its spec names the form, its
 frame holds that form's bytes, and the receiver gets float32 rows back.
 Failures up to and including the sequence raise :class:`AuthError` (answer nothing: the sender cannot
-be trusted with even an error); later ones raise :class:`ProtocolError`.
+be trusted with even an error); later ones raise :class:`ProtocolError`, and so does anything numpy
+raises on a hostile body: ``decode`` raises nothing else.
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ import math
 import os
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from dorylus_py.errors import ConfigError
 from dorylus_py.protocol.bounded_json import MAX_HEADER_BYTES, parse_header
 from dorylus_py.protocol.messages import DTYPES, OPS, AuthError, Message, ProtocolError
 from dorylus_py.protocol.quantize import WIRE_DTYPES, pack, unpack, wire_bytes
@@ -53,13 +57,30 @@ ENVELOPE_BYTES = _FIXED.size + MAC_BYTES
 MIN_KEY_BYTES = 16
 
 
+MESSAGE_CAP_ENV = "DORYLUS_MAX_MESSAGE_MB"  # the per-message cap, MiB, where the default is too small or large
+DEFAULT_MESSAGE_MB = 512  # below a 954 MiB frame: the attack of issue 40 is refused at its first frame header
+
+
+def message_cap() -> int:
+    """The per-message byte cap: ``DORYLUS_MAX_MESSAGE_MB`` MiB if set (1 to 2047), else 512 MiB."""
+    raw = os.environ.get(MESSAGE_CAP_ENV, "")
+    if not raw:
+        return DEFAULT_MESSAGE_MB * 2**20
+    if not raw.isdigit() or not 1 <= int(raw) <= 2047:
+        raise ConfigError(f"{MESSAGE_CAP_ENV}={raw[:20]!r}: expected a whole number of MiB from 1 to 2047")
+    return int(raw) * 2**20
+
+
 @dataclass(frozen=True)
 class Limits:
-    """What a receiver accepts before it spends a MAC on a message (raise the chunk count for huge partitions)."""
+    """What a receiver accepts before it spends a MAC on a message (raise the chunk count for huge partitions).
+    ``max_message_bytes`` bounds every message, all frames together: ZeroMQ refuses a frame over it at the
+    frame's header (``MAXMSGSIZE``), the receiver counts the frames' total as it reads them
+    (``transport.receive``), and a sender refuses to send more (one line naming the setting)."""
 
     max_tensors: int = 1024  # a weight server's whole state: 5 arrays per tensor block it holds (GAT: 4 tensors a layer)
-    max_frame_bytes: int = 2**31 - 1  # one tensor (GMAC's limit): a 4 M x 128 float32 chunk is just over
-    max_message_bytes: int = 2**32
+    max_frame_bytes: int = 2**31 - 1  # one tensor (GMAC's limit); the message cap is lower by default
+    max_message_bytes: int = field(default_factory=message_cap)
 
 
 def _audience(who: str | bytes, job: bytes) -> bytes:
@@ -74,12 +95,12 @@ class Session:
     state of what it has received, and the job its requests belong to (``job``: the driver's nonce;
     empty before a server has its ``start``). Safe to share between threads."""
 
-    def __init__(self, key: bytes, limits: Limits = Limits(), replay: ReplayGuard | None = None, job: bytes = b""):
+    def __init__(self, key: bytes, limits: Limits | None = None, replay: ReplayGuard | None = None, job: bytes = b""):
         if not isinstance(key, bytes) or len(key) < MIN_KEY_BYTES:
             raise ValueError(f"the job key must be at least {MIN_KEY_BYTES} bytes")
         self._key = key
         self.id = os.urandom(16)
-        self.limits = limits
+        self.limits = limits or Limits()
         self.replay = replay or ReplayGuard(since_us=time.time_ns() // 1000)  # nothing from before this session
         self.job = job
         self._seq = itertools.count(1)  # next() is atomic under the GIL
@@ -132,13 +153,20 @@ class Session:
                                 allow_nan=False).encode()
         except ValueError:
             raise ProtocolError(f"op {msg.op}: a field is not a finite number") from None
+        size = ENVELOPE_BYTES + len(header) + sum(len(f) for f in frames)
+        if size > self.limits.max_message_bytes:
+            raise ProtocolError(f"op {msg.op}: a message of {size} bytes exceeds the cap of "
+                                f"{self.limits.max_message_bytes} (more chunks, or {MESSAGE_CAP_ENV})")
         fixed = _FIXED.pack(MAGIC, self.id, next(self._seq), time.time_ns() // 1000)
         return [fixed + self._mac(fixed, to, header, frames), header, *frames]
 
     def decode(self, frames: list, me: str | bytes, unbound: frozenset[str] = frozenset()) -> Message:
         """Check and parse ``frames`` (bytes or zmq Frames) meant for ``me`` (this process's address
-        for requests, this session's id for replies); raise :class:`ProtocolError` on any problem.
-        ``unbound``: ops also accepted when signed for no job (a server's ``hello``, before it has one)."""
+        for requests, this session's id for replies); raise :class:`ProtocolError` on any problem, and
+        nothing else: whatever numpy or the JSON parser raises on a hostile body becomes one (here, the
+        one place every receive loop goes through).
+        ``unbound``: ops also accepted when signed for no job (a server's ``hello``, before it has one);
+        such a message is refused unless it is one of them, before it takes a replay slot or is parsed."""
         lim = self.limits
         if not 2 <= len(frames) <= 2 + lim.max_tensors:
             raise AuthError(f"{len(frames)} frames (expected 2 to {2 + lim.max_tensors})")
@@ -154,21 +182,37 @@ class Session:
         if magic != MAGIC:
             raise AuthError("not a signed dorylus message (bad magic)")
         bound = hmac.compare_digest(self._mac(fixed, me, bufs[1], bufs[2:]), mac)
-        if not bound and not (unbound and self.job and isinstance(me, str)
-                              and hmac.compare_digest(self._mac(fixed, me, bufs[1], bufs[2:], b""), mac)):
-            raise AuthError("bad MAC: not signed with this job's key, not meant for this process and job, or altered")
+        if not bound:
+            if not (unbound and self.job and isinstance(me, str)
+                    and hmac.compare_digest(self._mac(fixed, me, bufs[1], bufs[2:], b""), mac)):
+                raise AuthError("bad MAC: not signed with this job's key, not meant for this process and job, or altered")
+            if len(bufs) != 2 or not any(bytes(bufs[1][:len(p)]) == p for p in _prefixes(unbound)):
+                raise AuthError("signed for no job, and not one of the ops that may be (or with tensors)")
         self.replay.accept(sender, seq, ts_us)
         try:
-            msg = _parse(bufs, sender)
+            msg = _parse(bufs, sender, lim)
         except ProtocolError as e:
             e.sender = sender  # authentic: an error reply may go back to it
             raise
+        except Exception as e:  # noqa: BLE001  (numpy, struct, ...: a hostile body is refused, never a crash)
+            raise _refused(e, sender) from None
         if not bound and msg.op not in unbound:
             raise AuthError(f"op {msg.op} signed for no job")
         return msg
 
 
-def _parse(bufs: list[memoryview], sender: bytes) -> Message:
+def _prefixes(ops: frozenset[str]) -> list[bytes]:
+    """How the header of an op in ``ops`` begins as :meth:`Session.encode` writes it (the op first)."""
+    return [b'{"op":' + json.dumps(op).encode() + b"," for op in ops]
+
+
+def _refused(error: Exception, sender: bytes) -> ProtocolError:
+    e = ProtocolError(f"malformed message ({type(error).__name__}: {str(error)[:80]})")
+    e.sender = sender
+    return e
+
+
+def _parse(bufs: list[memoryview], sender: bytes, lim: Limits) -> Message:
     header = parse_header(bytes(bufs[1]))
     op = header.pop("op", None)
     if not isinstance(op, str) or op not in OPS:
@@ -178,7 +222,7 @@ def _parse(bufs: list[memoryview], sender: bytes) -> Message:
         raise ProtocolError(f"op {op}: the header's tensor list does not match the {len(bufs) - 2} data frames")
     tensors, wire = {}, {}
     for spec, buf in zip(specs, bufs[2:]):
-        name, dtype, shape, form = _spec(spec)
+        name, dtype, shape, form = _spec(spec, lim)
         if name in tensors:
             raise ProtocolError(f"op {op}: tensor {name!r} named twice")
         if form != "float32":
@@ -194,8 +238,10 @@ def _parse(bufs: list[memoryview], sender: bytes) -> Message:
     return Message(op, header, tensors, sender, sum(len(b) for b in bufs[1:]), wire)
 
 
-def _spec(spec) -> tuple[str, str, list[int], str]:
-    """A tensor's name, dtype, shape and wire form (``float32`` unless a narrower one is named), checked."""
+def _spec(spec, lim: Limits) -> tuple[str, str, list[int], str]:
+    """A tensor's name, dtype, shape and wire form (``float32`` unless a narrower one is named), checked:
+    the shape with each zero taken as one must fit a frame too, so that no empty frame can stand for an
+    array numpy cannot describe (``[0, 2**31-1, 2**31-1, 2**31-1]``: "array is too big")."""
     if not isinstance(spec, dict) or not set(spec) <= {"name", "dtype", "shape", "wire"}:
         raise ProtocolError("tensor spec is not an object of name, dtype, shape and wire")
     name, dtype, shape, form = spec.get("name"), spec.get("dtype"), spec.get("shape"), spec.get("wire", "float32")
@@ -206,6 +252,8 @@ def _spec(spec) -> tuple[str, str, list[int], str]:
     if (not isinstance(shape, list) or len(shape) > 4
             or not all(type(s) is int and 0 <= s < 2**31 for s in shape)):
         raise ProtocolError(f"tensor {name!r}: bad shape {str(shape)[:60]}")
+    if math.prod(max(s, 1) for s in shape) * np.dtype(DTYPES[dtype]).itemsize > lim.max_frame_bytes:
+        raise ProtocolError(f"tensor {name!r}: shape {shape} of {dtype} is larger than a frame may be")
     if form != "float32" and (form not in WIRE_DTYPES or dtype != "float32" or len(shape) != 2):
         raise ProtocolError(f"tensor {name!r}: wire form {str(form)[:20]!r} is not one of {', '.join(WIRE_DTYPES)} "
                             "for 2-D float32 rows")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from dorylus_py.protocol import Message, ProtocolError
-from dorylus_py.protocol.transport import dealer
+from dorylus_py.protocol.transport import dealer, receive
 
 if TYPE_CHECKING:
     from dorylus_py.serving.node import ServerNode
@@ -55,7 +55,7 @@ class Heartbeat:
                 deadline = time.monotonic() + HEARTBEAT_S
                 while (left := deadline - time.monotonic()) > 0 and sock.poll(int(left * 1000) + 1):
                     try:
-                        if self.session.decode(sock.recv_multipart(), self.session.id).op == "heartbeat":
+                        if self.session.decode(receive(sock, self.session.limits), self.session.id).op == "heartbeat":
                             heard = time.monotonic()
                     except ProtocolError:
                         pass  # not from our driver: it proves nothing

@@ -33,8 +33,8 @@ import time
 import zmq
 
 from dorylus_py.errors import DorylusError
-from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
-from dorylus_py.protocol.transport import Curve, dealer, router
+from dorylus_py.protocol import AuthError, Limits, Message, ProtocolError, Session
+from dorylus_py.protocol.transport import Curve, Inbox, dealer, receive, router
 from dorylus_py.serving.rejections import REJECTED, Rejections
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class ServerNode:
         self.ctx = zmq.Context.instance()
         self.router = router(self.ctx, curve)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.inbox = Inbox(self.router, Limits())
         where = "*" if bind_host == "0.0.0.0" else (bind_host or host)
         port = bind(self.router, where, port, f"{role} {rank}")
         self.address = f"tcp://{host}:{port}"
@@ -205,14 +206,14 @@ class ServerNode:
 
     def receive(self, sock: zmq.Socket) -> Message | None:
         """The next message on one of this process's DEALERs, checked; None (counted) if it is refused."""
-        frames = sock.recv_multipart(copy=False)
-        if sock in self._unanswered:  # an answer to the oldest message out (an answer refused here too)
-            self._unanswered[sock].answered()
         try:
-            return self.session.decode(frames, self.session.id)
-        except ProtocolError as e:
+            return self.session.decode(receive(sock, self.session.limits), self.session.id)
+        except ProtocolError as e:  # over the cap (read and let go as it came), forged, or malformed
             self.rejections.add("unauthenticated" if isinstance(e, AuthError) else "invalid", e)
             return None
+        finally:
+            if sock in self._unanswered:  # an answer to the oldest message out (an answer refused too)
+                self._unanswered[sock].answered()
 
     def _from_driver(self) -> Message | None:
         return self.receive(self.driver)
@@ -265,9 +266,12 @@ class ServerNode:
             return bool(events)
         for _ in range(256):  # drain what is queued, bounded so the driver link stays responsive
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = self.inbox.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
+            except AuthError as e:  # over the cap, or from a peer dropped for that
+                self.rejections.add("unauthenticated", e)
+                continue
             route, body = frames[0].bytes, frames[1:]
             try:
                 msg = self.session.decode(body, self.address)

@@ -24,6 +24,7 @@ import time
 import zmq
 
 from dorylus_py.protocol import Message, ProtocolError, Session
+from dorylus_py.protocol.transport import receive
 from dorylus_py.worker.link import frame_bytes, link_of, wait_until
 
 _req_ids = itertools.count()
@@ -55,9 +56,11 @@ class Channel:
         """Take every reply queued now (without blocking)."""
         while True:
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = receive(self.sock, self.session.limits, zmq.NOBLOCK)
             except zmq.Again:
                 break
+            except ProtocolError:
+                continue  # over the cap: read and let go as it came
             try:
                 reply = self.session.decode(frames, self.session.id)
             except ProtocolError:

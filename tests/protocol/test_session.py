@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import zmq
 
-from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
+from dorylus_py.errors import ConfigError
+from dorylus_py.protocol import AuthError, Limits, Message, ProtocolError, Session
 from dorylus_py.protocol.session import _FIXED, ENVELOPE_BYTES
 from tests.protocol import forge
 
@@ -128,7 +129,7 @@ def signed(session: Session, header: bytes, *data: bytes, me=ADDR) -> list:
         (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[2,2],"wire":"int8"}]}', [b"\0" * 7],
          r"7 bytes, but shape \[2, 2\] in int8 needs 8"),
         (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[65536,65536],"wire":"bfloat16"}]}',
-         [b""], "needs 8589934592"),
+         [b""], "larger than a frame may be"),
         (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[1],"extra":1}]}', [b"\0" * 4],
          "name, dtype, shape and wire"),
     ],
@@ -201,9 +202,10 @@ def test_a_shape_whose_size_overflows_is_refused_by_name():
     """np.prod in int64 wraps: [65536] * 4 is 2**64 elements, "0" bytes; a reshape then raised ValueError,
     which no receive loop caught (it killed every role of a live job)."""
     a, b = pair()
-    for shape in ([65536, 65536, 65536, 65536], [2**31 - 1] * 4, [2**16, 2**16, 2**16, 2**16 + 1], [3, -1]):
+    for shape in ([65536, 65536, 65536, 65536], [2**31 - 1] * 4, [2**16, 2**16, 2**16, 2**16 + 1], [3, -1],
+                  [0, 2**31 - 1, 2**31 - 1, 2**31 - 1], [2**31 - 1, 0, 2**20]):  # empty, yet too big for numpy
         header = json.dumps({"op": "push_grad", "tensors": [{"name": "g", "dtype": "float32", "shape": shape}]})
-        with pytest.raises(ProtocolError, match="bad shape|needs") as e:
+        with pytest.raises(ProtocolError, match="bad shape|needs|larger than a frame") as e:
             b.decode(forge.signed(a, header.encode(), b"", to=ADDR), ADDR)
         assert type(e.value) is ProtocolError  # authentic, malformed: never a ValueError
 
@@ -244,3 +246,33 @@ def test_for_job_shares_the_sender_identity():
     first, second = base.encode(Message("ok"), ADDR), view.encode(Message("ok"), ADDR)
     seqs = [_FIXED.unpack(bytes(f[0][: _FIXED.size]))[2] for f in (first, second)]
     assert seqs[1] == seqs[0] + 1  # one sequence: no number is used twice by the same sender id
+
+
+def test_a_message_signed_for_no_job_must_be_a_bare_hello_before_it_takes_a_replay_slot():
+    """Issue 40: the driver parsed an unbound message whole before it checked its op, so any key holder
+    reached its parser without the job's nonce. Now the header's first bytes must name ``hello`` and
+    there may be no tensors; anything else is refused before the replay guard or the parser sees it."""
+    server, driver = Session(KEY), Session(KEY).for_job(b"\x02" * 16)
+    hello = frozenset({"hello"})
+    bad = [server.encode(Message("push_grad", {}, {"g": np.zeros(2, np.float32)}), ADDR),
+           server.encode(Message("hello", {}, {"g": np.zeros(2, np.float32)}), ADDR),
+           forge.signed(server, b'{"op":"push_grad","tensors":[{"name":"g","dtype":"float32","shape":[0,2147483647,'
+                                b'2147483647,2147483647]}]}', b"", to=ADDR),
+           forge.signed(server, b'{"tensors":[],"op":"hello"}', to=ADDR)]  # the op not first: not as encode writes
+    for frames in bad:
+        with pytest.raises(AuthError, match="signed for no job"):
+            driver.decode(frames, ADDR, unbound=hello)
+    assert server.id not in driver.replay.senders
+    assert driver.decode(server.encode(Message("hello", {"rank": 0}), ADDR), ADDR, unbound=hello)["rank"] == 0
+
+
+def test_a_sender_refuses_a_message_over_the_cap_naming_the_setting(monkeypatch):
+    small = Session(KEY, Limits(max_message_bytes=1000))
+    with pytest.raises(ProtocolError, match="exceeds the cap of 1000.*DORYLUS_MAX_MESSAGE_MB"):
+        small.encode(Message("rows", {}, {"P": np.zeros(300, np.float32)}), ADDR)
+    monkeypatch.setenv("DORYLUS_MAX_MESSAGE_MB", "3")
+    assert Limits().max_message_bytes == 3 * 2**20
+    for bad in ("0", "2048", "1e3", "-1"):
+        monkeypatch.setenv("DORYLUS_MAX_MESSAGE_MB", bad)
+        with pytest.raises(ConfigError, match="DORYLUS_MAX_MESSAGE_MB"):
+            Limits()

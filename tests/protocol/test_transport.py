@@ -5,8 +5,8 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from dorylus_py.protocol import Message, Session, zap
-from dorylus_py.protocol.transport import Curve, dealer, router
+from dorylus_py.protocol import AuthError, Limits, Message, Session, zap
+from dorylus_py.protocol.transport import Curve, Inbox, OverCap, dealer, router
 
 KEY = b"transport test key of 32 bytes.."
 
@@ -55,7 +55,7 @@ def test_curve_server_talks_only_to_curve_clients():
         assert server.poll(10_000)
         route, *frames = server.recv_multipart()
         assert peer.decode(frames, address)["n"] == 1
-        assert server.getsockopt(zmq.MAXMSGSIZE) == 2**31 - 1  # oversized frames are cut off at the socket
+        assert server.getsockopt(zmq.MAXMSGSIZE) == Limits().max_message_bytes  # frames over the message cap: cut off
     finally:
         for s in (plain, encrypted, server):
             s.close(0)
@@ -104,3 +104,28 @@ def test_the_zap_handler_refuses_what_it_cannot_parse():
     for frames in ([], [b"1.0"], [b"2.0", b"id", b"d", b"a", b"i", b"CURVE", b"k" * 32],
                    [b"1.0", b"id", b"d", b"a", b"i", b"CURVE"], [b"1.0", b"id", b"unknown", b"a", b"i", b"CURVE", b"k" * 32]):
         assert handler.answer(frames)[2] == b"400"
+
+
+def test_a_message_over_the_cap_is_let_go_frame_by_frame_and_its_peer_dropped():
+    """ZeroMQ's MAXMSGSIZE is per frame: frames each under the cap but over it together are counted as
+    they are read; the message is let go, and so is whatever that peer sends later. Another peer is served."""
+    limits = Limits(max_message_bytes=2**20)
+    ctx = zmq.Context.instance()
+    server = router(ctx, limits=limits)
+    address = f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}"
+    inbox, greedy, other = Inbox(server, limits), dealer(ctx, address), dealer(ctx, address)
+    try:
+        assert server.getsockopt(zmq.MAXMSGSIZE) == 2**20
+        greedy.send_multipart([bytes(600_000)] * 3)
+        greedy.send_multipart([b"after"])
+        assert server.poll(10_000)
+        with pytest.raises(OverCap, match="its peer dropped"):
+            inbox.recv()
+        assert server.poll(10_000)
+        with pytest.raises(AuthError, match="peer dropped"):
+            inbox.recv()
+        other.send_multipart([b"a", bytes(600_000)])
+        assert server.poll(10_000) and [f.bytes[:1] for f in inbox.recv()[1:]] == [b"a", b"\0"]
+    finally:
+        for s in (greedy, other, server):
+            s.close(0)
