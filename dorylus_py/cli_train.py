@@ -247,6 +247,9 @@ def _run_train(args) -> int:
 
         cfg = dataclasses.replace(cfg, graph_servers=PartitionStore.open(cfg.data).num_parts)
     cfg.check()
+    from dorylus_py.protocol.session import message_cap
+
+    message_cap()  # DORYLUS_MAX_MESSAGE_MB, which every process of the job reads, checked before anything is created
     if cluster is None:  # the graph servers start on this host: their devices must be here
         cfg.check_devices_here()
     check_partitioner(cfg.partitioner)

@@ -42,6 +42,13 @@ def test_train_refuses_before_creating_anything(graph, tmp_path, flags, words):
     assert not out.exists() and not (tmp_path / "ck").exists()
 
 
+def test_a_bad_message_cap_in_the_environment_is_refused_before_anything_is_created(graph, tmp_path, monkeypatch):
+    monkeypatch.setenv("DORYLUS_MAX_MESSAGE_MB", "4096")
+    refused(dorylus("train", "--data", graph, "--backend", "cpu", "--quiet", "--out", tmp_path / "run"),
+            "DORYLUS_MAX_MESSAGE_MB")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_name_over_255_bytes_is_one_line(graph, tmp_path):
     refused(dorylus("train", "--data", graph, "--quiet", "--out", tmp_path / LONG), "--out", "300 bytes")
     refused(dorylus("prepare", graph, "-k", 2, "--out", tmp_path / LONG / "p"), "--out", "300 bytes")
