@@ -184,6 +184,7 @@ TRAIN_GROUPS = {  # the settings sections of TrainConfig, as --help groups them
     "aws": "AWS Lambda (--backend lambda; docs/aws.md)",
     "recovery": "timeouts, checkpoints and restarts (distributed backends)",
     "gossip": "decentralised modes (--mode gossip | allreduce): Cluster-GCN batches on data-parallel workers",
+    "scale": "a scale model of a bigger cluster on this box (docs/lab.md): CPU groups and time dilation",
 }
 
 
