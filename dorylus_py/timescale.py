@@ -98,10 +98,9 @@ def model_view(d: float, metrics: list[dict], tasks: list[dict], summary: dict) 
     return metrics, tasks, summary
 
 
-def model_times(config: dict, summary: dict) -> dict:
-    """What a run record's summary adds for a scale model: D and the model's times (raw / D); the raw
-    times stay in their own fields."""
-    d = float(config.get("dilation", 1.0) or 1.0)
+def model_times(d: float, summary: dict) -> dict:
+    """What a run record's summary adds for a scale model of dilation ``d``: D and the model's times
+    (raw / D); the raw times stay in their own fields."""
     if d == 1.0:
         return {}
     return {"dilation": d} | {f"model_{k}": summary[k] / d for k in ("wall_s", "median_epoch_s", "job_s")

@@ -23,6 +23,7 @@ import numpy as np
 
 from dorylus_py.atomic import atomic_file
 from dorylus_py.errors import ConfigError, DataError, DorylusError, interrupted_by_user
+from dorylus_py.timescale import model_times
 
 METRIC_KEYS = ("epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s", "wall_s")
 _unfinished: "weakref.WeakSet[RunRecord]" = weakref.WeakSet()  # records of this process without a summary yet
@@ -48,6 +49,7 @@ class RunRecord:
         self._wall_offset = self.history[-1]["wall_s"] if self.history else 0.0
         self._first_epoch = self.history[-1]["epoch"] + 1 if self.history else 1  # this run's first
         self._write_json("config.json", config)
+        self._dilation = float(config.get("dilation", 1.0) or 1.0)  # a scale model's (timescale.py)
         self._metrics = open(self.dir / "metrics.jsonl", "a")
         _unfinished.add(self)
 
@@ -142,6 +144,7 @@ class RunRecord:
     def _end(self, status: str, fields: dict) -> dict:
         summary = {"status": status, **{k: v for k, v in fields.items() if k != "status"},
                    **epoch_summary(self.history, self.best)}
+        summary |= model_times(self._dilation, summary)
         if self._best_weights is not None:
             self.save_weights("best_weights.npz", self._best_weights)
         self._write_json("summary.json", summary)
