@@ -315,7 +315,7 @@ def _run_train(args) -> int:
             from dorylus_py.scale_model import scale_model
             from dorylus_py.timescale import dilate
 
-            with scale_model(cfg, cluster is None):  # what runs gets its durations x D, the record keeps cfg
+            with scale_model(cfg, cluster is None, record.dir):  # what runs gets durations x D; the record, cfg
                 result = train_distributed(dilate(cfg), store, record, norm, show_progress=not args.quiet,
                                            cluster=cluster, resume_from=checkpoints if resumed is not None else None,
                                            checkpoint_dir=checkpoints)

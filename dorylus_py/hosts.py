@@ -63,9 +63,12 @@ def check_fit(hosts: list[Host], dilation: float, box: int) -> float:
     return need
 
 
-def quota_us(cores: float, dilation: float, period_us: int) -> int:
-    """A host's CFS quota per period: C/D of a core, at least the kernel's 1 ms."""
-    return max(1000, int(round(cores / dilation * period_us)))
+def period_quota_us(cores: float, dilation: float, period_us: int) -> tuple[int, int]:
+    """A host's CFS period and quota: C/D of a core each ``period_us``, the period made longer where the
+    quota would fall below the kernel's least (1 ms)."""
+    share = cores / dilation
+    period = max(period_us, math.ceil(1000 / share)) if share > 0 else period_us
+    return period, max(1000, int(round(share * period)))
 
 
 def place(shares: list[float], cpus: list[int]) -> list[list[int] | None]:

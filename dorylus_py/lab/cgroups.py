@@ -18,11 +18,14 @@ import time
 from pathlib import Path
 
 from dorylus_py.errors import ConfigError
-from dorylus_py.hosts import Host, place, quota_us
+from dorylus_py.hosts import Host, period_quota_us, place
 
 ROOT = Path(os.environ.get("DORYLUS_CGROUP_ROOT", "/sys/fs/cgroup"))
 PARENT = "dorylus"
-CONTROLLERS = ("cpu", "cpuset", "memory")
+REQUIRED = ("cpu", "cpuset", "memory")
+# cpuacct (each host's CPU seconds) where it is a hierarchy of its own; mounted with cpu, it is cpu's
+CONTROLLERS = REQUIRED + (("cpuacct",) if (ROOT / "cpuacct").is_dir()
+                          and (ROOT / "cpuacct").resolve() != (ROOT / "cpu").resolve() else ())
 PERIOD_US = 10_000
 SHARES = 16_384  # 16x a plain process's weight: a host gets its quota even while the box is busy with others
 JOB_ENV = "DORYLUS_CGROUP_JOB"  # a job's folder name under PARENT, for processes that make their own group
@@ -38,7 +41,7 @@ def unavailable() -> str:
     """Why this machine cannot give hosts cores of their own ("" when it can)."""
     if os.geteuid() != 0:
         return "CPU groups (--host-cpus) need root: the cgroup files are root's"
-    for ctl in CONTROLLERS:
+    for ctl in REQUIRED:
         if not (ROOT / ctl / "cgroup.procs").exists():
             return f"CPU groups (--host-cpus) need the cgroup v1 {ctl} controller at {ROOT / ctl}"
         if not os.access(ROOT / ctl, os.W_OK):
@@ -72,8 +75,9 @@ class Group:
         self.dirs = dirs
 
     def limit(self, cores: float, dilation: float, cpus: list[int] | None, memory_mb: int) -> None:
-        _write(self.dirs["cpu"] / "cpu.cfs_period_us", PERIOD_US)
-        _write(self.dirs["cpu"] / "cpu.cfs_quota_us", quota_us(cores, dilation, PERIOD_US))
+        period, quota = period_quota_us(cores, dilation, PERIOD_US)
+        _write(self.dirs["cpu"] / "cpu.cfs_period_us", period)
+        _write(self.dirs["cpu"] / "cpu.cfs_quota_us", quota)
         if cpus:
             _write(self.dirs["cpuset"] / "cpuset.cpus", ",".join(map(str, cpus)))
         if memory_mb:
@@ -99,6 +103,14 @@ class Group:
             return [int(p) for p in (self.dirs["cpu"] / "cgroup.procs").read_text().split()]
         except OSError:
             return []
+
+    def cpu_s(self) -> float | None:
+        """The CPU seconds the group's processes (and their children's, in subgroups) used so far."""
+        d = self.dirs.get("cpuacct", self.dirs["cpu"])
+        try:
+            return int((d / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, ValueError):
+            return None
 
     def quota_us(self) -> int:
         return int((self.dirs["cpu"] / "cpu.cfs_quota_us").read_text())
@@ -166,6 +178,15 @@ class JobGroups:
                 raise
             self.groups[host.name] = group
         return self.groups
+
+    def usage(self) -> dict[str, float]:
+        """CPU seconds used so far by each host, and by all of its emulated Lambdas together ("lambdas")."""
+        out = {name: t for name, g in self.groups.items() if (t := g.cpu_s()) is not None}
+        job = self.job_dir("cpuacct" if "cpuacct" in CONTROLLERS else "cpu")
+        lambdas = [Group({"cpu": d}).cpu_s() for d in job.glob("lambda-*") if d.is_dir()]
+        if lambdas and None not in lambdas:
+            out["lambdas"] = sum(lambdas)
+        return out
 
     def env(self, lambda_cores: float) -> dict[str, str]:
         """What a process needs to give each emulated Lambda it starts a group of ``lambda_cores`` (V)."""

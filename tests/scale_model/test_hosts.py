@@ -7,7 +7,7 @@ import pytest
 from dorylus_py import timescale
 from dorylus_py.config import TrainConfig
 from dorylus_py.errors import ConfigError
-from dorylus_py.hosts import Host, check_fit, job_hosts, lambda_vcpus, place, quota_us
+from dorylus_py.hosts import Host, check_fit, job_hosts, lambda_vcpus, period_quota_us, place
 
 
 def test_lambda_vcpus_follow_memory_as_on_aws():
@@ -24,10 +24,10 @@ def test_a_model_that_does_not_fit_is_refused_naming_the_sum():
         check_fit(hosts, 1.0, 2)
 
 
-def test_quota_is_c_over_d_of_the_period_at_least_a_millisecond():
-    assert quota_us(1.0, 4.0, 10_000) == 2500
-    assert quota_us(0.8, 1.0, 10_000) == 8000
-    assert quota_us(0.05, 4.0, 10_000) == 1000
+def test_quota_is_c_over_d_of_the_period_the_period_longer_below_a_millisecond():
+    assert period_quota_us(1.0, 4.0, 10_000) == (10_000, 2500)
+    assert period_quota_us(0.8, 1.0, 10_000) == (10_000, 8000)
+    assert period_quota_us(0.2, 4.0, 10_000) == (20_000, 1000)  # 0.05 core
 
 
 def test_whole_cores_where_they_fit_else_none():
