@@ -58,7 +58,7 @@ from bench_tta import (  # noqa: E402
 from dorylus_py.cost.model import Prices, read_record  # noqa: E402
 from dorylus_py.cost.report import report_rows  # noqa: E402
 from dorylus_py.hosts import FIT, box_cores  # noqa: E402
-from dorylus_py.lab.cgroups import unavailable  # noqa: E402
+from dorylus_py.cgroups import unavailable  # noqa: E402
 
 LINK = ["--lambda-bandwidth-mbps", "200"]  # Lambda <-> server, as Dorylus measured it
 

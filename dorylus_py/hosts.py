@@ -1,7 +1,7 @@
 """A scale model's hosts, worked out in pure code: how many of this box's cores each one gets, whether
 they fit, and which cores a host is pinned to.
 
-A host that models C cores at dilation D gets C/D of this box's cores (a CFS quota, ``lab/cgroups.py``);
+A host that models C cores at dilation D gets C/D of this box's cores (a CFS quota, ``cgroups.py``);
 the model fits when the sum of C/D over the hosts is at most ``FIT`` of the box's cores, leaving the rest
 for the kernel, the driver and the tools. A host is also pinned to whole cores (a cpuset) where its share
 fits on the cores least used so far, so that its threads do not spread over cores it has no share of.

@@ -3,7 +3,7 @@
 :func:`scale_model` is the thin shell around one run: it exports D (``timescale.py``) so that every
 process the driver starts reads it, checks that the hosts fit this box (``hosts.py``), and, where the
 servers start here (no ``--cluster``: the lab makes the groups of its own hosts), gives each graph and
-weight server a CPU group of its own (``lab/cgroups.py``) and tells the graph servers' emulated Lambdas
+weight server a CPU group of its own (``cgroups.py``) and tells the graph servers' emulated Lambdas
 to make one each; it removes them all when the run ends, however it ends. The driver stays outside the
 groups: it is the operator's process, and its loops poll at a fixed rate (their ticks are not dilated),
 which in a small dilated quota costs a growing share (measured: in the weight server's group at D = 4
@@ -21,6 +21,7 @@ from pathlib import Path
 from dorylus_py.atomic import atomic_file
 from dorylus_py.errors import ConfigError
 from dorylus_py.hosts import box_cores, check_fit, job_hosts, lambda_vcpus
+from dorylus_py.plan import lambdas_at_once
 from dorylus_py.timescale import ENV, export
 
 _groups: dict = {}  # server name -> its Group, while a scale model runs here
@@ -30,15 +31,6 @@ def preexec_for(name: str):
     """A server's ``preexec_fn``: joins its group (None outside a scale model with CPU groups)."""
     group = _groups.get(name)
     return group.preexec() if group is not None else None
-
-
-def lambdas_at_once(cfg, graph_servers: int) -> int:
-    """The emulated Lambdas a ``local`` job runs at once (each a host of its own), else 0."""
-    if cfg.backend != "local":
-        return 0
-    from dorylus_py.plan import lambda_share
-
-    return lambda_share(cfg, graph_servers)[2] * graph_servers
 
 
 def check(cfg, servers_here: bool) -> list:
@@ -51,7 +43,7 @@ def check(cfg, servers_here: bool) -> list:
     if cfg.backend not in ("local", "cpu", "gpu") or cfg.mode in ("gossip", "allreduce"):
         raise ConfigError(f"--host-cpus gives the graph and weight servers cores of their own; --backend {cfg.backend} "
                           f"--mode {cfg.mode} starts none here")
-    from dorylus_py.lab.cgroups import unavailable
+    from dorylus_py.cgroups import unavailable
 
     why = unavailable()
     if why:
@@ -71,7 +63,7 @@ def scale_model(cfg, servers_here: bool, run_dir: Path | None = None):
         with _dilation(cfg.dilation):
             yield
         return
-    from dorylus_py.lab.cgroups import JobGroups
+    from dorylus_py.cgroups import JobGroups
 
     servers = [h for h in hosts if not h.name.startswith("lambda-")]
     with _dilation(cfg.dilation), JobGroups(cfg.dilation) as jobs:

@@ -1,6 +1,6 @@
 """Time is one setting: the dilation D of a scale model (DieCast, NSDI 2008), and every duration through it.
 
-A scale model gives each emulated host 1/D of the CPU it models (``lab/cgroups.py``), so everything
+A scale model gives each emulated host 1/D of the CPU it models (``cgroups.py``), so everything
 runs D times slower; for what each host sees to stay what a real host sees, every delay, timeout,
 heartbeat and deadline is D times longer, every link rate D times lower, and measured times are divided
 by D (the model's time). D lives in one place, the environment variable ``DORYLUS_DILATION``, because

@@ -81,7 +81,7 @@ def scale_hosts(args, placement) -> list:
         if args.dilation != 1.0:
             raise DorylusError("--dilation needs --host-cpus: without CPU groups nothing runs D times slower")
         return []
-    from dorylus_py.lab.cgroups import unavailable
+    from dorylus_py.cgroups import unavailable
 
     if why := unavailable():
         raise DorylusError(why)
@@ -101,7 +101,7 @@ def scale_hosts(args, placement) -> list:
 def host_groups(args, hosts):
     """Each lab host's CPU group, and the environment that tells every process D and each emulated
     Lambda to make a group of its own; all removed at the end."""
-    from dorylus_py.lab.cgroups import JobGroups
+    from dorylus_py.cgroups import JobGroups
     from dorylus_py.timescale import ENV
 
     if not hosts:

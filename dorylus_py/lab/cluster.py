@@ -73,7 +73,7 @@ class LabCluster:
     function: Function = field(default_factory=Function)  # the Lambda service's function
     restart_s: float = 1.0  # the supervisors' RestartSec
     extra_hosts: list = field(default_factory=list)  # hosts that run no role (a hostile one, say)
-    groups: dict = field(default_factory=dict)  # host -> its CPU group (lab/cgroups.py), for a scale model
+    groups: dict = field(default_factory=dict)  # host -> its CPU group (cgroups.py), for a scale model
 
     def __post_init__(self):
         self.workdir = Path(self.workdir)

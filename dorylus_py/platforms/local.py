@@ -69,13 +69,13 @@ def _worker_main(conn, cold_start_ms: float, key_hex: str) -> None:
     import torch
 
     from dorylus_py.jobkey import KEY_ENV
-    from dorylus_py.lab.cgroups import join_own
+    from dorylus_py.cgroups import join_own
 
     if key_hex:  # else the one this process inherited
         os.environ[KEY_ENV] = key_hex
 
     torch.set_num_threads(1)  # one vCPU-ish per emulated Lambda; many run at once
-    join_own("lambda")  # a scale model's Lambda is a host of its own (lab/cgroups.py); else nothing
+    join_own("lambda")  # a scale model's Lambda is a host of its own (cgroups.py); else nothing
     _exit_when_closed(conn)
     import dorylus_py.worker.handler  # noqa: F401  (import torch and the kernels once, as a warm container)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dorylus_py.lab.cgroups import sweep, unavailable
+from dorylus_py.cgroups import sweep, unavailable
 
 
 def pytest_collection_modifyitems(config, items):

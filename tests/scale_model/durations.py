@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # partitioning, cost, the AWS rehearsal, the CLI's other commands).
 SCANNED = ["dorylus_py/serving", "dorylus_py/cluster", "dorylus_py/pipeline", "dorylus_py/worker", "dorylus_py/weights",
            "dorylus_py/protocol", "dorylus_py/lab", "dorylus_py/decentral", "dorylus_py/platforms/local.py",
-           "dorylus_py/platforms/base.py", "dorylus_py/training", "graph_servers"]
+           "dorylus_py/platforms/base.py", "dorylus_py/training", "dorylus_py/cgroups.py", "dorylus_py/scale_model.py",
+           "graph_servers"]
 SCALERS = {"scaled", "scaled_ms"}
 CONSTANT = re.compile(r"^_?[A-Z][A-Z0-9_]*_(S|MS|SECONDS)$")
 DURATION_NAME = re.compile(r"(^|_)(timeout|deadline|wait|delay|every|interval|after)(_|$)|_(s|ms)$")

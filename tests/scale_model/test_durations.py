@@ -40,7 +40,7 @@ REVIEWED = {
     ("dorylus_py/lab/capture.py", "record", "settimeout(0.2)"): TOOL,
     ("dorylus_py/lab/capture.py", "capture_on", "wait(timeout=30)"): TOOL,
     ("dorylus_py/lab/capture.py", "capture_on", "wait(timeout=10)"): TOOL,
-    ("dorylus_py/lab/cgroups.py", "_remove_tree", "sleep(0.02)"): REAP,
+    ("dorylus_py/cgroups.py", "_remove_tree", "sleep(0.02)"): REAP,
     ("dorylus_py/lab/cluster.py", "LabCluster", "field restart_s=1.0"): "scaled where the supervisor is started",
     ("dorylus_py/lab/cluster.py", "LabCluster.kill_host", "wait(timeout=10)"): REAP,
     ("dorylus_py/lab/cluster.py", "LabCluster.stop_services", "default timeout_s=20.0"): REAP,

@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from dorylus_py.hosts import Host
-from dorylus_py.lab import cgroups
-from dorylus_py.lab.cgroups import JobGroups
+from dorylus_py import cgroups
+from dorylus_py.cgroups import JobGroups
 
 pytestmark = pytest.mark.cgroups
 
