@@ -258,6 +258,8 @@ def join_own(name: str) -> Group | None:
     for ctl, d in dirs.items():
         try:
             _make_dir(d, ctl)
+        except FileExistsError:
+            pass  # a dead process's of the same pid: empty, and ours now
         except OSError as e:
             raise CgroupError(f"cgroup: making {d}: {e.strerror or e}") from None
     group = Group(dirs)

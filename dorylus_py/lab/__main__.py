@@ -71,8 +71,10 @@ def run(args) -> int:
 
 def scale_hosts(args, placement) -> list:
     """The lab's hosts as a scale model (none without --host-cpus): each graph-server host C cores, host a
-    (driver and weight server) --weight-host-cpus, the Lambda service's front end SERVICE_CPUS, and each of
-    its --lambda-concurrency Lambdas V; refused where they do not fit this box."""
+    (driver and weight server) --weight-host-cpus, the Lambda service's host SERVICE_CPUS for its front end
+    and V for each of its --lambda-concurrency Lambdas, which share that host's group (``ip netns exec``
+    mounts a /sys of the host's own, without the cgroup files, so a process there cannot make a group of
+    its own); refused where they do not fit this box."""
     from dorylus_py.hosts import Host, box_cores, check_fit, lambda_vcpus
     from dorylus_py.timescale import check_dilation
 
@@ -88,36 +90,32 @@ def scale_hosts(args, placement) -> list:
     mb = args.host_memory_mb
     cores = {h: args.host_cpus for h in placement.graph_servers}
     cores[placement.driver] = args.weight_host_cpus or args.host_cpus
-    if placement.lambda_service:
-        cores[placement.lambda_service] = SERVICE_CPUS
+    if placement.lambda_service:  # its Lambdas' cores together (a process on a lab host cannot make a group)
+        v = lambda_vcpus(LAMBDA_MEMORY_MB, args.lambda_vcpus)
+        cores[placement.lambda_service] = SERVICE_CPUS + args.lambda_concurrency * v
     hosts = [Host(h, cores[h], mb) for h in placement.hosts()]
-    v = lambda_vcpus(LAMBDA_MEMORY_MB, args.lambda_vcpus)
-    lambdas = [Host(f"lambda-{i}", v) for i in range(args.lambda_concurrency if placement.lambda_service else 0)]
-    check_fit(hosts + lambdas, args.dilation, box_cores())
-    return hosts + lambdas
+    check_fit(hosts, args.dilation, box_cores())
+    return hosts
 
 
 @contextmanager
 def host_groups(args, hosts):
-    """Each lab host's CPU group, and the environment that tells every process D and each emulated
-    Lambda to make a group of its own; all removed at the end."""
+    """Each lab host's CPU group, and D in the environment every host's processes get; all removed at
+    the end."""
     from dorylus_py.cgroups import JobGroups
     from dorylus_py.timescale import ENV
 
     if not hosts:
         yield {}
         return
-    names = [n for n in (ENV, "DORYLUS_CGROUP_JOB", "DORYLUS_LAMBDA_CORES")]
-    saved = {n: os.environ.get(n) for n in names}
+    saved = os.environ.get(ENV)
     with JobGroups(args.dilation) as jobs:
-        groups = jobs.add([h for h in hosts if not h.name.startswith("lambda-")])
-        lambdas = [h for h in hosts if h.name.startswith("lambda-")]
-        os.environ.update({ENV: repr(args.dilation)} | (jobs.env(lambdas[0].cores) if lambdas else {}))
+        groups = jobs.add(hosts)
+        os.environ[ENV] = repr(args.dilation)
         try:
             yield groups
         finally:
-            for n, v in saved.items():
-                os.environ.pop(n, None) if v is None else os.environ.__setitem__(n, v)
+            os.environ.pop(ENV, None) if saved is None else os.environ.__setitem__(ENV, saved)
 
 
 def scale_flags(args) -> list[str]:
