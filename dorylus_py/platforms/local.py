@@ -68,8 +68,8 @@ def _worker_main(conn, cold_start_ms: float, key_hex: str) -> None:
     """A warm container: import once, then run invocations one at a time until the pipe closes."""
     import torch
 
-    from dorylus_py.jobkey import KEY_ENV
     from dorylus_py.cgroups import join_own
+    from dorylus_py.jobkey import KEY_ENV
 
     if key_hex:  # else the one this process inherited
         os.environ[KEY_ENV] = key_hex
