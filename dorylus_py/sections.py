@@ -318,8 +318,8 @@ class ScaleSettings(Section):
                               "timeout and heartbeat is D times longer, every emulated link rate D times lower; the "
                               "record keeps the raw times and the model's (raw / D), which reports read", metavar="D")
     host_cpus: float = setting(0.0, "each graph server on a host of this many cores (a cgroup: CFS quota C/D, a cpuset "
-                               "where whole cores fit; needs root); with --backend local each weight server and "
-                               "emulated Lambda gets a group of its own too (default 0: no CPU groups)", metavar="C")
+                               "where whole cores fit; needs root); each weight server gets a group of its own too, "
+                               "and with --backend local each emulated Lambda (default 0: no CPU groups)", metavar="C")
     weight_host_cpus: float = setting(0.0, "--host-cpus: the weight servers' cores (default 0: the same as --host-cpus)",
                                       metavar="C")
     lambda_vcpus: float = setting(0.0, "--host-cpus: each emulated Lambda's cores (default 0: what AWS gives "
