@@ -20,7 +20,7 @@ from pathlib import Path
 from dorylus_py.errors import ConfigError
 from dorylus_py.hosts import Host, period_quota_us, place
 
-ROOT = Path(os.environ.get("DORYLUS_CGROUP_ROOT", "/sys/fs/cgroup"))
+ROOT = Path("/sys/fs/cgroup")
 PARENT = "dorylus"
 REQUIRED = ("cpu", "cpuset", "memory")
 # cpuacct (each host's CPU seconds) where it is a hierarchy of its own; mounted with cpu, it is cpu's
