@@ -98,3 +98,14 @@ def test_sweep_removes_groups_of_dead_makers():
         maker.wait(timeout=10)
     assert f"{maker.pid}-0" in cgroups.sweep()
     assert not any(p.exists() for p in stale)
+
+
+def test_a_host_out_of_memory_is_killed():
+    """--host-memory-mb: the kernel kills a host's process that outgrows it, as on a real machine."""
+    with JobGroups() as jobs:
+        group = jobs.add([Host("small", 0.5, memory_mb=64)])["small"]
+        grow = subprocess.run([sys.executable, "-c", "b = bytearray(256 * 2**20); b[::4096] = b'x' * len(b[::4096])"],
+                              preexec_fn=group.preexec(), capture_output=True, timeout=120)
+        fits = subprocess.run([sys.executable, "-c", "b = bytearray(8 * 2**20)"], preexec_fn=group.preexec(),
+                              capture_output=True, timeout=120)
+    assert grow.returncode == -9 and fits.returncode == 0, (grow.returncode, fits.returncode)
