@@ -47,6 +47,9 @@ def _run_report(args) -> int:
     for row in rows:
         if row["_status"] != row["status"]:  # the failure's line did not fit in the table
             print(f"{row['run']}: {row['_status']}")
+        if row["_dilation"] != 1.0:
+            print(f"{row['run']}: a scale model at dilation {row['_dilation']:g}: its times and Lambda seconds are the "
+                  f"model's (raw / {row['_dilation']:g}; docs/lab.md)")
     if args.servers:
         from dorylus_py.cost.server_logs import server_rows, server_table
 
@@ -213,6 +216,11 @@ def _run_cost_estimate(args) -> int:
     work = Workload(counts["nodes"], counts["edges"], dims, args.edge_cut, known_ghosts)
     cal = (Calibration.from_record(args.calibration, args.calibration_instance) if args.calibration
            else Calibration.default())
+    if args.calibration:
+        from dorylus_py.cost.model import dilation_of, read_record
+
+        if (d := dilation_of(read_record(args.calibration)[0])) != 1.0:
+            print(f"calibration {args.calibration}: a scale model at dilation {d:g}; its model times (raw / {d:g})")
     gpu = _gpu_speed(args, cal)
     setup = Setup(args.backend, args.graph_servers, args.weight_servers, args.as_instance, args.lambdas,
                   args.lambda_memory_mb, chunks, args.epochs, args.tensor_threads, args.row_cache_mb, args.wire_dtype,

@@ -186,6 +186,7 @@ TRAIN_GROUPS = {  # the settings sections of TrainConfig, as --help groups them
     "aws": "AWS Lambda (--backend lambda; docs/aws.md)",
     "recovery": "timeouts, checkpoints and restarts (distributed backends)",
     "gossip": "decentralised modes (--mode gossip | allreduce): Cluster-GCN batches on data-parallel workers",
+    "scale": "a scale model of a bigger cluster on this box (docs/lab.md): CPU groups and time dilation",
 }
 
 
@@ -252,6 +253,9 @@ def _run_train(args) -> int:
     message_cap()  # DORYLUS_MAX_MESSAGE_MB, which every process of the job reads, checked before anything is created
     if cluster is None:  # the graph servers start on this host: their devices must be here
         cfg.check_devices_here()
+    from dorylus_py.scale_model import check as check_scale_model
+
+    check_scale_model(cfg, cluster is None)
     check_partitioner(cfg.partitioner)
     if cfg.backend == "lambda" and cluster is None and not cfg.lambda_run_here:
         raise DorylusError("--backend lambda needs --cluster FILE: Lambdas must reach the graph and weight servers at "
@@ -314,9 +318,13 @@ def _run_train(args) -> int:
             status(last_layer_note(cfg))
             if copy:
                 partition_into(cfg, graph, Path(store))
-            result = train_distributed(cfg, store, record, norm, show_progress=not args.quiet, cluster=cluster,
-                                       resume_from=checkpoints if resumed is not None else None,
-                                       checkpoint_dir=checkpoints)
+            from dorylus_py.scale_model import scale_model
+            from dorylus_py.timescale import dilate
+
+            with scale_model(cfg, cluster is None, record.dir):  # what runs gets durations x D; the record, cfg
+                result = train_distributed(dilate(cfg), store, record, norm, show_progress=not args.quiet,
+                                           cluster=cluster, resume_from=checkpoints if resumed is not None else None,
+                                           checkpoint_dir=checkpoints)
             s = record.summary or result.summary
     finally:
         if args.no_data_copy and copy:

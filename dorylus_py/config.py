@@ -33,6 +33,7 @@ from dorylus_py.sections import (  # noqa: F401  (re-exported: what a run's sett
     PoolSettings,
     RecoverySettings,
     RunSettings,
+    ScaleSettings,
     at_least,
 )
 from dorylus_py.settings import AUTO, check_number, check_split, fits
@@ -49,6 +50,7 @@ class TrainConfig:
     aws: AwsSettings
     recovery: RecoverySettings
     gossip: GossipSettings
+    scale: ScaleSettings
 
     def __init__(self, **values):
         """Settings by name, flat (``lambdas="auto"`` is :data:`AUTO`), or whole sections by section name."""

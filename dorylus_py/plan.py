@@ -68,6 +68,14 @@ def lambda_share(cfg: TrainConfig, graph_servers: int) -> tuple[int, int, int]:
     return (share(pool.lambdas),) * 3
 
 
+def lambdas_at_once(cfg: TrainConfig, graph_servers: int) -> int:
+    """The emulated Lambdas a ``local`` job may run at once, all servers together (a scale model gives
+    each a host of its own); 0 on other backends."""
+    if cfg.pipeline.backend != "local":
+        return 0
+    return lambda_share(cfg, graph_servers)[2] * graph_servers
+
+
 def chunks_per_server(backend: str, mode: str, workers: int | None, rows: int) -> int:
     """``--chunks auto``: how many chunks a graph server of ``rows`` vertices cuts its rows into.
 

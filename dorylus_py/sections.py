@@ -332,7 +332,33 @@ class GossipSettings(Section):
         at_least("--average-every", self.average_every, 0)
 
 
+@section
+class ScaleSettings(Section):
+    dilation: float = setting(1.0, "a scale model (docs/lab.md): each host gets 1/D of its cores, and every delay, "
+                              "timeout and heartbeat is D times longer, every emulated link rate D times lower; the "
+                              "record keeps the raw times and the model's (raw / D), which reports read", metavar="D")
+    host_cpus: float = setting(0.0, "each graph server on a host of this many cores (a cgroup: CFS quota C/D, a cpuset "
+                               "where whole cores fit; needs root); each weight server gets a group of its own too, "
+                               "and with --backend local each emulated Lambda (default 0: no CPU groups)", metavar="C")
+    weight_host_cpus: float = setting(0.0, "--host-cpus: the weight servers' cores (default 0: the same as --host-cpus)",
+                                      metavar="C")
+    lambda_vcpus: float = setting(0.0, "--host-cpus: each emulated Lambda's cores (default 0: what AWS gives "
+                                  "--lambda-memory-mb, 1,769 MB a vCPU)", metavar="V")
+    host_memory_mb: int = setting(0, "--host-cpus: each server's memory limit (the memory controller: a host out of "
+                                  "memory is killed; default 0: none)", metavar="MB")
+
+    def check(self) -> None:
+        from dorylus_py.timescale import check_dilation
+
+        check_dilation(self.dilation)
+        for flag, value in (("--host-cpus", self.host_cpus), ("--weight-host-cpus", self.weight_host_cpus),
+                            ("--lambda-vcpus", self.lambda_vcpus)):
+            at_least(flag, value, 0)
+        at_least("--host-memory-mb", self.host_memory_mb, 0)
+
+
 SECTIONS = {"run": RunSettings, "gnn": ModelSettings, "pipeline": PipelineSettings, "pool": PoolSettings,
-            "aws": AwsSettings, "recovery": RecoverySettings, "gossip": GossipSettings}
+            "aws": AwsSettings, "recovery": RecoverySettings, "gossip": GossipSettings,
+            "scale": ScaleSettings}
 SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}  # field -> its section
 FIELD_TYPES = {f.name: str(f.type) for cls in SECTIONS.values() for f in fields(cls)}  # field -> its annotation

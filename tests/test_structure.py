@@ -156,7 +156,7 @@ def test_the_lambda_imports_only_the_workers_side():
     the kernels and models it runs, the wire, the weight blocks; none of the control plane."""
     closure = {p.relative_to(REPO).parts[:2] for p in import_closure(ENTRY)}
     allowed = {("dorylus_py", n) for n in ("__init__.py", "errors.py", "jobkey.py", "kernels", "models", "pipeline", "wire_forms.py",
-                                           "protocol", "weights", "worker")} | {("lambda_functions", n) for n in ("__init__.py", "handler.py")}
+                                           "protocol", "timescale.py", "weights", "worker")} | {("lambda_functions", n) for n in ("__init__.py", "handler.py")}
     assert closure <= allowed, sorted(closure - allowed)
     assert ("dorylus_py", "worker") in closure and ("dorylus_py", "kernels") in closure
 

@@ -39,6 +39,8 @@ from dorylus_py.protocol.transport import Inbox, dealer, receive, router
 from dorylus_py.serving.cluster_spec import ClusterSpec, cluster_curve
 from dorylus_py.serving.heartbeat import SILENCE_S
 from dorylus_py.serving.rejections import Rejections
+from dorylus_py.scale_model import preexec_for
+from dorylus_py.timescale import scaled
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +95,7 @@ class DriverLink:
         with open(log_path, "a") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", module, "--driver", self.address, "--rank", str(rank)],
-                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=preexec_for(name),
             )
         self.procs[name] = (proc, log_path)
         self.expected.add(name)
@@ -121,8 +123,8 @@ class DriverLink:
             if name not in self.expected or name in self.retired:
                 continue
             where = f" at {self.cluster.address(*_role_rank(name))}" if self.cluster else ""
-            if now - when > SILENCE_S:
-                raise ServerLost(f"{name}{where} has not been heard from for {SILENCE_S:.0f} s (presumed dead)")
+            if now - when > scaled(SILENCE_S):
+                raise ServerLost(f"{name}{where} has not been heard from for {scaled(SILENCE_S):.0f} s (presumed dead)")
             turns, moved = self.turned.get(name, (0, now))
             if turns and now - moved > self.hang_timeout_s:
                 raise ServerLost(f"{name}{where} is hung: its serving loop has not turned for "
@@ -273,7 +275,7 @@ class DriverLink:
         try:
             msg.fields["req"] = req = secrets.token_hex(8)
             sock.send_multipart(self.session.encode(msg, address), copy=False)
-            deadline = time.monotonic() + timeout_s
+            deadline = time.monotonic() + scaled(timeout_s)
             while time.monotonic() < deadline:
                 self.check_children()
                 self.check_heartbeats()  # answers what has queued up first

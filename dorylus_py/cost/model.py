@@ -18,6 +18,7 @@ from dorylus_py.config import DECENTRAL_MODES
 from dorylus_py.cost.gpu import weight_server_type
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.jsonfile import read_json
+from dorylus_py.timescale import model_view
 
 
 @dataclass(frozen=True)
@@ -118,4 +119,11 @@ def read_record(run_dir: str | Path) -> tuple[dict, list[dict], list[dict], dict
         summary = read_json(run_dir / "summary.json", DataError)
     else:
         summary = summary_of_epochs(metrics, "unknown: no summary.json (was the run killed?)")
+    metrics, tasks, summary = model_view(dilation_of(config), metrics, tasks, summary)  # a scale model's times
     return config, metrics, tasks, summary
+
+
+def dilation_of(config: dict) -> float:
+    """A record's D (1: not a scale model; ``timescale.py``)."""
+    d = config.get("dilation", 1.0)
+    return float(d) if isinstance(d, (int, float)) and not isinstance(d, bool) and d >= 1 else 1.0

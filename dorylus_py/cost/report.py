@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dorylus_py.config import DECENTRAL_MODES
 from dorylus_py.cost.gpu import weight_server_type
-from dorylus_py.cost.model import Prices, read_record, run_cost
+from dorylus_py.cost.model import Prices, dilation_of, read_record, run_cost
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.models.architectures import architecture
 
@@ -60,6 +60,7 @@ def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: 
             "GB-s": cost.lambda_gb_seconds, "relaunches": summary.get("relaunches", 0), "servers $": cost.server_usd,
             "lambda $": cost.lambda_usd, "total $": cost.total_usd, "value": cost.value,
             "_kinds": time_by_kind(tasks),
+            "_dilation": dilation_of(config),
         })
     return rows
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from dorylus_py.keygen import JOB, SECRET, generate
 from dorylus_py.lab.lambda_service import Function
 from dorylus_py.lab.network import LabError, Network, clean_leftovers
+from dorylus_py.timescale import scaled
 
 PORTS = {"driver": 7000, "graph-server": 7100, "weight-server": 7200, "lambda-service": 9000}
 REGION = "us-east-1"
@@ -72,6 +73,7 @@ class LabCluster:
     function: Function = field(default_factory=Function)  # the Lambda service's function
     restart_s: float = 1.0  # the supervisors' RestartSec
     extra_hosts: list = field(default_factory=list)  # hosts that run no role (a hostile one, say)
+    groups: dict = field(default_factory=dict)  # host -> its CPU group (cgroups.py), for a scale model
 
     def __post_init__(self):
         self.workdir = Path(self.workdir)
@@ -152,20 +154,25 @@ class LabCluster:
             f = self.function
             return [sys.executable, "-m", "dorylus_py.lab.lambda_service", "--listen", self.address(role), "--function",
                     f.name, "--region", REGION, "--concurrency", str(f.concurrency), "--memory-mb", str(f.memory_mb),
-                    "--timeout-s", str(f.timeout_s), "--latency-ms", str(f.latency_ms), "--cold-start-ms",
-                    str(f.cold_start_ms), "--fail-rate", str(f.fail_rate)]
+                    "--timeout-s", str(scaled(f.timeout_s)), "--latency-ms", str(scaled(f.latency_ms)),
+                    "--cold-start-ms", str(scaled(f.cold_start_ms)), "--fail-rate", str(f.fail_rate)]
         return [sys.executable, "-m", "dorylus_py", kind, "--cluster", str(self.cluster_file), "--rank", rank]
+
+    def preexec(self, host: str):
+        """What puts a process started on ``host`` into the host's CPU group (None: no groups)."""
+        return self.groups[host].preexec() if host in self.groups else None
 
     def host_of(self, role: str) -> str:
         return self.placement.roles()[role]
 
     def start(self, role: str) -> None:
         """Start ``role`` on its host under a supervisor (as systemd starts it at boot)."""
-        argv = [sys.executable, "-m", "dorylus_py.lab.supervisor", "--name", role, "--restart-s", str(self.restart_s),
-                "--", *self.command(role)]
+        argv = [sys.executable, "-m", "dorylus_py.lab.supervisor", "--name", role, "--restart-s",
+                str(scaled(self.restart_s)), "--", *self.command(role)]
         with open(self.workdir / "logs" / f"{role}.log", "ab") as out:
             self.supervisors[role] = self.net.popen(self.host_of(role), argv, env=self.env(), stdout=out,
-                                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                                    preexec_fn=self.preexec(self.host_of(role)))
 
     def start_servers(self) -> None:
         """Start every role whose supervisor is not running (all at :meth:`up`; the servers again for the
@@ -202,7 +209,7 @@ class LabCluster:
 
     def wait_listening(self, timeout_s: float = 120.0) -> None:
         """Wait until every supervised role listens on its address (servers bind before the driver starts)."""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + scaled(timeout_s)
         for role in self.placement.roles():
             kind, _, rank = role.rpartition("-")
             ip, port = self.address(*((role, 0) if role == "lambda-service" else (kind, int(rank)))).split(":")
@@ -275,7 +282,8 @@ class LabCluster:
             popen["stdout"] = open(self.workdir / "logs" / "driver.log", "ab")
             popen["stderr"] = subprocess.STDOUT
         try:
-            return self.net.popen(self.placement.driver, self.train_argv(data, out, flags), env=self.env(), **popen)
+            return self.net.popen(self.placement.driver, self.train_argv(data, out, flags), env=self.env(),
+                                  preexec_fn=self.preexec(self.placement.driver), **popen)
         finally:
             if hasattr(popen["stdout"], "close"):
                 popen["stdout"].close()
@@ -284,7 +292,7 @@ class LabCluster:
         """Run a job to its end; its exit code (the driver's log: ``WORKDIR/logs/driver.log``)."""
         proc = self.start_train(data, out, flags, **popen)
         try:
-            return proc.wait(timeout=timeout_s)
+            return proc.wait(timeout=scaled(timeout_s))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)

@@ -56,6 +56,10 @@ class Link:
         if self.rate_mbit < 0 or self.delay_ms < 0 or not 0 <= self.loss_pct <= 100:
             raise ConfigError(f"link {self.a}-{self.b}: rate and delay must be >= 0 and loss within 0-100 %")
 
+    def dilated(self, d: float) -> "Link":
+        """This link in a scale model of dilation ``d`` (``timescale.py``): rate / D, delay x D."""
+        return Link(self.a, self.b, self.rate_mbit / d, self.delay_ms * d, self.loss_pct)
+
     def peer(self, host: str) -> str | None:
         return self.b if host == self.a else self.a if host == self.b else None
 

@@ -42,6 +42,7 @@ from dorylus_py.platforms.base import (
     PoolLoad,
     billed_ms,
 )
+from dorylus_py.timescale import scaled
 from dorylus_py.worker.event import TaskEvent
 
 KILL_GRACE_S = 2.0  # past its time limit, a worker still running an invocation is killed (the handler stops itself before)
@@ -72,12 +73,14 @@ def _worker_main(conn, cold_start_ms: float, key_hex: str) -> None:
     """A warm container: import once, then run invocations one at a time until the pipe closes."""
     import torch
 
+    from dorylus_py.cgroups import join_own
     from dorylus_py.jobkey import KEY_ENV
 
     if key_hex:  # else the one this process inherited
         os.environ[KEY_ENV] = key_hex
 
     torch.set_num_threads(1)  # one vCPU-ish per emulated Lambda; many run at once
+    join_own("lambda")  # a scale model's Lambda is a host of its own (cgroups.py); else nothing
     _exit_when_closed(conn)
     import dorylus_py.worker.handler  # noqa: F401  (import torch and the kernels once, as a warm container)
 
@@ -154,7 +157,7 @@ class LocalLambdaPlatform(Platform):
         self._closed = threading.Event()
         self._workers = [self._spawn() for _ in range(self.size)]
         self._parked: list[_Worker] = []
-        deadline = time.monotonic() + warm_timeout_s
+        deadline = time.monotonic() + scaled(warm_timeout_s)
         for w in self._workers:  # every container warm before the first task, as the pool promised
             if not w.conn.poll(max(0.0, deadline - time.monotonic())):
                 self.close()
@@ -201,7 +204,7 @@ class LocalLambdaPlatform(Platform):
             self._workers.remove(w)
             w.parked_at = time.monotonic()
             self._parked.append(w)
-        for w in [w for w in self._parked if time.monotonic() - w.parked_at > self.park_s]:
+        for w in [w for w in self._parked if time.monotonic() - w.parked_at > scaled(self.park_s)]:
             self._parked.remove(w)
             self._stop(w)
 

@@ -15,6 +15,7 @@ import zmq
 
 from dorylus_py.protocol import Message, ProtocolError
 from dorylus_py.protocol.transport import dealer, receive
+from dorylus_py.timescale import scaled
 
 if TYPE_CHECKING:
     from dorylus_py.serving.node import ServerNode
@@ -30,8 +31,8 @@ class Heartbeat:
     the loop has not turned for the node's hang timeout (code 4: a loop stuck in a send or a bug; the
     driver or the supervisor starts a new process). Runs on a thread with a socket of its own."""
 
-    def __init__(self, node: "ServerNode", silence_s: float = SILENCE_S):
-        self.node, self.silence_s = node, silence_s
+    def __init__(self, node: "ServerNode", silence_s: float | None = None):
+        self.node, self.silence_s = node, scaled(SILENCE_S) if silence_s is None else silence_s
         self.session = node.session  # this job's
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -52,7 +53,7 @@ class Heartbeat:
                     sock.send_multipart(self.session.encode(beat, node.driver_address), zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # the driver is not reading: its silence is counted below
-                deadline = time.monotonic() + HEARTBEAT_S
+                deadline = time.monotonic() + scaled(HEARTBEAT_S)
                 while (left := deadline - time.monotonic()) > 0 and sock.poll(int(left * 1000) + 1):
                     try:
                         if self.session.decode(receive(sock, self.session.limits), self.session.id).op == "heartbeat":
@@ -75,4 +76,4 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=2 * HEARTBEAT_S)
+        self._thread.join(timeout=2 * scaled(HEARTBEAT_S))

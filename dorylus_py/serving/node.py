@@ -36,6 +36,7 @@ from dorylus_py.errors import DorylusError
 from dorylus_py.protocol import AuthError, Limits, Message, ProtocolError, Session
 from dorylus_py.protocol.transport import Curve, Inbox, dealer, receive, router
 from dorylus_py.serving.rejections import REJECTED, Rejections
+from dorylus_py.timescale import scaled
 
 log = logging.getLogger(__name__)
 HELLO_EVERY_S = 1.0  # a server waiting for its job says hello this often
@@ -161,10 +162,11 @@ class ServerNode:
         ``start`` message, with this session bound to its job from then on. ``timeout_s`` None: wait
         for a job as long as it takes (a server that serves job after job)."""
         hello = {"role": self.role, "rank": self.rank, "address": self.address, "pid": os.getpid()}
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        said = -HELLO_EVERY_S
+        deadline = None if timeout_s is None else time.monotonic() + scaled(timeout_s)
+        every = scaled(HELLO_EVERY_S)
+        said = -every
         while deadline is None or time.monotonic() < deadline:
-            if time.monotonic() - said >= HELLO_EVERY_S:
+            if time.monotonic() - said >= every:
                 said = time.monotonic()
                 try:
                     self.driver.send_multipart(self.session.encode(Message("hello", hello), self.driver_address),

@@ -27,6 +27,7 @@ import numpy as np
 
 from dorylus_py.atomic import Owned, atomic_file, check_replaceable, remove_owned
 from dorylus_py.errors import ConfigError, DataError, DorylusError, interrupted_by_user
+from dorylus_py.timescale import model_times
 
 RECORD_FILES = ("config.json", "metrics.jsonl", "tasks.jsonl", "summary.json", "weights.npz", "best_weights.npz",
                 "graph.npz", "clusters.npy")  # clusters and graph: what gossip / all-reduce workers read
@@ -57,6 +58,7 @@ class RunRecord:
         self._wall_offset = self.history[-1]["wall_s"] if self.history else 0.0
         self._first_epoch = self.history[-1]["epoch"] + 1 if self.history else 1  # this run's first
         self._write_json("config.json", config)
+        self._dilation = float(config.get("dilation", 1.0) or 1.0)  # a scale model's (timescale.py)
         self._metrics = open(self.dir / "metrics.jsonl", "a")
         _unfinished.add(self)
 
@@ -153,6 +155,7 @@ class RunRecord:
     def _end(self, status: str, fields: dict) -> dict:
         summary = {"status": status, **{k: v for k, v in fields.items() if k != "status"},
                    **epoch_summary(self.history, self.best)}
+        summary |= model_times(self._dilation, summary)
         if self._best_weights is not None:
             self.save_weights("best_weights.npz", self._best_weights)
         self._write_json("summary.json", summary)

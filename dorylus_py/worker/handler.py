@@ -48,6 +48,7 @@ from dorylus_py.models.architectures import architecture
 from dorylus_py.protocol import Message, Session
 from dorylus_py.protocol.quantize import narrowed
 from dorylus_py.protocol.transport import Curve, dealer
+from dorylus_py.timescale import scaled_ms
 from dorylus_py.weights.blocks import join
 from dorylus_py.worker.channel import Channel
 from dorylus_py.worker.event import TaskEvent
@@ -242,7 +243,7 @@ def _np(x: torch.Tensor) -> np.ndarray:
 
 
 def _check_time(context) -> None:
-    if context is not None and context.get_remaining_time_in_millis() < SAFETY_MARGIN_MS:
+    if context is not None and context.get_remaining_time_in_millis() < scaled_ms(SAFETY_MARGIN_MS):
         raise TaskAborted("too little time left; leaving the task to a relaunch")
 
 
@@ -282,9 +283,9 @@ def _request_direct(direct, msg: Message, context) -> Message:
 
 
 def _wait_ms(context) -> int:
-    wait_ms = REQUEST_TIMEOUT_MS
+    wait_ms = scaled_ms(REQUEST_TIMEOUT_MS)
     if context is not None:
-        wait_ms = min(wait_ms, context.get_remaining_time_in_millis() - SAFETY_MARGIN_MS)
+        wait_ms = min(wait_ms, context.get_remaining_time_in_millis() - scaled_ms(SAFETY_MARGIN_MS))
     return wait_ms
 
 

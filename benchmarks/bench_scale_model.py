@@ -1,0 +1,186 @@
+"""Dorylus's two claims on a scale model of a cluster (issue 44; docs/lab.md): hosts with cores of their
+own (cgroups) and time dilation, so that the Lambdas are not the servers' cores.
+
+Per graph (Cora; the 200 k synthetic graph of bench_runtime.py) and Lambda count (``--lambdas``, default
+4 and 8), each seed trains ``local`` K=2 on hosts of ``--host-cpus`` cores per graph server,
+``--weight-host-cpus`` for the weight server and ``--lambda-vcpus`` per Lambda, with links as Dorylus
+measured them (``--lambda-bandwidth-mbps 200``), in sync and each of ``--modes``; and, for value, a
+CPU-only job (``--backend cpu``) whose graph servers get the Lambdas' cores added (the same total
+cores). Every run is at one dilation D (``--dilation``; default the smallest that fits this box's
+cores for the biggest configuration), and every time below is the model's (raw / D):
+
+- time to target: as bench_tta.py (the target is ``--fraction`` of sync's best validation accuracy),
+  and its ratio to sync's (issue 32's target: async <= 0.8x within 0.5 points of test accuracy);
+- value: ``dorylus report``'s (1 / (hours x USD), servers as ``--instance``, Lambdas by GB-s), and the
+  ratio of sync CPU+Lambda to CPU-only (the paper: up to 2.75x; the issue's target >= 1.5x);
+- cores busy per host: CPU seconds / (model cores x raw wall / D), from each run's hosts.json.
+
+Each cell is the median over seeds. Needs root and cgroup v1 (``--host-cpus``); on a box shared with
+other work the times swing with it: run on a quiet machine.
+
+    python benchmarks/bench_scale_model.py [--graphs cora,synth200k --lambda-counts 4,8 --seeds 3 --epochs 200
+        --modes async0,async1,async0b,async1b --host-cpus 1 --weight-host-cpus 1 --lambda-vcpus 1
+        --dilation D --lr 0.01 --markdown FILE]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_tta import (  # noqa: E402
+    LABEL,
+    MODES,
+    BestTracker,
+    check_graph_args,
+    epochs_to_target,
+    fail,
+    graph_bench_parser,
+    graph_parts,
+    median_tta,
+    parse_list,
+    ratio,
+    report,
+    seconds,
+    steady_epoch_s,
+    time_to_target,
+)
+
+from dorylus_py.cost.model import Prices, read_record  # noqa: E402
+from dorylus_py.cost.report import report_rows  # noqa: E402
+from dorylus_py.hosts import FIT, box_cores  # noqa: E402
+from dorylus_py.cgroups import unavailable  # noqa: E402
+
+LINK = ["--lambda-bandwidth-mbps", "200"]  # Lambda <-> server, as Dorylus measured it
+
+
+def parse_args():
+    ap = graph_bench_parser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lambda-counts", dest="counts", default="4,8", help="comma list of Lambda counts (default 4,8; "
+                    "--lambdas is not used here)")
+    ap.add_argument("--modes", default="async0,async1,async0b,async1b", help="async modes beside sync (bench_tta.py's "
+                    "names; default async0,async1,async0b,async1b)")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=200)
+    ap.add_argument("--fraction", type=float, default=0.97)
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--host-cpus", type=float, default=1.0, help="each graph server's cores (default 1)")
+    ap.add_argument("--weight-host-cpus", type=float, default=1.0, help="the weight server's cores (default 1)")
+    ap.add_argument("--lambda-vcpus", type=float, default=1.0, help="each Lambda's cores (default 1)")
+    ap.add_argument("--dilation", type=float, default=0.0, help="D (default: the smallest that fits)")
+    ap.add_argument("--instance", default="c5.xlarge", help="the servers' EC2 type for value (default c5.xlarge)")
+    args = ap.parse_args()
+    check_graph_args(args, {"seeds": 1, "epochs": 2})
+    try:
+        args.counts = sorted({int(c) for c in args.counts.split(",") if c.strip()})
+    except ValueError:
+        fail(f"--lambda-counts: a comma list of numbers, got {args.counts!r}")
+    if not args.counts or args.counts[0] < 2:
+        fail("--lambda-counts: at least 2 Lambdas (one per graph server)")
+    args.modes = parse_list(args.modes, [m for m in MODES if m != "sync"], "modes", fail)
+    if why := unavailable():
+        fail(why)
+    need = 2 * args.host_cpus + args.weight_host_cpus + max(args.counts) * args.lambda_vcpus
+    args.dilation = args.dilation or max(1.0, math.ceil(10 * need / (FIT * box_cores())) / 10)
+    if need / args.dilation > FIT * box_cores():
+        fail(f"--dilation {args.dilation:g}: the biggest model needs {need:g} / D = {need / args.dilation:.2f} cores, "
+             f"above {FIT:.0%} of this box's {box_cores()}")
+    return args
+
+
+def hosts_flags(args, lambdas: int, cpu_only: bool) -> list[str]:
+    """A configuration's hosts: CPU-only adds the Lambdas' cores to the graph servers."""
+    host = args.host_cpus + (lambdas * args.lambda_vcpus / 2 if cpu_only else 0)
+    return ["--dilation", f"{args.dilation:g}", "--host-cpus", f"{host:g}", "--weight-host-cpus",
+            f"{args.weight_host_cpus:g}", "--lambda-vcpus", f"{args.lambda_vcpus:g}"]
+
+
+def command(parts: Path, out: Path, args, seed: int, lambdas: int, mode: str) -> list[str]:
+    backend = ["--backend", "cpu"] if mode == "cpu" else ["--backend", "local", "--lambdas", str(lambdas), *LINK]
+    lr = [] if args.lr is None else ["--lr", str(args.lr)]
+    return [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(out), "--quiet", "-k", "2",
+            "--epochs", str(args.epochs), "--seed", str(seed), *backend, *MODES["sync" if mode == "cpu" else mode],
+            *hosts_flags(args, lambdas, mode == "cpu"), *lr]
+
+
+def run(cmd: list[str], out: Path, args) -> dict:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(600, 60 * args.epochs * args.dilation))
+    if proc.returncode:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SystemExit(f"{Path(sys.argv[0]).name}: {out.name} failed (exit {proc.returncode}): {last}")
+    _, rows, _, _ = read_record(out)  # the model's times (raw / D)
+    row = report_rows([str(out)], Prices.load(), args.instance, None)[0]
+    hosts = json.loads((out / "hosts.json").read_text())["hosts"] if (out / "hosts.json").exists() else {}
+    return {"rows": rows, "value": row["value"], "usd": row["total $"], "epoch_s": steady_epoch_s(rows),
+            "test_acc": BestTracker.over(rows).test_acc_at_best_val, "busy": {h: r.get("busy") for h, r in hosts.items()}}
+
+
+def busy_cell(runs: list[dict]) -> str:
+    hosts = sorted({h for r in runs for h in r["busy"]})
+    med = {h: statistics.median(v for r in runs if (v := r["busy"].get(h)) is not None) for h in hosts
+           if any(r["busy"].get(h) is not None for r in runs)}
+    short = {"graph-server-0": "g0", "graph-server-1": "g1", "weight-server-0": "w", "lambdas": "L"}
+    return ", ".join(f"{short.get(h, h)} {100 * v:.0f} %" for h, v in med.items()) or "-"
+
+
+def table(results: dict, args) -> list[str]:
+    cols = ("graph", "Lambdas", "mode", "time to target s (reached)", "/ sync", "epochs to target",
+            "test acc at best val", "epoch s", "value", "value / CPU-only", "cores busy (g0, g1, w, Lambdas)")
+    lines = [f"| {' | '.join(cols)} |", "| --- " * len(cols) + "|"]
+    for graph in args.graphs:
+        for n in args.counts:
+            sync = median_tta([r["tta"] for r in results[graph, n, "sync"]])
+            cpu = statistics.median(r["value"] for r in results[graph, n, "cpu"])
+            for mode in ["sync", *args.modes, "cpu"]:
+                runs = results[graph, n, mode]
+                tta, ett = median_tta([r["tta"] for r in runs]), median_tta([r["ett"] for r in runs])
+                value = statistics.median(r["value"] for r in runs)
+                label = "CPU only (sync)" if mode == "cpu" else LABEL[mode]
+                lines.append(f"| {graph} | {n} | {label} | {seconds(tta)} ({sum(r['tta'] is not None for r in runs)}/"
+                             f"{len(runs)}) | {'' if mode == 'sync' else ratio(tta, sync)} | "
+                             f"{'-' if ett is None else f'{ett:g}'} | "
+                             f"{100 * statistics.median(r['test_acc'] for r in runs):.1f} % | "
+                             f"{statistics.median(r['epoch_s'] for r in runs):.3f} | {value:.4g} | {ratio(value, cpu)} | "
+                             f"{busy_cell(runs)} |")
+    return lines
+
+
+def main() -> None:
+    args = parse_args()
+    t0, results, commands = time.perf_counter(), {}, []
+    with tempfile.TemporaryDirectory(prefix="dorylus-scale-") as tmp_name:
+        tmp = Path(tmp_name)
+        for graph in args.graphs:
+            parts = graph_parts(graph, tmp, args)
+            for n in args.counts:
+                for seed in range(args.seeds):
+                    target = None
+                    for mode in ["sync", *args.modes, "cpu"]:
+                        out = tmp / f"{graph}-{n}-{mode}-seed{seed}"
+                        cmd = command(parts, out, args, seed, n, mode)
+                        if seed == 0:
+                            commands.append(shlex.join(["dorylus", *cmd[3:]]).replace(str(tmp), "$TMP"))
+                        r = run(cmd, out, args)
+                        best = BestTracker.over(r["rows"])
+                        target = args.fraction * best.best_val_acc if mode == "sync" else target
+                        r |= {"tta": time_to_target(r["rows"], target), "ett": epochs_to_target(r["rows"], target)}
+                        results.setdefault((graph, n, mode), []).append(r)
+                        print(f"  {out.name}: {seconds(r['tta'])} s to target, value {r['value']:.4g}", flush=True)
+    head = (f"scale model, D {args.dilation:g} ({time.strftime('%Y-%m-%d')}): graph servers {args.host_cpus:g} cores "
+            f"each, weight server {args.weight_host_cpus:g}, Lambdas {args.lambda_vcpus:g} vCPU each, "
+            f"200 Mbit/s per Lambda; medians of {args.seeds} seeds; model times (raw / D); "
+            f"{time.perf_counter() - t0:.0f} s")
+    report(head, [*table(results, args), "", "commands (seed 0):", "", *(f"    {c}" for c in commands)], args.markdown)
+
+
+if __name__ == "__main__":
+    main()
