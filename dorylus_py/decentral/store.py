@@ -31,6 +31,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from dorylus_py.errors import DorylusError
+from dorylus_py.timescale import scaled
 
 KEY_CAP = 256  # bytes of a key's name
 VALUE_CAP = 1 << 20  # bytes of one value (an address is ~100, gloo's ~200 per rank)
@@ -106,8 +107,8 @@ class StoreServer:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
-            deadline = time.monotonic() + HANDSHAKE_S
-            conn.settimeout(HANDSHAKE_S)
+            deadline = time.monotonic() + scaled(HANDSHAKE_S)
+            conn.settimeout(scaled(HANDSHAKE_S))
             nonce = secrets.token_bytes(NONCE)
             conn.sendall(nonce)
             if not hmac.compare_digest(_read(conn, NONCE, deadline), _proof(self._key, nonce)):

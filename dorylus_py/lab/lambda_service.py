@@ -40,6 +40,7 @@ from dorylus_py.errors import ConfigError
 from dorylus_py.lab.sigv4 import Credentials, SignatureError, verify
 from dorylus_py.platforms.base import Completion
 from dorylus_py.platforms.local import KILL_GRACE_S, LocalLambdaPlatform
+from dorylus_py.timescale import scaled
 from dorylus_py.protocol import ProtocolError
 from dorylus_py.worker.event import TaskEvent
 
@@ -115,7 +116,7 @@ class LambdaService:
             self._calls[_copy_of(task)] = (task, call)
         self.pool.invoke(typed)
         f = self.function
-        if not call.done.wait(f.timeout_s + (f.latency_ms + f.cold_start_ms) / 1000 + KILL_GRACE_S + 10):
+        if not call.done.wait(f.timeout_s + (f.latency_ms + f.cold_start_ms) / 1000 + scaled(KILL_GRACE_S + 10)):
             # the pool kills a worker at the timeout and answers for it; this is a guard, which frees the slot too
             with self._lock:
                 self._calls.pop(_copy_of(task), None)

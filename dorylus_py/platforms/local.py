@@ -237,7 +237,7 @@ class LocalLambdaPlatform(Platform):
     def _allowed_s(self, w: _Worker) -> float:
         """How long an invocation handed to ``w`` may take to answer: its emulated latency and cold start, the
         function's timeout, and the grace."""
-        return (self.latency_ms + (self.cold_start_ms if w.cold else 0.0) + self.timeout_ms) / 1000 + KILL_GRACE_S
+        return (self.latency_ms + (self.cold_start_ms if w.cold else 0.0) + self.timeout_ms) / 1000 + scaled(KILL_GRACE_S)
 
     def _expire_overdue(self) -> None:
         """Kill each worker past its invocation's deadline (dispatcher thread)."""

@@ -19,6 +19,9 @@ CLOCK = "a window between two clocks; the box has one clock, which dilation does
 LINGER = "ZeroMQ's linger of a closing socket (shutdown)"
 
 REVIEWED = {
+    ("dorylus_py/protocol/replay.py", "ReplayGuard._count", "LOG_EVERY_S unscaled"): "how often a log line may be written",
+    ("dorylus_py/decentral/store.py", "StoreClient.__init__", "sleep(0.1)"): TICK,
+    ("dorylus_py/decentral/store.py", "StoreClient.wait", "POLL_S unscaled"): TICK,
     ("dorylus_py/serving/node.py", "exit_with_parent.watch", "sleep(1.0)"): TICK,
     ("dorylus_py/serving/node.py", "ServerNode.__init__", "default hang_timeout_s=60.0"): SET,
     ("dorylus_py/serving/node.py", "ServerNode.new_job", "dealer(linger_ms=1000)"): LINGER,
@@ -78,7 +81,6 @@ REVIEWED = {
     ("dorylus_py/decentral/worker.py", "Trainer._allreduce", "wait(0.5)"): TICK,
     ("dorylus_py/platforms/local.py", "LocalLambdaPlatform.__init__", "default timeout_s=60.0"): SET,
     ("dorylus_py/platforms/local.py", "LocalLambdaPlatform.__init__", "default park_s=60.0"): "scaled where read (_reap)",
-    ("dorylus_py/platforms/local.py", "LocalLambdaPlatform._dispatch", "wait(timeout=1.0)"): TICK,
     ("dorylus_py/platforms/local.py", "LocalLambdaPlatform._stop", "join(timeout=5)"): REAP,
     ("dorylus_py/platforms/local.py", "LocalLambdaPlatform.close", "join(timeout=5)"): REAP,
     ("graph_servers/server.py", "GraphServer._flush_tasks", "default timeout_s=5.0"): REAP,
