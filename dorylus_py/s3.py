@@ -67,8 +67,13 @@ def _key(prefix: str, name: str) -> str:
     return f"{prefix}/{name}" if prefix else name
 
 
+# A HEAD response has no body, so botocore's code is the bare HTTP status: name it as a GET's would be.
+HEAD_CODES = {"403": "AccessDenied", "404": "NotFound"}
+
+
 def _error(e, what: str) -> DataError:
     code = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
+    code = HEAD_CODES.get(code, code)
     return DataError(f"{what}: {code} ({e})")
 
 

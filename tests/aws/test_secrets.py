@@ -90,6 +90,8 @@ def test_server_role_does_what_servers_and_driver_do_and_nothing_more(moto_aws, 
         for root in (checkpoint_root(store), f"s3://{bucket}/elsewhere"):  # nor write outside checkpoints/
             with pytest.raises(DataError, match="AccessDenied"):
                 save_checkpoint(root, 3, {"W0": np.ones(1, np.float32)}, JOB)
+        with pytest.raises(DataError, match="AccessDenied"):  # the save above stops at the index it reads
+            s3store.put_file(f"s3://{bucket}/elsewhere", "epoch-000003.npz", _file(tmp_path))
     finally:
         moto_aws.enforce(False)
     denied = {(c.action, c.resource) for c in moto_aws.calls if not c.allowed}

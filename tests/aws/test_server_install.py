@@ -64,6 +64,20 @@ def test_servers_get_the_lambda_images_torch_and_pins():
         assert lock[name][0] == image[name], f"{name}: servers {lock[name][0]}, Lambda image {image[name]}"
 
 
+def test_the_install_constraints_pin_the_lock():
+    """The README's and CI's install (-c constraints.txt) gets every locked package at the lock's version
+    (torch as the CPU build's version), so the check below compares the lock against the same versions
+    on every fresh machine, not against whatever a dependency released that day."""
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[name.strip().lower().replace("_", "-")] = version.strip()
+    wrong = {n: (pins.get(n.lower().replace("_", "-")), v) for n, (v, _) in _lock().items()
+             if pins.get(n.lower().replace("_", "-")) != v.removesuffix("+cpu")}
+    assert wrong == {}, f"constraints.txt vs infra/server-requirements.txt: {wrong}"
+
+
 def test_the_lock_covers_every_dependency_of_the_wheel():
     """pip --require-hashes refuses a dependency missing from the lock: the boot would stop. The
     closure of pyproject's dependencies (and the aws extra), from the installed packages' metadata for
