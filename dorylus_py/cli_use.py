@@ -1,0 +1,55 @@
+"""`dorylus predict` and `dorylus export`: using what `dorylus train` left in a run record.
+
+Only the standard library is imported at the top, like the CLI's: the parser stays fast.
+"""
+
+from __future__ import annotations
+
+from dorylus_py.cli_parser import command
+
+PREDICT_EPILOG = """\
+Outputs (--out):
+  FILE.npy   (N, C) float32 class probabilities, one row per vertex in the dataset's order;
+             with --embeddings, the (N, H) last hidden layer instead
+  FILE.npz   ids (N,), probabilities (N, C) [, embeddings (N, H) with --embeddings]
+The dataset is the run's own (config.json's data, side files and split) unless --data names another,
+which must have the feature width and class count the model was trained on.
+"""
+
+EXPORT_EPILOG = """\
+Formats (--to):
+  pyg     a state_dict for a stack of torch_geometric convs (GCNConv, GATConv, SAGEConv), with the
+          few settings that build the stack; docs/usage.md shows the lines that load it
+  torch   a state_dict of this package's reference module, with the settings that rebuild it
+Both are plain tensors, strings and numbers: torch.load(OUT, weights_only=True) reads them.
+"""
+
+
+def add_predict(sub, data) -> None:
+    p = command(sub, "predict", "class probabilities (and embeddings) of a trained model for every vertex",
+                [data], PREDICT_EPILOG)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run record of `dorylus train`")
+    p.add_argument("--data", metavar="PATH", help="dataset to predict on (default: the run's own)")
+    p.add_argument("--weights", default="best", choices=("best", "final"),
+                   help="best: the best validation epoch's (best_weights.npz, default); final: the last epoch's")
+    p.add_argument("--out", required=True, metavar="FILE", help="FILE.npy or FILE.npz (see below)")
+    p.add_argument("--embeddings", action="store_true", help="also the last hidden layer (the last layer's input)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(run=_run_predict)
+
+
+def _run_predict(args) -> int:
+    from dorylus_py.api import predict
+    from dorylus_py.cli_data import sources_of
+    from dorylus_py.inference.predict import check_output, write_predictions
+
+    out = check_output(args.out, args.overwrite)
+    result = predict(args.run_dir, args.data, args.weights, args.embeddings, sources_of(args) if args.data else None)
+    write_predictions(result, out, args.embeddings)
+    n, c = result.logits.shape
+    accuracy = result.accuracy("test")
+    print(f"wrote {out}: {n:,} vertices x {c} class probabilities"
+          + (f" and {result.embeddings.shape[1]}-wide embeddings" if args.embeddings else "")
+          + f", {args.weights} weights of {args.run_dir}"
+          + (f"; test accuracy {accuracy:.4f}" if accuracy == accuracy else ""))
+    return 0
