@@ -53,3 +53,32 @@ def _run_predict(args) -> int:
           + f", {args.weights} weights of {args.run_dir}"
           + (f"; test accuracy {accuracy:.4f}" if accuracy == accuracy else ""))
     return 0
+
+
+def add_export(sub) -> None:
+    p = command(sub, "export", "a trained model as a state_dict for torch_geometric's convs or this package's module",
+                epilog=EXPORT_EPILOG)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run record of `dorylus train`")
+    p.add_argument("out", metavar="OUT.pt", help="where to write it")
+    p.add_argument("--to", required=True, choices=("pyg", "torch"), help="pyg or torch (see below)")
+    p.add_argument("--weights", default="best", choices=("best", "final"),
+                   help="best: the best validation epoch's (default); final: the last epoch's")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT.pt if it exists")
+    p.set_defaults(run=_run_export)
+
+
+def _run_export(args) -> int:
+    from pathlib import Path
+
+    from dorylus_py.cli_data import check_output_file
+    from dorylus_py.inference import load_trained
+    from dorylus_py.inference.export import export_dict, save_export
+
+    out = Path(args.out)
+    check_output_file(out, args.overwrite)
+    exported = export_dict(load_trained(args.run_dir, args.weights), args.to)
+    save_export(exported, out)
+    what = (f"{len(exported['convs'])} {exported['convs'][0]['class']} layers" if args.to == "pyg"
+            else f"the reference {exported['model']} module")
+    print(f"wrote {out}: {what}, {args.weights} weights of {args.run_dir} (feature_norm {exported['feature_norm']})")
+    return 0

@@ -12,11 +12,9 @@ from dorylus_py.data import SynthConfig, generate, write_npz
 from dorylus_py.errors import DataError
 from dorylus_py.kernels.sparse import gcn_norm_weights
 from tests.conftest import DATASETS
+from tests.inference.conftest import train
 
 
-def train(data, run_dir, *flags):
-    assert main(["train", "--data", str(data), "--quiet", "--out", str(run_dir), *flags]) == 0
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -48,19 +46,6 @@ def test_best_and_final_weights_differ_when_the_best_epoch_is_not_the_last(cora_
     run, summary = cora_run
     assert summary["best_epoch"] < summary["epochs"]  # the run the test above checks has two distinct points
     assert not np.array_equal(predict(run, weights="best").logits, predict(run, weights="final").logits)
-
-
-@pytest.fixture(scope="module")
-def small_runs(tmp_path_factory):
-    """A GCN, GAT and GraphSAGE run on a small generated graph."""
-    root = tmp_path_factory.mktemp("small")
-    data = root / "g.npz"
-    write_npz(generate(SynthConfig(nodes=300, edges=3_000, features=12, classes=3, seed=5)), data)
-    runs = {}
-    for model in ("gcn", "gat", "sage"):
-        runs[model] = root / model
-        train(data, runs[model], "--model", model, "--epochs", "6", "--heads", "2", "--hidden", "8")
-    return data, runs
 
 
 @pytest.mark.parametrize("model", ["gcn", "gat", "sage"])
