@@ -13,7 +13,8 @@ Outputs (--out):
              with --embeddings, the (N, H) last hidden layer instead
   FILE.npz   ids (N,), probabilities (N, C) [, embeddings (N, H) with --embeddings]
 The dataset is the run's own (config.json's data, side files and split) unless --data names another,
-which must have the feature width and class count the model was trained on.
+which must have the feature width and class count the model was trained on. The forward pass runs
+in this process: a prepared folder (or s3:// address) is put back together, so it must fit in memory.
 """
 
 EXPORT_EPILOG = """\

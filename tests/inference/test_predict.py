@@ -140,3 +140,16 @@ def test_a_changed_dataset_file_is_refused(small_runs, tmp_path, capsys):
     write_npz(generate(SynthConfig(nodes=301, edges=3_000, features=12, classes=3, seed=5)), copy)
     assert main(["predict", str(run), "--out", str(tmp_path / "p.npy")]) == 2
     assert "301 nodes now, but the run in" in capsys.readouterr().err
+
+
+def test_a_distributed_run_on_a_prepared_folder_is_predicted_in_vertex_order(small_runs, tmp_path):
+    """The store's partitions are put back together in the dataset's vertex order: the weights of a K=2 run
+    score the test accuracy the graph servers counted."""
+    data, _ = small_runs
+    store = tmp_path / "store"
+    assert main(["prepare", str(data), "--partitions", "2", "--partitioner", "metis", "--out", str(store)]) == 0
+    summary = train(store, tmp_path / "run", "--backend", "cpu", "--epochs", "3", "--hidden", "8")
+    result = predict(tmp_path / "run")
+    assert result.accuracy("test") == pytest.approx(summary["test_acc_at_best_val"], abs=1e-6)
+    from_file = predict(tmp_path / "run", data)  # the same graph, from the file the store was made of
+    np.testing.assert_allclose(from_file.logits, result.logits, atol=1e-6)
