@@ -84,14 +84,25 @@ def train(config: "TrainConfig | None" = None, out: str | os.PathLike | None = N
 
 
 def predict(run_dir: str | os.PathLike, data: str | os.PathLike | None = None, weights: str = "best",
-            embeddings: bool = False, sources: "Sources | None" = None) -> "Predictions":
+            embeddings: bool = False, sources: "Sources | None" = None, backend: str | None = None) -> "Predictions":
     """The model of the run recorded in ``run_dir`` (its ``best`` or ``final`` weights) on ``data`` (default:
-    the run's own dataset): logits, probabilities and, with ``embeddings``, the last hidden layer."""
+    the run's own dataset): logits, probabilities and, with ``embeddings``, the last hidden layer. In this
+    process, or with ``backend`` (``local``, ``cpu``) through the graph servers of a prepared store."""
+    from dorylus_py.cli_train import is_prepared_store
+    from dorylus_py.errors import ConfigError
     from dorylus_py.inference import load_trained, predict_graph, run_dataset
 
     trained = load_trained(run_dir, weights)
+    store = _str(data) or trained.config.data
+    if backend is not None and not is_prepared_store(store):
+        raise ConfigError(f"--backend {backend}: predict runs through graph servers on a prepared store; pass --data "
+                          "a folder made by `dorylus prepare` (or its s3:// address)")
     graph = run_dataset(trained, _str(data), sources)
-    return predict_graph(trained, graph, embeddings)
+    if backend is None:
+        return predict_graph(trained, graph, embeddings)
+    from dorylus_py.inference.distributed import predict_distributed
+
+    return predict_distributed(trained, store, backend, embeddings, graph)
 
 
 def _str(path) -> str | None:

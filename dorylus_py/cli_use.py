@@ -14,7 +14,8 @@ Outputs (--out):
   FILE.npz   ids (N,), probabilities (N, C) [, embeddings (N, H) with --embeddings]
 The dataset is the run's own (config.json's data, side files and split) unless --data names another,
 which must have the feature width and class count the model was trained on. The forward pass runs
-in this process: a prepared folder (or s3:// address) is put back together, so it must fit in memory.
+in this process (a prepared folder is put back together), or with --backend through graph servers,
+one per partition of a prepared folder: the training pipeline's evaluation forward, no weight updates.
 """
 
 EXPORT_EPILOG = """\
@@ -35,6 +36,10 @@ def add_predict(sub, data) -> None:
                    help="best: the best validation epoch's (best_weights.npz, default); final: the last epoch's")
     p.add_argument("--out", required=True, metavar="FILE", help="FILE.npy or FILE.npz (see below)")
     p.add_argument("--embeddings", action="store_true", help="also the last hidden layer (the last layer's input)")
+    p.add_argument("--backend", choices=("local", "cpu"),
+                   help="run the forward pass through graph servers (one per partition of a prepared --data "
+                        "folder), the tensor work in emulated Lambdas (local) or in the graph servers (cpu); "
+                        "default: in this process")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(run=_run_predict)
 
@@ -45,7 +50,8 @@ def _run_predict(args) -> int:
     from dorylus_py.inference.predict import check_output, write_predictions
 
     out = check_output(args.out, args.overwrite)
-    result = predict(args.run_dir, args.data, args.weights, args.embeddings, sources_of(args) if args.data else None)
+    result = predict(args.run_dir, args.data, args.weights, args.embeddings, sources_of(args) if args.data else None,
+                     args.backend)
     write_predictions(result, out, args.embeddings)
     n, c = result.logits.shape
     accuracy = result.accuracy("test")
