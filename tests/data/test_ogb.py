@@ -148,3 +148,39 @@ def test_train_refuses_a_malformed_folder_with_the_same_line(ogb, tmp_path, caps
     assert "split: no split folder" in capsys.readouterr().err and not (tmp_path / "run").exists()
     with pytest.raises(DataError, match="no split folder"):
         load_graph(ogb)
+
+
+def write_random_ogb(root: Path, nodes: int, edges: int, seed: int = 0) -> Path:
+    """An OGB folder of ``edges`` random undirected edges (read as twice as many directed ones)."""
+    rng = np.random.default_rng(seed)
+    (root / "raw").mkdir(parents=True)
+
+    def save(path, rows, fmt):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(path, "wb", compresslevel=1) as f:
+            np.savetxt(f, rows, fmt=fmt, delimiter=",")
+
+    save(root / "raw" / "edge.csv.gz", rng.integers(0, nodes, (edges, 2)), "%d")
+    save(root / "raw" / "node-feat.csv.gz", rng.random((nodes, 16), np.float32), "%.6f")
+    save(root / "raw" / "node-label.csv.gz", rng.integers(0, 4, (nodes, 1)), "%d")
+    save(root / "raw" / "num-node-list.csv.gz", [[nodes]], "%d")
+    save(root / "raw" / "num-edge-list.csv.gz", [[edges]], "%d")
+    order = rng.permutation(nodes)
+    for name, ids in zip(("train", "valid", "test"), np.split(order, [nodes // 10, nodes // 5])):
+        save(root / "split" / "random" / f"{name}.csv.gz", ids[:, None], "%d")
+    return root
+
+
+def test_prepare_holds_a_block_of_edges_not_the_graph(tmp_path):
+    """As tests/test_memory.py checks the npz path: 50 k vertices with 250 k and with 2 M directed edges,
+    prepared with Fennel in blocks of 64 k edges, in a fresh process whose peak the kernel measured."""
+    from tests.test_memory import BLOCK, PER_EDGE_B, probe
+
+    peaks = {}
+    for edges in (250_000, 2_000_000):
+        write_random_ogb(tmp_path / f"ogb{edges}", 50_000, edges // 2)
+        peaks[edges] = probe(tmp_path, BLOCK, "prepare", f"ogb{edges}", "-k", 2, "--partitioner", "fennel",
+                             "--out", f"p{edges}")["self_mb"]
+        assert json.loads((tmp_path / f"p{edges}" / "manifest.json").read_text())["nodes"] == 50_000
+    allowed_mb = PER_EDGE_B * (2_000_000 - 250_000) / 2**20
+    assert peaks[2_000_000] - peaks[250_000] < allowed_mb, f"{peaks} MB"
