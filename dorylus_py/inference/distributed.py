@@ -24,7 +24,7 @@ from dorylus_py.errors import ConfigError, DorylusError
 from dorylus_py.inference.predict import Predictions, check_fits
 from dorylus_py.inference.trained import TrainedModel
 from dorylus_py.partition.store import PartitionStore
-from dorylus_py.protocol import Message, ProtocolError
+from dorylus_py.protocol import ProtocolError
 
 BACKENDS = ("local", "cpu")  # where the tensor work of a forward through the graph servers runs
 
