@@ -25,6 +25,8 @@ Typical flow:
   dorylus check graph.npz                     validate it and print its counts
   dorylus prepare graph.npz --partitions 4 --out parts/
   dorylus train --data parts/ --out runs/demo train, leaving a run record in runs/demo
+  dorylus predict runs/demo --out pred.npy    class probabilities for every vertex
+  dorylus export runs/demo model.pt --to pyg  the model for torch_geometric's convs
 """
 
 
@@ -63,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dorylus_py.cli_cost import add_cost, add_report
     from dorylus_py.cli_data import add_check, add_prepare, add_synth, data_parent
     from dorylus_py.cli_train import add_train
+    from dorylus_py.cli_use import add_export, add_predict
     from dorylus_py.keygen import add_keys_command
 
     p = Parser(prog="dorylus", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_check(sub, data)
     add_prepare(sub, data)
     add_train(sub, data)
+    add_predict(sub, data)
+    add_export(sub)
     add_report(sub)
     add_cost(sub)
     add_aws(sub)

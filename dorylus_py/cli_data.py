@@ -20,6 +20,7 @@ Dataset formats (PATH):
   DIR/ or graph.bsnap
                   Dorylus binary files graph.bsnap, features.bsnap, labels.bsnap
   FILE.pt         a saved PyG Data object (needs torch_geometric; a pickle: trusted files only)
+  DIR/            an OGB node-property dataset (raw/edge.csv.gz, raw/node-feat.csv.gz, ..., split/NAME/)
   DIR/            a folder made by `dorylus prepare` (the partitions are put back together)
 Without split masks, a seeded random split of the labelled vertices is drawn (--train-frac, --val-frac).
 """

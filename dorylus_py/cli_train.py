@@ -227,6 +227,21 @@ def add_train(sub, data) -> None:
 
 
 def _run_train(args) -> int:
+    ran = run_train(args)
+    if ran is not None:  # None: a torchrun rank that did not write the record
+        s, run_dir = ran
+        print(
+            f"best validation accuracy {s['best_val_acc']:.4f} at epoch {s['best_epoch']}, "
+            f"test accuracy there {s['test_acc_at_best_val']:.4f}; final loss {s['final_loss']:.4f}; "
+            f"{s['epochs']} epochs in {s['wall_s']:.1f} s (median {1000 * s['median_epoch_s']:.1f} ms/epoch); "
+            f"run record in {run_dir}"
+        )
+    return 0
+
+
+def run_train(args) -> tuple[dict, Path] | None:
+    """The run ``args`` (the flags, and ``args.given``) describe: its summary and record folder (None for a
+    torchrun rank that writes no record). The Python API's ``train`` (``api.py``) runs it too."""
     from dorylus_py.config import DECENTRAL_MODES, TrainConfig
     from dorylus_py.data import SynthConfig, generate
     from dorylus_py.partition import load_dataset as load_graph
@@ -302,7 +317,7 @@ def _run_train(args) -> int:
 
             result = train_decentral(cfg, graph, run_dir, config, args.overwrite, show_progress=not args.quiet)
             if result is None:  # a torchrun rank that did not write the record (the lowest live rank does)
-                return 0
+                return None
             s = result.summary
             lost = s["worker_deaths"]
             print(f"{s['batches_trained']} batches trained by {s['workers']} workers ({s['batches_per_worker']} by "
@@ -329,10 +344,4 @@ def _run_train(args) -> int:
     finally:
         if args.no_data_copy and copy:
             drop_data_copy(run_dir)
-    print(
-        f"best validation accuracy {s['best_val_acc']:.4f} at epoch {s['best_epoch']}, "
-        f"test accuracy there {s['test_acc_at_best_val']:.4f}; final loss {s['final_loss']:.4f}; "
-        f"{s['epochs']} epochs in {s['wall_s']:.1f} s (median {1000 * s['median_epoch_s']:.1f} ms/epoch); "
-        f"run record in {run_dir}"
-    )
-    return 0
+    return s, run_dir

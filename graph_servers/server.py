@@ -80,8 +80,10 @@ class GraphServer(Requests):
         part = store.load(self.k)
         self.model = spec_of(cfg, spec.dims)
         fused_last = fuses_last_layer(self.model.name, self.model.num_layers, cfg.fuse, cfg.backend,
-                                      cfg.lambda_latency_ms)
+                                      cfg.lambda_latency_ms) and not spec.forward_only
         stages = self.model.stages(fused_last)
+        if spec.forward_only:  # dorylus predict: the evaluation forward and eval, no training pass
+            stages = [s for s in stages if not s.train]
         self.kinds, self.by_task = task_kinds(stages), task_stages(stages)
         self.graph_train = {s.name: s.train for s in stages if s.task is None}  # graph stage -> training pass
         fused = FusedInput(cfg.dropout, cfg.seed, spec.id_offsets[self.k]) if fused_last else None
@@ -298,6 +300,8 @@ class GraphServer(Requests):
     # --- the driver --------------------------------------------------------------------------------
 
     def _report(self, epoch: int) -> None:
+        if self.spec.forward_only:
+            self._send_outputs()
         t = self.scheduler.tracker
         self.node.to_driver(Message("epoch_stats", {
             "rank": self.k, "epoch": epoch, "loss_sum": self.loss_sum.pop(epoch, 0.0),
@@ -306,6 +310,15 @@ class GraphServer(Requests):
             "epoch_s": time.perf_counter() - self.epoch_start.pop(epoch, time.perf_counter()),
             "relaunches": t.relaunches, "duplicates": t.refused, **self._gradient_counts(), "usage": self.usage.epoch()}))
         self._send_task_rows()
+
+    def _send_outputs(self) -> None:
+        """dorylus predict: the evaluation forward's logits and last hidden layer (activated) of our vertices."""
+        s, last = self.state, self.model.num_layers - 1
+        tensors = {"ids": np.asarray(s.part.global_ids, np.int64), "logits": np.ascontiguousarray(s.G[False][last])}
+        if last:
+            activation = getattr(torch.nn.functional, self.model.activation)
+            tensors["embeddings"] = activation(torch.from_numpy(np.array(s.G[False][last - 1]))).numpy()
+        self.node.to_driver(Message("outputs", {"rank": self.k}, tensors))
 
     def _gradient_counts(self) -> dict:
         """Gradients forwarded to the weight servers so far (one per key), and sends of a key beyond its first."""

@@ -9,6 +9,7 @@
   ``features.bsnap`` (uint32 dimension, then float32 rows), ``labels.bsnap`` (uint32 class count,
   then one uint32 per vertex).
 - ``.pt``: a saved PyG ``Data`` object (needs torch_geometric; a pickle, so load only trusted files).
+- an OGB node-property dataset folder (``raw/edge.csv.gz``, ..., ``split/<name>/``; ``data/ogb.py``).
 - (a folder made by ``dorylus prepare`` is ``partition.load_dataset``'s: the partitions, put back together).
 
 Where a file carries no split, a seeded random split of the labelled vertices is drawn.
@@ -25,6 +26,7 @@ import numpy as np
 
 from dorylus_py.atomic import atomic_file
 from dorylus_py.data.graph import SPLITS, Graph, random_split
+from dorylus_py.data.ogb import OgbFolder, is_ogb_folder
 from dorylus_py.errors import DataError
 from dorylus_py.settings import check_split
 
@@ -57,7 +59,10 @@ def load_graph(path: str | os.PathLike, sources: Sources = Sources()) -> Graph:
     if p.is_dir():
         if (p / "graph.bsnap").exists():
             return read_bsnap(p, sources)
-        raise DataError(f"{p}: folder holds neither a manifest.json (from `dorylus prepare`) nor graph.bsnap")
+        if is_ogb_folder(p):
+            return read_ogb(p, sources)
+        raise DataError(f"{p}: folder holds neither a manifest.json (from `dorylus prepare`), graph.bsnap nor an "
+                        "OGB dataset (raw/edge.csv.gz)")
     if p.name.endswith(".bsnap"):
         return read_bsnap(p.parent, sources)
     if p.suffix == ".npz":
@@ -195,6 +200,22 @@ def _bsnap_u32_header(path: Path) -> int:
     if path.stat().st_size < 4:
         raise DataError(f"{path}: truncated: shorter than its 4-byte header")
     return int(np.fromfile(path, dtype="<u4", count=1)[0])
+
+
+# --- OGB node-property dataset folders -------------------------------------------------------------
+
+
+def read_ogb(path: Path, sources: Sources = Sources()) -> Graph:
+    """An OGB folder whole (its split, unless ``--masks`` gives another); ``prepare`` streams it instead."""
+    folder = OgbFolder(path)
+    blocks = list(folder.edge_blocks(1 << 20))
+    src = np.concatenate([s for s, _ in blocks]) if blocks else np.zeros(0, np.int64)
+    dst = np.concatenate([d for _, d in blocks]) if blocks else np.zeros(0, np.int64)
+    del blocks
+    features = np.concatenate(list(folder.feature_blocks(1 << 16)))
+    labels = folder.labels()
+    masks = (masks_from({}, path, labels, sources) if sources.masks is not None else folder.masks())
+    return Graph.from_edges(src, dst, features, labels, *masks, num_nodes=folder.num_nodes, source=str(path))
 
 
 # --- PyG -------------------------------------------------------------------------------------------

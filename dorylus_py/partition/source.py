@@ -24,6 +24,7 @@ from dorylus_py.data.graph import (
     validate_vertices,
 )
 from dorylus_py.data.npystream import npz_members
+from dorylus_py.data.ogb import OgbFolder, is_ogb_folder
 from dorylus_py.errors import DataError
 
 EdgeBlocks = Iterator[tuple[np.ndarray, np.ndarray]]  # (src, dst) int64, checked in range
@@ -51,7 +52,19 @@ def open_source(path: str | os.PathLike, sources: Sources = Sources()) -> GraphS
     p = Path(str(path))
     if p.suffix == ".npz" and p.is_file():
         return npz_source(p, sources)
+    if p.is_dir() and is_ogb_folder(p) and sources.masks is None:
+        return ogb_source(p)
     return graph_source(load_graph(path, sources))
+
+
+def ogb_source(path: Path) -> GraphSource:
+    """An OGB node-property dataset folder (``data/ogb.py``), its edges and features streamed."""
+    folder = OgbFolder(path)
+    labels, masks = folder.labels(), folder.masks()
+    classes = _inferred_classes(labels, str(path))
+    validate_vertices(labels, masks, classes, folder.num_nodes, str(path))
+    return GraphSource(str(path), folder.num_nodes, folder.num_features, classes, folder.num_edge_records(), labels,
+                       masks, folder.edge_blocks, folder.feature_blocks)
 
 
 def graph_source(graph: Graph) -> GraphSource:

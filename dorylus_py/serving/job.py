@@ -34,6 +34,7 @@ class JobSpec:
     restart: int = 0  # how many times the driver restarted the job's servers before this start
     lambda_share: list[int] = field(default_factory=lambda: [1, 1, 1])  # a graph server's tensor workers: start,
     # fewest, most (plan.py)
+    forward_only: bool = False  # dorylus predict: only the evaluation forward, its outputs sent to the driver
 
     @property
     def layers(self) -> int:
