@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("hcl2")
 from packaging.requirements import Requirement  # noqa: E402
 
+from dorylus_py.rehearsal.image_platform import read  # noqa: E402
 from dorylus_py.rehearsal.servers import Unit, heredoc  # noqa: E402
 from tests.aws.terraform import INFRA, blocks, user_data  # noqa: E402
 
@@ -35,8 +36,8 @@ def _lock() -> dict[str, tuple[str, list[str]]]:
 
 
 def _dockerfile_pins() -> dict[str, str]:
-    text = (REPO / "lambda_functions" / "Dockerfile").read_text()
-    return {m.group(1).lower(): m.group(2) for m in re.finditer(r"\b([A-Za-z][\w.-]*)==([\w.+]+)", text)}
+    installs = read((REPO / "lambda_functions" / "Dockerfile").read_text()).installs
+    return dict(p.lower().split("==") for i in installs for p in i.pins)
 
 
 def test_servers_install_this_projects_wheel_from_the_bucket_with_every_hash_checked():
