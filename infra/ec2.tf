@@ -9,10 +9,20 @@ data "aws_ssm_parameter" "al2023" {
   name = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 }
 
+# The Amazon Linux 2023 image of the first apply, kept: a later apply (docs/aws.md's force_destroy=true
+# before destroy, say) must not replace every server, and lose the run records on graph server 0, because
+# AWS published a newer image meanwhile. `terraform apply -replace=terraform_data.al2023` takes the newest.
+resource "terraform_data" "al2023" {
+  input = data.aws_ssm_parameter.al2023.insecure_value # a public parameter: an image id, nothing secret
+  lifecycle {
+    ignore_changes = [input]
+  }
+}
+
 locals {
   gpu_image = var.graph_server_ami != ""
   lock      = trimspace(file("${path.module}/server-requirements.txt"))
-  cpu_image = { ami = data.aws_ssm_parameter.al2023.value, python = "python3.11", image_torch = false }
+  cpu_image = { ami = terraform_data.al2023.output, python = "python3.11", image_torch = false }
   graph_image = local.gpu_image ? {
     ami = var.graph_server_ami, python = var.graph_server_image_python, image_torch = true
   } : local.cpu_image

@@ -2,12 +2,36 @@
 # operator only), Lambdas in two private subnets with no route out: they only talk to the servers.
 
 data "aws_availability_zones" "available" {
-  # checkov:skip=CKV_AWS_394: only the first two zones are used; a zone AWS adds later changes nothing here
-  state = "available"
+  # checkov:skip=CKV_AWS_394: zones are chosen by what they offer (below); a zone AWS adds later changes nothing here
+  state            = "available"
+  exclude_zone_ids = var.excluded_zone_ids # zones Lambda does not run VPC functions in
   filter {
     name   = "opt-in-status"
     values = ["opt-in-not-required"] # no Local Zones or opt-in regions' zones
   }
+}
+
+data "aws_ec2_instance_type_offerings" "servers" {
+  location_type = "availability-zone"
+  filter {
+    name   = "instance-type"
+    values = local.server_types
+  }
+}
+
+# Zones by what they offer, not by their order: the servers' zone offers every server type; the Lambdas
+# run there too (their traffic with the servers stays in the zone) and in one more zone, in case one
+# has no capacity (its Lambdas' traffic crosses zones: 0.01 USD/GB each way, docs/aws.md).
+locals {
+  server_types = distinct([var.graph_server_type, var.weight_server_type])
+  offered      = data.aws_ec2_instance_type_offerings.servers
+  offers = { for t in local.server_types : t => [
+    for i, zone in local.offered.locations : zone if local.offered.instance_types[i] == t
+  ] }
+  server_zones = [for z in data.aws_availability_zones.available.names : z
+  if alltrue([for t in local.server_types : contains(local.offers[t], z)])]
+  server_zone  = try(local.server_zones[0], "")
+  lambda_zones = concat([local.server_zone], [for z in data.aws_availability_zones.available.names : z if z != local.server_zone])
 }
 
 resource "aws_vpc" "main" {
@@ -29,15 +53,21 @@ resource "aws_internet_gateway" "main" {
 resource "aws_subnet" "servers" {
   vpc_id            = aws_vpc.main.id
   cidr_block        = "10.42.0.0/24"
-  availability_zone = data.aws_availability_zones.available.names[0]
+  availability_zone = local.server_zone
   tags              = { Name = "${var.name}-servers" }
+  lifecycle {
+    precondition {
+      condition     = local.server_zone != ""
+      error_message = "No zone of this region (less excluded_zone_ids) offers every server type (graph_server_type, weight_server_type): choose types or a region that does (aws ec2 describe-instance-type-offerings --location-type availability-zone)."
+    }
+  }
 }
 
 resource "aws_subnet" "lambda" {
   count             = 2
   vpc_id            = aws_vpc.main.id
   cidr_block        = "10.42.${count.index + 1}.0/24"
-  availability_zone = data.aws_availability_zones.available.names[count.index]
+  availability_zone = local.lambda_zones[count.index]
   tags              = { Name = "${var.name}-lambda-${count.index}" }
 }
 

@@ -25,6 +25,11 @@ output "graph_server_public_ips" {
   value       = [for i in range(var.graph_server_count) : aws_instance.server["graph-server-${i}"].public_ip]
 }
 
+output "graph_server_instance_ids" {
+  description = "Instance ids of the graph servers (aws ec2-instance-connect send-ssh-public-key --instance-id)"
+  value       = [for i in range(var.graph_server_count) : aws_instance.server["graph-server-${i}"].id]
+}
+
 output "lambda_function" {
   description = "Tensor worker function name"
   value       = aws_lambda_function.tensor.function_name

@@ -20,7 +20,7 @@ variable "operator_cidr" {
 }
 
 variable "key_name" {
-  description = "EC2 key pair for SSH (empty: no key; use SSM Session Manager)"
+  description = "An EC2 key pair of yours for SSH (empty: none; log in with EC2 Instance Connect, which pushes a key for 60 s: docs/aws.md)"
   type        = string
   default     = ""
 }
@@ -158,4 +158,10 @@ variable "log_retention_days" {
   description = "Days the Lambda's CloudWatch logs are kept"
   type        = number
   default     = 14
+}
+
+variable "excluded_zone_ids" {
+  description = "Availability Zone IDs not to use (zone IDs, the same in every account): Lambda does not run VPC functions in use1-az3; add any zone that refuses a subnet or an instance type"
+  type        = list(string)
+  default     = ["use1-az3"]
 }

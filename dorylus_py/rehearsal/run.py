@@ -57,12 +57,16 @@ NOT_REHEARSED = {
     "dorylus aws build-context": "the image's contents are installed and run in tests/aws/test_lambda_image.py",
     "aws ecr": "no ECR here", "docker": "no container engine here",
     "scp ": "the rehearsal writes the cluster file onto graph server 0's folder",
+    "ARN=": "a shell variable", "ID=": "a shell variable", "IP=": "a shell variable",
+    "aws iam": "the rehearsal makes the operator's managed policy and attaches it, as these commands do",
+    "aws ec2-instance-connect": "no instance to log in to: the driver runs in graph server 0's folder",
+    "ssh ": "the same", "aws lambda": "a quota, AWS's only", "aws service-quotas": "a quota, AWS's only",
 }
 
 
 class Rehearsal:
     # docs/aws.md's `terraform apply -var`s, with what stands in for the values it computes
-    VARIABLES = {"lambda_image_uri": IMAGE, "operator_cidr": "192.0.2.1/32", "server_wheel": "(the wheel)",
+    VARIABLES = {"region": REGION, "lambda_image_uri": IMAGE, "operator_cidr": "192.0.2.1/32", "server_wheel": "(the wheel)",
                  "graph_server_count": "2", "graph_server_type": "c5n.2xlarge", "weight_server_count": "1"}
 
     def __init__(self, work: Path, plugin_dir: str = "", epochs: int = 3, say=print):
@@ -138,7 +142,8 @@ class Rehearsal:
         steps, the function's configuration, and the jobs on graph server 0."""
         self.hosts = self._step("(rehearsal) the servers boot, before the job key is stored", lambda: self._boot(outputs))
         wait_until(lambda: all(h.exits for h in self.hosts), 120, "each server's first start, which finds no job key")
-        self._as_operator("dorylus aws put-secret", "aws", "put-secret", "--secret-id", outputs["job_key_secret"]["value"])
+        self._as_operator("dorylus aws put-secret", "aws", "put-secret", "--region", REGION, "--secret-id",
+                          outputs["job_key_secret"]["value"])
         dataset = f"{outputs['dataset_uri']['value']}/mygraph"
         self._as_operator("dorylus prepare", "prepare", graph, "--partitions", "2", "--out", dataset)
         function = self._check_function(outputs)
@@ -168,7 +173,11 @@ class Rehearsal:
                 {"Effect": "Allow", "Action": "*", "Resource": "*"}]}),
                              ("operator", json.loads((INFRA / "operator-policy.json").read_text()))):
             iam.create_user(UserName=user)
-            iam.put_user_policy(UserName=user, PolicyName=user, PolicyDocument=json.dumps(policy))
+            if user == "operator":  # a managed policy, as docs/aws.md attaches it (a user's inline ones hold 2,048)
+                arn = iam.create_policy(PolicyName="dorylus-operator", PolicyDocument=json.dumps(policy))["Policy"]["Arn"]
+                iam.attach_user_policy(UserName=user, PolicyArn=arn)
+            else:
+                iam.put_user_policy(UserName=user, PolicyName=user, PolicyDocument=json.dumps(policy))
             key = iam.create_access_key(UserName=user)["AccessKey"]
             envs.append(self._env(key["AccessKeyId"], key["SecretAccessKey"]) | {"AWS_DEFAULT_REGION": REGION})
         return envs[0], envs[1]

@@ -16,7 +16,7 @@ def test_build_context_holds_everything_the_handler_imports(tmp_path):
     ctx = tmp_path / "ctx"
     assert main(["aws", "build-context", str(ctx)]) == 0
     dockerfile = (ctx / "Dockerfile").read_text()
-    assert dockerfile.startswith("#") and "FROM public.ecr.aws/lambda/python:3.11" in dockerfile
+    assert dockerfile.startswith("#") and "FROM public.ecr.aws/lambda/provided:al2023" in dockerfile
     assert "torch==2.13.0" in dockerfile and 'CMD ["lambda_functions.handler.handler"]' in dockerfile
     # Import the handler from the context alone (first on the path, run from elsewhere): every
     # dorylus module it loads must come from the context.

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -22,6 +21,7 @@ import pytest
 pytest.importorskip("hcl2")
 from dorylus_py.cli import main  # noqa: E402
 from dorylus_py.data import write_npz  # noqa: E402
+from dorylus_py.rehearsal.image_platform import read  # noqa: E402
 from dorylus_py.rehearsal.lambda_runtime import LambdaService  # noqa: E402
 from tests.aws.terraform import render, statements  # noqa: E402
 
@@ -32,9 +32,9 @@ KEY = "7a" * 32
 
 def dockerfile_pins() -> list[str]:
     """``name==version`` of every ``pip install`` in the Dockerfile; torch from its CPU index is ``+cpu``."""
-    text = (REPO / "lambda_functions" / "Dockerfile").read_text()
-    pins = re.findall(r"\b[A-Za-z][\w.-]*==[\w.+]+", text.split("RUN ", 1)[1].split("\n\n", 1)[0])
-    return [p + "+cpu" if p.startswith("torch==") and "download.pytorch.org/whl/cpu" in text else p for p in pins]
+    installs = read((REPO / "lambda_functions" / "Dockerfile").read_text()).installs
+    return [p + "+cpu" if p.startswith("torch==") and "download.pytorch.org/whl/cpu" in i.index_url else p
+            for i in installs for p in i.pins]
 
 
 def image_packages(pins: list[str]) -> Path:

@@ -55,7 +55,7 @@ def test_rehearse_refuses_a_work_folder_that_holds_files(tmp_path, capsys):
     assert main(["aws", "rehearse", "--epochs", "0"]) == 2
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # three plans; minutes on a loaded machine
 def test_terraform_plans_gpu_graph_servers_on_their_image(rehearsal_tools, moto_aws, tmp_path):
     """graph_server_type and graph_server_ami: `terraform plan` against moto makes the graph servers of that
     type from that image (with room for its CUDA libraries), the weight server stays on Amazon Linux 2023's
@@ -71,13 +71,22 @@ def test_terraform_plans_gpu_graph_servers_on_their_image(rehearsal_tools, moto_
     tf.init(mirror)
     gpu = {"graph_server_type": "g5.xlarge", "graph_server_ami": "ami-0123456789abcdef0"}
     variables = Rehearsal.VARIABLES | {"server_wheel": str(wheel)} | gpu
-    planned = {r["address"]: r["values"] for r in tf.plan(variables)["planned_values"]["root_module"]["resources"]
-               if r["type"] == "aws_instance"}
+    resources = {r["address"]: r.get("values", {}) for r in tf.plan(variables)["planned_values"]["root_module"]["resources"]}
+    planned = {a: v for a, v in resources.items() if a.startswith("aws_instance.")}
     al2023 = moto_aws_ssm_al2023()
-    assert {a: (v["instance_type"], v["ami"], v["root_block_device"][0]["volume_size"]) for a, v in planned.items()} == {
+    assert {a: (v["instance_type"], v.get("ami"), v["root_block_device"][0]["volume_size"]) for a, v in planned.items()} == {
         'aws_instance.server["graph-server-0"]': ("g5.xlarge", "ami-0123456789abcdef0", 200),
         'aws_instance.server["graph-server-1"]': ("g5.xlarge", "ami-0123456789abcdef0", 200),
-        'aws_instance.server["weight-server-0"]': ("c5.xlarge", al2023, 30)}
+        'aws_instance.server["weight-server-0"]': ("c5.xlarge", None, 30)}  # the pinned image: known once applied
+    assert resources["terraform_data.al2023"]["input"] == al2023  # what the weight server boots, kept by later applies
+    # zones by offering (moto's us-east-1 offers both types in a, b, c, d, f): the servers and one Lambda
+    # subnet in the first, the other Lambda subnet in the next; an excluded zone id is never used
+    assert _zones(resources) == ("us-east-1a", ["us-east-1a", "us-east-1b"])
+    assert _zones(tf.plan(variables | {"excluded_zone_ids": '["use1-az6","use1-az1"]'})["planned_values"]["root_module"]
+                  ["resources"]) == ("us-east-1c", ["us-east-1c", "us-east-1d"])  # moto: use1-az6 is a, use1-az1 b
+    with pytest.raises(ConfigError, match="terraform plan failed"):
+        tf.plan(variables | {"graph_server_type": "c9z.huge"})  # offered in no zone: the subnet's precondition
+    assert "offers every server type" in (tmp_path / "terraform.log").read_text()
     servers = tf.evaluate('{for k, s in local.servers : k => [s.python, s.image_torch]}', variables)
     assert servers == {"graph-server-0": ["/opt/pytorch/bin/python3", True],
                        "graph-server-1": ["/opt/pytorch/bin/python3", True], "weight-server-0": ["python3.11", False]}
@@ -91,6 +100,13 @@ def test_terraform_plans_gpu_graph_servers_on_their_image(rehearsal_tools, moto_
         with pytest.raises(ConfigError, match="terraform console failed"):
             tf.evaluate("local.servers", {**variables, name: bad})
         assert message in (tmp_path / "terraform.log").read_text()
+
+
+def _zones(resources) -> tuple[str, list[str]]:
+    """The servers' subnet's zone and the Lambda subnets' zones, from planned resources (a dict or plan list)."""
+    values = resources if isinstance(resources, dict) else {r["address"]: r.get("values", {}) for r in resources}
+    return values["aws_subnet.servers"]["availability_zone"], [values[f"aws_subnet.lambda[{i}]"]["availability_zone"]
+                                                                for i in range(2)]
 
 
 def moto_aws_ssm_al2023() -> str:

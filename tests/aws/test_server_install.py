@@ -5,6 +5,7 @@ sandboxed, started again after every exit."""
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 pytest.importorskip("hcl2")
 from packaging.requirements import Requirement  # noqa: E402
 
+from dorylus_py.rehearsal.image_platform import read  # noqa: E402
 from dorylus_py.rehearsal.servers import Unit, heredoc  # noqa: E402
 from tests.aws.terraform import INFRA, blocks, user_data  # noqa: E402
 
@@ -34,8 +36,8 @@ def _lock() -> dict[str, tuple[str, list[str]]]:
 
 
 def _dockerfile_pins() -> dict[str, str]:
-    text = (REPO / "lambda_functions" / "Dockerfile").read_text()
-    return {m.group(1).lower(): m.group(2) for m in re.finditer(r"\b([A-Za-z][\w.-]*)==([\w.+]+)", text)}
+    installs = read((REPO / "lambda_functions" / "Dockerfile").read_text()).installs
+    return dict(p.lower().split("==") for i in installs for p in i.pins)
 
 
 def test_servers_install_this_projects_wheel_from_the_bucket_with_every_hash_checked():
@@ -107,8 +109,8 @@ def test_servers_run_as_their_own_user_sandboxed_and_come_back_after_every_exit(
     unit = Unit.parse(heredoc(script, "/etc/systemd/system/dorylus.service"))
     assert unit.exec_start == ["/opt/dorylus/bin/dorylus", "weight-server", "--cluster", "/etc/dorylus/cluster.json",
                                "--rank", "0"]
-    assert unit.one("User") == "dorylus" and re.search(r"^useradd --system .*--home-dir /var/lib/dorylus .*dorylus$",
-                                                       script, re.M)
+    assert unit.one("User") == "dorylus" and re.search(
+        r"^id -u dorylus > /dev/null 2>&1 \|\| useradd --system .*--home-dir /var/lib/dorylus .*dorylus$", script, re.M)
     assert {k: unit.one(k) for k in ("NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp")} == {
         "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes"}
     writes = [unit.environment["HOME"], unit.environment["DORYLUS_CACHE"], unit.one("WorkingDirectory")]
@@ -129,7 +131,7 @@ def test_reserved_concurrency_is_unset_unless_asked():
 
 def _gpu_branch(script: str, opt: Path) -> str:
     """The boot script's lines from the choice of Python to the end of the GPU image's block, /opt/dorylus moved."""
-    lines = script.splitlines()
+    lines = heredoc(script, "/usr/local/sbin/dorylus-install").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("python="))
     end = next(i for i, line in enumerate(lines) if line == "fi" and i > start)
     return "set -euo pipefail\n" + "\n".join(lines[start:end + 1]).replace("/opt/dorylus", str(opt)) + "\necho \"$deps\"\n"
@@ -152,7 +154,7 @@ def _image(tmp_path: Path, cuda: str | None) -> Path:
 def test_a_gpu_image_keeps_its_cuda_torch(tmp_path, cuda):
     """graph_server_ami: the lock's CPU torch is left out and pip installs the lock as it is (--no-deps); the
     environment imports the image's torch, after its own packages; an image without a CUDA torch stops the boot."""
-    import subprocess
+
 
     lock = "\n".join(line for line in (INFRA / "server-requirements.txt").read_text().strip().splitlines()
                      if not line.startswith("torch=="))
@@ -178,3 +180,63 @@ def test_the_cpu_image_installs_the_locks_torch_with_the_resolver():
     assert "torch==2.13.0+cpu" in heredoc(script, "/opt/dorylus/requirements.txt")
     proc_lines = _gpu_branch(script, Path("/x")).splitlines()
     assert "python='python3.11'" in proc_lines and "if [ 'false' = true ]; then" in proc_lines
+
+
+def _install_sandbox(tmp_path: Path, aws_failures: int, pip_failures: int = 0) -> subprocess.CompletedProcess:
+    """The boot script's install script, /opt/dorylus moved under ``tmp_path``, run with stand-ins on PATH
+    for what a fresh instance has (dnf, id, useradd, sleep, a Python that makes a venv whose pip is a
+    stand-in too) and an ``aws`` that fails ``aws_failures`` times before it copies the wheel, as a
+    download does before the instance role's credentials arrive. Every stand-in logs its arguments."""
+    opt, bin_, log = tmp_path / "opt", tmp_path / "bin", tmp_path / "calls.log"
+    bin_.mkdir()
+
+    def tool(name: str, body: str) -> None:
+        (bin_ / name).write_text(f"#!/bin/bash\necho \"{name} $*\" >> {log}\n{body}\n")
+        (bin_ / name).chmod(0o755)
+
+    def failing(name: str, times: int, then: str) -> str:
+        count = tmp_path / f"{name}.count"
+        return (f"n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n"
+                f"if [ $n -le {times} ]; then echo '{name}: failed' >&2; exit 1; fi\n{then}")
+
+    for name in ("dnf", "useradd", "sleep"):
+        tool(name, "exit 0")
+    tool("id", "exit 1")  # no user dorylus yet
+    tool("aws", failing("aws", aws_failures, 'echo wheel > "${@: -1}"'))
+    tool("pip", failing("pip", pip_failures, "exit 0"))
+    tool("python3.11", f'[ "$1 $2" = "-m venv" ] && mkdir -p "$3/bin" && ln -sf {bin_}/pip "$3/bin/pip"')
+    script = heredoc(user_data(), "/usr/local/sbin/dorylus-install").replace("/opt/dorylus", str(opt))
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, check=False,
+                          env={"PATH": f"{bin_}:/usr/bin:/bin"})
+
+
+def _calls(tmp_path: Path, name: str) -> list[str]:
+    return [line for line in (tmp_path / "calls.log").read_text().splitlines() if line.split()[0] == name]
+
+
+def test_the_install_survives_a_failing_first_download(tmp_path):
+    proc = _install_sandbox(tmp_path, aws_failures=2, pip_failures=1)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "opt" / ".installed").exists() and (tmp_path / "opt" / "wheels").is_dir()
+    assert len(_calls(tmp_path, "aws")) == 3 and len(_calls(tmp_path, "pip")) == 2
+    assert [c.split()[1] for c in _calls(tmp_path, "sleep")] == ["5", "10", "5"]  # each command's own back-off
+    assert "attempt 1 of aws failed" in proc.stderr and _calls(tmp_path, "useradd")
+
+
+def test_an_install_that_keeps_failing_exits_for_its_unit_to_start_it_again(tmp_path):
+    proc = _install_sandbox(tmp_path, aws_failures=99)
+    assert proc.returncode != 0 and not (tmp_path / "opt" / ".installed").exists()
+    assert len(_calls(tmp_path, "aws")) == 7 and not _calls(tmp_path, "pip")
+    assert [c.split()[1] for c in _calls(tmp_path, "sleep")] == ["5", "10", "20", "40", "60", "60"]
+    script = user_data()
+    install = Unit.parse(heredoc(script, "/etc/systemd/system/dorylus-install.service"))
+    assert install.exec_start == ["/usr/local/sbin/dorylus-install"] and install.one("Type") == "oneshot"
+    assert install.restarts_after(1) and install.one("StartLimitIntervalSec") == "0"  # again, without end
+    assert install.one("ConditionPathExists") == "!/opt/dorylus/.installed"  # done once, not at every boot
+    assert install.one("ExecStartPost") == "/usr/bin/systemctl start --no-block dorylus.service"
+    server = Unit.parse(heredoc(script, "/etc/systemd/system/dorylus.service"))
+    assert server.one("ConditionPathExists") == "/opt/dorylus/.installed"
+    assert "dorylus-install.service" in server.one("After").split()
+    assert script.rstrip().splitlines()[-2:] == [
+        "systemctl enable dorylus-install.service dorylus.service # at a reboot: the server (the install is done)",
+        "systemctl start --no-block dorylus-install.service # which starts the server when it has succeeded"]
