@@ -97,6 +97,7 @@ def test_no_cuda_device_exits_2():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.long
 def test_every_check_runs_on_the_cpu_passes_and_writes_its_table(tmp_path):
     """The whole script as a GPU machine runs it, on the CPU and tiny graphs; without PYTHONPATH, so the script
     itself must put this checkout on its children's path. 64 s on 2 cores at a load of 2-4, 241 s at 10. The

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 BLOCK = 1 << 16  # edges every streaming step holds at once here (4 M in the product): 2 M edges are 31 blocks
@@ -53,6 +55,7 @@ def test_streamed_synth_and_prepare_hold_a_block_of_edges_not_the_graph(tmp_path
         assert large < level, f"{step}: {large:.1f} MB at 2 M edges (bound {level} MB)"
 
 
+@pytest.mark.long
 def test_the_driver_holds_no_more_for_a_200k_vertex_job(tmp_path):
     """The driver reads the store's manifest, never the graph: its peak is the same for 2 k and 200 k
     vertices (one epoch of `cpu` training, 2 graph servers, whose peaks are the children's)."""

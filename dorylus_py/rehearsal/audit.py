@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dorylus_py.rehearsal.iam import applies, statements
+from dorylus_py.rehearsal.iam import allowed, applies, statements
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "aws.md"
 ROLES = {"server": "dorylus-server", "lambda": "dorylus-lambda"}
@@ -53,8 +53,28 @@ def _listed(rows, kind: str, sid: str, action: str) -> bool:
     return any(k == kind and action in actions and (not sids or sid in sids) for k, actions, sids in rows)
 
 
-def check(calls, role_docs: dict[str, dict], operator_doc: dict, docs: Path = DOCS) -> Findings:
-    found = Findings()
+# What each role must be refused, whatever else it may do: a policy that allowed everything would pass
+# the used-or-listed check above (every call matches "*"), so these requests are put to the policies
+# Terraform rendered. ``{bucket}`` is the run's bucket.
+MUST_REFUSE = {
+    "server": [("s3:PutObject", "arn:aws:s3:::{bucket}/datasets/graph/manifest.json"),  # the dataset is read-only
+               ("s3:PutObject", "arn:aws:s3:::{bucket}/elsewhere/x"),  # writes only under checkpoints/
+               ("s3:DeleteBucket", "arn:aws:s3:::{bucket}"), ("iam:CreateUser", "*"),
+               ("iam:PassRole", "*"), ("lambda:UpdateFunctionCode", "*"), ("ec2:RunInstances", "*")],
+    "lambda": [("s3:PutObject", "arn:aws:s3:::{bucket}/datasets/graph/manifest.json"), ("iam:CreateUser", "*"),
+               ("lambda:InvokeFunction", "*"), ("ec2:RunInstances", "*")],
+}
+
+
+def overbroad(role_docs: dict[str, dict], bucket: str) -> list[str]:
+    """The requests of ``MUST_REFUSE`` that a role's policies allow, as findings."""
+    return [f"{kind} may {action} on {resource.format(bucket=bucket)}, which it must never do"
+            for kind, requests in MUST_REFUSE.items() for action, resource in requests
+            if allowed([role_docs.get(kind, {})], action, resource.format(bucket=bucket))]
+
+
+def check(calls, role_docs: dict[str, dict], operator_doc: dict, docs: Path = DOCS, bucket: str = "") -> Findings:
+    found = Findings(problems=overbroad(role_docs, bucket) if bucket else [])
     listed = not_rehearsed(docs)
     granted = {"operator": operator_doc, **role_docs}
     by_who: dict[str, list] = {}

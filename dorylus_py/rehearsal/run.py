@@ -110,12 +110,13 @@ class Rehearsal:
             left = audit.leftovers(before, audit.inventory(self.client))
             if left:
                 raise DorylusError(f"terraform destroy left {', '.join(left)}")
-            findings = audit.check(self.aws.calls, policies, json.loads((INFRA / "operator-policy.json").read_text()))
+            findings = audit.check(self.aws.calls, policies, json.loads((INFRA / "operator-policy.json").read_text()),
+                                   bucket=outputs["bucket"]["value"])
             ran = tuple(docs for docs, _ in self.steps if not docs.startswith("("))
             if findings.problems or ran != STEPS:
                 raise DorylusError("; ".join(findings.problems) or f"ran {ran}, not docs/aws.md's {STEPS}")
             return {"seconds": round(time.monotonic() - self.t0, 1), "steps": self.steps, "losses": local,
-                    "jobs": len(losses), "calls": len(self.aws.calls), "used": findings.used,
+                    "jobs": len(losses), "job_losses": losses, "calls": len(self.aws.calls), "used": findings.used,
                     "exits": {h.name: h.exits for h in self.hosts}}
         finally:
             audit.write_calls(self.aws.calls, self.work / "calls.jsonl")

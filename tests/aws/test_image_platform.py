@@ -99,6 +99,7 @@ def check(dockerfile: str) -> tuple[list[str], list[str]]:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.long
 def test_the_images_pins_install_on_its_platform():
     refused, how = check(DOCKERFILE.read_text())
     assert refused == [], refused
@@ -106,6 +107,7 @@ def test_the_images_pins_install_on_its_platform():
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.long
 def test_the_check_refuses_the_python_3_11_image_naming_torch():
     """The same check, on the Dockerfile before issue 43 (its torch install is the first pip install)."""
     refused, _ = check(AL2_DOCKERFILE)

@@ -68,6 +68,7 @@ def free_ports(n: int) -> list[int]:
 
 
 @pytest.mark.timeout(1200)  # pip installs torch into a folder
+@pytest.mark.long
 def test_the_images_packages_and_context_run_a_jobs_tasks_alone(moto_aws, small_graph, tmp_path, monkeypatch):
     pins = dockerfile_pins()
     assert {p.split("==")[0] for p in pins} >= {"torch", "numpy", "pyzmq", "cryptography", "boto3"}

@@ -160,6 +160,7 @@ def test_training_through_the_aws_platform_against_moto(moto_url, tmp_path, smal
     np.testing.assert_allclose(loss["aws"], loss["local"], rtol=1e-5)
 
 
+@pytest.mark.long
 def test_runs_are_billed_at_the_deployed_memory(moto_url, tmp_path, small_graph, capsys):
     """The function is deployed with 1024 MB: the run reads that from the Lambda API, records it in
     config.json and tasks.jsonl, and reports price it; a --lambda-memory-mb that disagrees is refused."""

@@ -1,7 +1,8 @@
 """`dorylus aws rehearse`: docs/aws.md from `terraform apply` to two trained models and back to nothing,
-against moto with IAM enforced (dorylus_py/rehearsal/). It runs wherever the suite runs: without
-terraform or the provider mirror it fails naming what is missing (DORYLUS_SKIP_REHEARSAL=1 skips it
-by hand). About 3-4 minutes on 2 cores; its own checks (losses, leftovers, calls, docs) raise."""
+against moto with IAM enforced (dorylus_py/rehearsal/). Without terraform or the provider mirror these
+tests skip, naming what is missing; with DORYLUS_REQUIRE_TERRAFORM=1 (.ci/run sets it) that is a failure.
+DORYLUS_SKIP_REHEARSAL=1 skips them by hand. About 3-4 minutes on 2 cores (marked long); its own checks
+(losses, leftovers, calls, refusals, docs) raise."""
 
 from __future__ import annotations
 
@@ -23,10 +24,13 @@ def rehearsal_tools():
     try:
         return find_tools()
     except ConfigError as e:
-        pytest.fail(str(e), pytrace=False)
+        if os.environ.get("DORYLUS_REQUIRE_TERRAFORM") == "1":
+            pytest.fail(f"{e} (DORYLUS_REQUIRE_TERRAFORM=1)", pytrace=False)
+        pytest.skip(f"{e} (set DORYLUS_REQUIRE_TERRAFORM=1 to make this a failure)")
 
 
 @pytest.mark.timeout(1500)  # 3.5 min alone, over 6 under load
+@pytest.mark.long
 def test_rehearsal_from_terraform_apply_to_trained_models_and_back_to_nothing(rehearsal_tools, tmp_path, monkeypatch):
     from dorylus_py.rehearsal.run import STEPS, Rehearsal
 
@@ -34,7 +38,9 @@ def test_rehearsal_from_terraform_apply_to_trained_models_and_back_to_nothing(re
         monkeypatch.delenv(name)  # the rehearsal hands each identity its own credentials
     result = Rehearsal(tmp_path / "r", epochs=2, say=print).run()  # each step and its time, under pytest -s
     assert tuple(step for step, _ in result["steps"] if not step.startswith("(")) == STEPS
-    assert result["jobs"] == 2 and len(result["losses"]) == 2  # both equal --backend local's (checked inside)
+    assert result["jobs"] == 2 and len(result["job_losses"]) == 2  # two jobs on the same servers
+    assert all(job == result["losses"] for job in result["job_losses"])  # each equals --backend local's
+    assert len(result["losses"]) == 2  # one loss an epoch: --epochs 2
     # every server came up before the job key was there, exited, and was started again by its unit
     assert sorted(result["exits"]) == ["graph-server-0", "graph-server-1", "weight-server-0"]
     assert all(exits[0] == 2 for exits in result["exits"].values()), result["exits"]
@@ -43,7 +49,7 @@ def test_rehearsal_from_terraform_apply_to_trained_models_and_back_to_nothing(re
               for c in calls if c["who"] == "server"}
     assert ("s3:PutObject", "checkpoints") in server and ("lambda:GetFunctionConfiguration", "") in server
     assert ("s3:GetObject", "packages") in server and ("lambda:InvokeFunction", "") in server
-    assert all(c["allowed"] for c in calls if c["who"] != "harness")
+    assert all(c["allowed"] for c in calls if c["who"] != "harness")  # what no role may do: audit.overbroad, inside
     print(f"rehearsal: {result['seconds']} s; " + "; ".join(f"{s} {t} s" for s, t in result["steps"]))
 
 
@@ -56,6 +62,7 @@ def test_rehearse_refuses_a_work_folder_that_holds_files(tmp_path, capsys):
 
 
 @pytest.mark.timeout(900)  # three plans; minutes on a loaded machine
+@pytest.mark.long
 def test_terraform_plans_gpu_graph_servers_on_their_image(rehearsal_tools, moto_aws, tmp_path):
     """graph_server_type and graph_server_ami: `terraform plan` against moto makes the graph servers of that
     type from that image (with room for its CUDA libraries), the weight server stays on Amazon Linux 2023's

@@ -107,3 +107,17 @@ def _file(tmp_path):
     path = tmp_path / "junk.json"
     path.write_text("{}")
     return path
+
+
+def test_the_rehearsals_refusal_check_passes_infra_roles_and_flags_an_allow_all():
+    """audit.overbroad: what each role must never do, put to infra/iam.tf's policies (none allowed) and to
+    a policy that allows everything (every request flagged), which the used-or-listed audit alone passes."""
+    import json
+
+    from dorylus_py.rehearsal.audit import MUST_REFUSE, overbroad
+
+    roles = {kind: json.loads(render(statements()[kind])) for kind in ("server", "lambda")}
+    assert overbroad(roles, "dorylus-data-x") == []
+    everything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+    flagged = overbroad({"server": everything, "lambda": roles["lambda"]}, "dorylus-data-x")
+    assert len(flagged) == len(MUST_REFUSE["server"]) and all(f.startswith("server may") for f in flagged)

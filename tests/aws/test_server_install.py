@@ -151,6 +151,7 @@ def _image(tmp_path: Path, cuda: str | None) -> Path:
 
 
 @pytest.mark.parametrize("cuda", ["12.4", None])
+@pytest.mark.long
 def test_a_gpu_image_keeps_its_cuda_torch(tmp_path, cuda):
     """graph_server_ami: the lock's CPU torch is left out and pip installs the lock as it is (--no-deps); the
     environment imports the image's torch, after its own packages; an image without a CUDA torch stops the boot."""

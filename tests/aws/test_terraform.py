@@ -135,6 +135,8 @@ def _binary(name: str, env: str) -> str | None:
 def test_terraform_fmt_check():
     terraform = _binary("terraform", "TERRAFORM")
     if not terraform:
+        if os.environ.get("DORYLUS_REQUIRE_TERRAFORM") == "1":
+            pytest.fail("terraform is not installed here (DORYLUS_REQUIRE_TERRAFORM=1)", pytrace=False)
         pytest.skip("terraform is not installed here")
     proc = subprocess.run([terraform, "fmt", "-check", "-recursive", str(INFRA)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, f"not formatted: {proc.stdout}"

@@ -34,6 +34,7 @@ def _test_accuracy(parts, out, mode: str, chunks: int, seed: int) -> float:
 
 
 @pytest.mark.parametrize("mode, chunks, floor", MODES)
+@pytest.mark.long
 def test_cora_local_two_graph_servers_one_seed(cora_parts, tmp_path, mode, chunks, floor):
     acc = _test_accuracy(cora_parts, tmp_path, mode, chunks, seed=0)
     assert acc >= ONE_SEED_FLOOR[mode], acc

@@ -94,6 +94,7 @@ def test_chunks_of_different_epochs_overlap_within_the_staleness_bound(parts, tm
     assert any(barrier_breaks(tasks, k, e) for k in (0, 1) for e in range(1, 5))
 
 
+@pytest.mark.long
 def test_staleness_zero_and_sync_mode_never_overlap_epochs(parts, tmp_path):
     _, s0 = run(parts, tmp_path, "s0", epochs=4, mode="async", staleness=0)
     _, sync = run(parts, tmp_path, "sync", epochs=4, mode="sync")
@@ -112,6 +113,7 @@ def early_gathers(tasks: list[dict]) -> int:
                for t in tasks if t["kind"] == "gather" and t["train"])
 
 
+@pytest.mark.long
 def test_local_barrier_makes_gathers_wait_for_the_servers_own_chunks(parts, tmp_path):
     """One emulated Lambda per server and 3 chunks: a chunk's forward comes back long before the server's
     last chunk's forward begins. Without the barrier its Gather runs at once, on that chunk's old rows;
@@ -128,6 +130,7 @@ def test_local_barrier_makes_gathers_wait_for_the_servers_own_chunks(parts, tmp_
 SWITCH_EPOCHS = 12
 
 
+@pytest.mark.long
 def test_switch_to_sync_runs_later_epochs_with_barriers(parts, tmp_path, monkeypatch):
     """The switch level (--target-acc minus --switch-threshold) is 0.01, so the first epoch's report
     triggers it: the driver asks every server to freeze, and sync mode begins at the first epoch none of

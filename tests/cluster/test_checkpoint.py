@@ -48,6 +48,7 @@ def run(graph, tmp_path, name, parts, **kw):
     return train_distributed(cfg, parts, RunRecord(tmp_path / name, cfg.to_dict()), "none", show_progress=False)
 
 
+@pytest.mark.long
 def test_resume_continues_exactly(small_graph, tmp_path):
     """2 epochs + resume to 4 == 4 epochs straight: weights, Adam state, dropout (keyed by epoch)."""
     parts = tmp_path / "parts"
@@ -66,6 +67,7 @@ def test_resume_continues_exactly(small_graph, tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.long
 def test_every_checkpoint_holds_all_layers_at_one_epoch(small_graph, tmp_path, mode):
     """Checkpoints taken while training runs on (async: chunks up to S epochs ahead) are consistent:
     every layer at the version that ended the checkpoint's epoch, whatever the epoch."""

@@ -214,6 +214,7 @@ def start_cluster_job(small_graph, tmp_path, flags=("--epochs", "100000", "--max
     return driver, servers
 
 
+@pytest.mark.long
 def test_servers_exit_soon_after_losing_the_driver(small_graph, tmp_path):
     """Each server notices by its heartbeat: the one line it exits with (code 3) names the driver's silence
     of SILENCE_S (6 s, well within 10), measured by the server's own clock; the waits are hang guards."""
@@ -228,6 +229,7 @@ def test_servers_exit_soon_after_losing_the_driver(small_graph, tmp_path):
             p.kill()
 
 
+@pytest.mark.long
 def test_the_driver_reports_a_dead_server_soon(small_graph, tmp_path):
     """The driver notices by the heartbeats (a server of a cluster file is not its child): its one line
     names the server and the silence of SILENCE_S; then it stops the others, which exit at its word (code
@@ -247,6 +249,7 @@ def test_the_driver_reports_a_dead_server_soon(small_graph, tmp_path):
         for p in [driver, *servers.values()]:
             p.kill()
 
+@pytest.mark.long
 def test_a_lost_cluster_server_is_waited_for_and_the_job_resumes(small_graph, tmp_path, capsys):
     """A --cluster job cannot start a remote server, but the server's supervisor (systemd) does: the
     driver tells the others to drop the job, waits for every rank to say hello again, and resumes from

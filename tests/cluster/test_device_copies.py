@@ -35,6 +35,7 @@ def history(result):
     {"model": "sage"},
     {"model": "gat", "heads": 2, "attn_dropout": 0.3},
 ], ids=["gcn-fused", "gcn-remat", "sage", "gat"])
+@pytest.mark.long
 def test_sync_with_device_twins_equals_the_host_path_bit_for_bit(small_graph, tmp_path, monkeypatch, kw):
     host = run(small_graph, tmp_path, "host", monkeypatch, copies=False, **kw)
     twins = run(small_graph, tmp_path, "twins", monkeypatch, copies=True, **kw)

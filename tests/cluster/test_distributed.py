@@ -38,6 +38,7 @@ def test_sync_equals_full_batch_reference(small_graph, tmp_path, backend, k):
     assert not running_children()  # no orphans
 
 
+@pytest.mark.long
 def test_three_layers_two_weight_servers(small_graph, tmp_path):
     kw = dict(layers=3, hidden=8, epochs=2)
     ref = train_reference(small_graph, TrainConfig(**kw, dropout=0.0, feature_norm="none"), show_progress=False)
@@ -56,6 +57,7 @@ def test_dropout_masks_keyed_by_vertex_reproduce_the_reference(small_graph, tmp_
     assert_gradients_once(got.summary, 3 * 2 * 4)
 
 
+@pytest.mark.long
 def test_failing_lambdas_no_gradient_applied_twice(small_graph, tmp_path):
     ref = train_reference(small_graph, TrainConfig(epochs=4, dropout=0.0, feature_norm="none"), show_progress=False)
     got = run(small_graph, tmp_path, "run", backend="local", graph_servers=2, epochs=4, lambda_fail_rate=0.3,
@@ -70,6 +72,7 @@ def test_failing_lambdas_no_gradient_applied_twice(small_graph, tmp_path):
     assert all(r["billed_ms"] >= 1 for r in rows if r["where"] == "local-lambda")
 
 
+@pytest.mark.long
 def test_a_gradient_sent_twice_is_counted_at_both_ends_and_applied_once(small_graph, tmp_path, monkeypatch):
     """Graph servers that forward each gradient again after its epoch's update (``resending_graph_server.py``,
     started in place of ``python -m graph_servers``): their own count shows each second send, the weight

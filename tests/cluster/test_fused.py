@@ -41,6 +41,7 @@ def losses(result):
     return [r["loss"] for r in result.history]
 
 
+@pytest.mark.long
 def test_fused_sync_run_equals_unfused_with_fewer_invocations_per_epoch(small_graph, tmp_path):
     """Dropout on: the graph server draws the last layer's mask that a task would, by global vertex id."""
     fused = run(small_graph, tmp_path, "fused", backend="local", dropout=0.5, fuse="on")

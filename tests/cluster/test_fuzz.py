@@ -142,6 +142,7 @@ def send_all(address: str, messages: list[list[bytes]], unread: list[list[bytes]
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.long
 def test_a_live_job_survives_an_insider_at_every_role(parts, backend, tmp_path):
     seed = int(os.environ.get("DORYLUS_FUZZ_SEED", "0")) + len(backend)
     print(f"fuzz seed {seed} (DORYLUS_FUZZ_SEED={seed - len(backend)} replays this corpus)")

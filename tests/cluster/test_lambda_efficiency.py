@@ -57,6 +57,7 @@ def test_a_capped_link_changes_no_result_and_makes_tasks_take_the_time_their_byt
 
 
 @pytest.mark.parametrize("model", ["gcn", pytest.param("sage", marks=pytest.mark.slow)])  # sage: the same path
+@pytest.mark.long
 def test_the_row_cache_changes_no_bit_and_sends_each_chunks_features_once(small_graph, tmp_path, model):
     epochs, kw = 3, {"model": model, "dropout": 0.5}
     cached = run(small_graph, tmp_path, "cached", epochs=epochs, **kw)  # one worker per graph server: it sees every chunk

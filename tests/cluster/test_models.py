@@ -55,6 +55,7 @@ def ref_tensor_names(model):
     return [f"{b}{l}" for l in (0, 1) for b in ("W_self", "W_neigh", "b")]
 
 
+@pytest.mark.long
 def test_weights_spread_by_block_over_more_servers_than_layers_train_identically(small_graph, tmp_path):
     runs = [run(small_graph, tmp_path, f"m{m}", backend="cpu", graph_servers=2, weight_servers=m, epochs=2, **GAT)
             for m in (1, 2, 3)]
@@ -78,6 +79,7 @@ def test_attention_dropout_keyed_by_edge_reproduces_the_reference(small_graph, t
     assert_gradients_once(got.summary, 3 * 2 * 4)
 
 
+@pytest.mark.long
 def test_gat_attention_dropout_over_two_partitions_does_not_depend_on_the_chunking(small_graph, tmp_path):
     """Edges keyed by their block position: every chunking of K = 2 draws the same masks (two runs per chunk)."""
     from dorylus_py.cluster.launcher import train_distributed
@@ -110,6 +112,7 @@ def test_gat_async_with_failing_lambdas_applies_each_gradient_once(small_graph, 
     assert got.history[-1]["loss"] < got.history[0]["loss"]
 
 
+@pytest.mark.long
 def test_gat_checkpoint_resumes_on_another_number_of_weight_servers(small_graph, tmp_path):
     kw = dict(GAT, backend="cpu", graph_servers=1, dropout=0.5, checkpoint_every=2)
     straight = run(small_graph, tmp_path, "a", epochs=4, weight_servers=3, **kw)

@@ -112,6 +112,7 @@ def losses(result):
     return [r["loss"] for r in result.history]
 
 
+@pytest.mark.long
 def test_a_killed_lambda_worker_is_replaced_and_the_run_is_unchanged(parts, undisturbed, tmp_path):
     job = Running(config(lambda_latency_ms=100), parts, tmp_path / "run")  # workers are busy nearly all the time
     job.wait_for_epoch(2)
@@ -137,6 +138,7 @@ def test_a_killed_lambda_worker_is_replaced_and_the_run_is_unchanged(parts, undi
 
 
 @pytest.mark.parametrize("victim", [("graph_servers", 1), ("dorylus_py.weights", 0)])
+@pytest.mark.long
 def test_a_killed_server_is_restarted_from_the_checkpoint(parts, undisturbed, tmp_path, victim):
     job = Running(config(), parts, tmp_path / "run")
     job.wait_for_epoch(3)
@@ -151,6 +153,7 @@ def test_a_killed_server_is_restarted_from_the_checkpoint(parts, undisturbed, tm
     assert not running_children()  # nothing left behind
 
 
+@pytest.mark.long
 def test_an_async_run_recovers_too(parts, tmp_path):
     # 50 ms Lambda latency: on a loaded machine an async run of this graph could end before the kill
     cfg = config(mode="async", staleness=1, epochs=6, dropout=0.0, lambda_latency_ms=50)

@@ -32,6 +32,7 @@ def run(graph, tmp_path, name, **kw):
     {"model": "sage"},
     pytest.param({"model": "gat", "heads": 2}, marks=pytest.mark.slow),
 ], ids=["gcn-fused", "gcn-local", "sage", "gat"])
+@pytest.mark.long
 def test_remat_changes_no_bit_and_keeps_fewer_buffers(small_graph, tmp_path, kw):
     kept, kept_starts = run(small_graph, tmp_path, "kept", **kw)
     remat, remat_starts = run(small_graph, tmp_path, "remat", remat=True, **kw)

@@ -45,6 +45,7 @@ def assert_all_gone(family):
     assert not alive, [p.cmdline() for p in alive]
 
 
+@pytest.mark.long
 def test_ctrl_c_stops_every_process(small_graph, tmp_path):
     proc, family = start_job(small_graph, tmp_path)
     proc.send_signal(signal.SIGINT)
@@ -55,6 +56,7 @@ def test_ctrl_c_stops_every_process(small_graph, tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "interrupted"
 
 
+@pytest.mark.long
 def test_a_dying_server_beyond_max_restarts_stops_the_job_with_its_name(small_graph, tmp_path):
     proc, family = start_job(small_graph, tmp_path, "--max-restarts", "0")
     victim = next(p for p in family if "graph_servers" in " ".join(p.cmdline()) and "--rank 1" in " ".join(p.cmdline()))

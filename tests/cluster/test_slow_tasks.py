@@ -50,6 +50,7 @@ def most_copies_at_once(run_dir) -> int:
 
 @pytest.mark.parametrize("slow", [dict(lambda_latency_ms=600, relaunch_min_s=0.5), dict(lambda_cold_start_ms=3000)],
                          ids=["latency-600ms-relaunch-0.5s", "cold-start-3s"])
+@pytest.mark.long
 def test_slow_tasks_finish_without_piling_up_copies(parts, tmp_path, slow):
     plain = run(parts, tmp_path / "plain")
     got = run(parts, tmp_path / "slow", **slow)

@@ -30,6 +30,7 @@ def end_stats(tmp_path, name) -> list[dict]:
 @pytest.mark.parametrize("kw, faults", [({"model": "gcn", "fuse": "on"}, {}),
                                         ({"model": "sage"}, {"lambda_fail_rate": 0.3, "relaunch_min_s": 0.5})],
                          ids=["gcn-fused", "sage-failing"])
+@pytest.mark.long
 def test_a_streamed_job_equals_whole_chunks(small_graph, tmp_path, kw, faults):
     """Dropout on (masks by vertex id: a block draws its rows of the chunk's mask); 100 rows a chunk in
     blocks of 37 (the last one short); the row cache fills from blocks and is used by later pulls.

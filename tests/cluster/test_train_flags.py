@@ -9,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from dorylus_py.cli import main
 from tests.cluster.test_cluster_file import free_ports
@@ -20,6 +21,7 @@ def newest_checkpoint(run_dir) -> int:
     return json.loads(latest.read_text())["epoch"] if latest.exists() else 0
 
 
+@pytest.mark.long
 def test_resume_run_dir_after_ctrl_c_continues_exactly(graph_npz, tmp_path, capsys):
     """Ctrl-C a run (its record says interrupted and is reportable); `--resume RUN_DIR --epochs N` goes on
     from its newest checkpoint in the same record, as if it had never stopped: same losses as a straight run."""
@@ -60,6 +62,7 @@ def test_resume_run_dir_after_ctrl_c_continues_exactly(graph_npz, tmp_path, caps
     assert read(b, "summary.json")["epochs"] == done + 2  # refused before anything was written
 
 
+@pytest.mark.long
 def test_no_data_copy_and_the_data_flags_in_config(graph_npz, tmp_path):
     run = tmp_path / "run"
     assert main(["train", "--backend", "cpu", "--data", str(graph_npz), "-k", "2", "--epochs", "2", "--partitioner", "hash",

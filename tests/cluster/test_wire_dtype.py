@@ -38,6 +38,7 @@ def losses(record) -> np.ndarray:
     return np.array([r["loss"] for r in record.history])
 
 
+@pytest.mark.long
 def test_narrow_forms_move_half_and_a_quarter_of_the_bytes_and_train_alike(tmp_path):
     """128 features, 16 hidden: bfloat16 <= 0.55x float32's bytes, int8 <= 0.3x (issue 32's targets; here
     0.51 and 0.29 with 64 features; 0.505 and 0.295 on the 200 k graph)."""
@@ -57,6 +58,7 @@ def test_narrow_forms_move_half_and_a_quarter_of_the_bytes_and_train_alike(tmp_p
         assert setup_of(config, "c5.xlarge").bytes_per_server(work) == pytest.approx(measured, rel=0.1), wire
 
 
+@pytest.mark.long
 def test_a_16_bit_wire_trains_cora_as_float32_does(cora, tmp_path):
     """Cora, 8 epochs with dropout at a learning rate of 0.05: with bfloat16 and with float16, every
     epoch's loss within 1e-2 of float32's (issue 32)."""

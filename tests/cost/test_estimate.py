@@ -38,6 +38,7 @@ def runs(tmp_path_factory, small_graph):
     return root
 
 
+@pytest.mark.long
 def test_report_numbers_agree_with_tasks_jsonl(runs, tmp_path, capsys):
     prices = Prices.load()
     md, page = tmp_path / "r.md", tmp_path / "r.html"
@@ -126,6 +127,7 @@ def lambda_runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.long
 def test_estimate_follows_the_lambda_count_where_a_blind_one_does_not(lambda_runs, capsys):
     cal = Calibration.from_record(str(lambda_runs[1]), "c5.xlarge")
     prices = Prices.load()
@@ -175,6 +177,7 @@ def counted(run_dir) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("change, blind_to", [("1 server", "servers"), ("4x features", "features")])
+@pytest.mark.long
 def test_estimate_scales_by_what_the_servers_hold_and_move_where_a_blind_one_does_not(count_runs, change, blind_to):
     """The estimate is its calibrated rates times the Gather work (the edges a server holds, x the widths
     gathered) and times the bytes a server moves, among others. With the calibration of the 2-server run

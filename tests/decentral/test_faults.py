@@ -84,6 +84,7 @@ def _every_batch_trained(rows: list[dict], tasks: list[dict], per_epoch: int = 1
         assert trained == set(range(per_epoch)), f"epoch {row['epoch']} misses {set(range(per_epoch)) - trained}"
 
 
+@pytest.mark.long
 def test_a_killed_worker_is_noticed_and_the_job_finishes_without_it(graph_npz, tmp_path):
     """4 workers, worker 2 killed after 3 epochs: 3 finish, no less accurate (by more than 1 point) than an
     undisturbed run. One-sided: losing a worker could only cost accuracy; it once came out 1.04 points *above*
@@ -100,6 +101,7 @@ def test_a_killed_worker_is_noticed_and_the_job_finishes_without_it(graph_npz, t
     assert summary["test_acc_at_best_val"] >= calm["test_acc_at_best_val"] - 0.01, (summary, calm)
 
 
+@pytest.mark.long
 def test_the_next_rank_takes_over_the_record_when_the_recorder_dies(graph_npz, tmp_path):
     """3 workers averaging every 5 epochs (--average-every), rank 0 killed after 2 epochs."""
     summary, rows, tasks, output, _ = _job(graph_npz, tmp_path / "r", 3, 100, kill=(0, 2), extra=["--average-every", "5"])
@@ -130,6 +132,7 @@ def _peer_to_peer(launcher_pid: int) -> None:
 
 
 @pytest.mark.parametrize("seed", [2, 3, 5])
+@pytest.mark.long
 def test_random_real_jobs_end(graph_npz, tmp_path, seed):
     """2-6 workers, a random straggler, a random worker killed at a random epoch: the job ends, and while it
     ran the workers talked to each other directly. Fifty such jobs of threads on an in-memory network run

@@ -163,6 +163,7 @@ def finals(job: Job) -> list:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.long
 def test_random_job_ends_with_every_batch_trained_and_only_the_dead_declared_dead(jobs, seed):
     job = jobs[seed]
     if isinstance(job, Exception):

@@ -91,6 +91,7 @@ def test_bad_flags_exit_2(tmp_path, small_npz, capsys, flags, message):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.long
 def test_cora_gossip_within_1_5_points_of_allreduce(tmp_path, cora):
     """2 seeds each, 4 CPU workers, 60 epochs (accuracy at the best validation epoch)."""
     path = tmp_path / "cora.npz"
@@ -102,6 +103,7 @@ def test_cora_gossip_within_1_5_points_of_allreduce(tmp_path, cora):
     assert acc["gossip"] > 0.78 and abs(acc["gossip"] - acc["allreduce"]) <= 0.015, acc
 
 
+@pytest.mark.long
 def test_same_entry_point_under_torchrun(tmp_path, small_npz):
     import os
     import subprocess
@@ -119,6 +121,7 @@ def test_same_entry_point_under_torchrun(tmp_path, small_npz):
     assert summary["recorded_by"] == 0 and sum(summary["batches_per_worker"]) == 4
 
 
+@pytest.mark.long
 def test_an_interrupted_gossip_run_keeps_its_best_model(small_npz, tmp_path):
     """Ctrl-C (SIGINT to the CLI) after a few evaluated epochs: exit 130, status `interrupted`, the best
     model so far in `best_weights.npz`, and `report` reads the record."""

@@ -19,6 +19,7 @@ def store(small_runs, tmp_path_factory):
 
 
 @pytest.mark.parametrize("model", ["gcn", "gat", "sage"])
+@pytest.mark.long
 def test_local_k2_equals_one_process(small_runs, store, model, tmp_path):
     _, runs = small_runs
     out = tmp_path / "p.npz"

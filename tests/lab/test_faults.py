@@ -42,6 +42,7 @@ def finished(lab: LabCluster, job: subprocess.Popen, timeout_s: float = 400) -> 
     assert job.wait(timeout=timeout_s) == 0, lab.log("driver")[-2000:]
 
 
+@pytest.mark.long
 def test_the_lambda_hosts_cable_pulled_for_10_s(lab_data, one_machine, tmp_path):
     """Every Lambda cut off from the servers, and the servers from the Lambda API, for 10 s: invocations
     fail to connect and are retried, tasks in flight wait or are relaunched; the job goes on."""
@@ -58,6 +59,7 @@ def test_the_lambda_hosts_cable_pulled_for_10_s(lab_data, one_machine, tmp_path)
     assert bounded(peaks), peaks
 
 
+@pytest.mark.long
 def test_two_percent_loss_on_every_link(lab_data, one_machine, tmp_path):
     lossy = [Link(x, y, loss_pct=2) for x, y in itertools.combinations("abcd", 2)]
     with LabCluster(tmp_path, Placement.standard(2), lossy, curve=True) as lab:
@@ -68,6 +70,7 @@ def test_two_percent_loss_on_every_link(lab_data, one_machine, tmp_path):
     assert bounded(peaks), peaks
 
 
+@pytest.mark.long
 def test_a_hostile_host_on_the_bridge(lab_data, one_machine, tmp_path):
     """Host e, without the keys, scans every port of the other hosts, sends junk into the open ones,
     floods them with unfinished 64 MB multipart frames and refused CURVE clients, and holds 1,000 idle
@@ -105,6 +108,7 @@ def lost_and_back(lab_data, one_machine, tmp_path, fault) -> None:
     assert bounded(peaks), peaks
 
 
+@pytest.mark.long
 def test_a_graph_servers_cable_pulled_for_10_s(lab_data, one_machine, tmp_path):
     """Longer than the 6 s after which a silent server is presumed dead (and the server exits, and its
     supervisor starts it again): the driver must wait for rank 0 to say hello again and resume."""
@@ -116,6 +120,7 @@ def test_a_graph_servers_cable_pulled_for_10_s(lab_data, one_machine, tmp_path):
     lost_and_back(lab_data, one_machine, tmp_path, pull)
 
 
+@pytest.mark.long
 def test_a_graph_servers_host_killed_whole_and_booted_again(lab_data, one_machine, tmp_path):
     """Every process on host b (the supervisor, graph server 0, whatever it started) killed at once; the
     machine boots again and its supervisor starts graph server 0, which says hello to the driver."""

@@ -58,6 +58,7 @@ def test_four_hosts_with_curve_and_shaped_links_train_as_one_machine(lab_data, o
     assert len(peaks) == 4 and all(mb < MAX_MB and fds < MAX_FDS for mb, fds in peaks.values()), peaks
 
 
+@pytest.mark.long
 def test_without_curve_the_same_capture_shows_the_traffic(lab_data, tmp_path):
     """The control that makes the test above able to fail: with the cluster file's curve_* entries
     left out, the capture finds every op name, the header JSON and the feature rows."""

@@ -22,10 +22,12 @@ def reference(graph, seed, **kw):
     return train_reference(graph, TrainConfig(seed=seed, **kw), show_progress=False).summary["test_acc_at_best_val"]
 
 
+@pytest.mark.long
 def test_gat_cora_one_seed(cora):
     assert reference(cora, 0, **GAT_PAPER) >= 0.81  # paper: 83.0 +- 0.7
 
 
+@pytest.mark.long
 def test_sage_cora_one_seed(cora):
     assert reference(cora, 0, **SAGE) >= 0.79
 

@@ -176,6 +176,7 @@ def test_only_an_absent_index_is_no_checkpoint_yet(root, tmp_path):
     assert int(load_checkpoint(str(fresh), JOB)["epoch"]) == 1
 
 
+@pytest.mark.long
 def test_resume_through_the_cli_falls_back_or_refuses_in_one_line(tmp_path):
     """The real --resume: a forged newest checkpoint (2^42 floats) falls back to the one before; an
     index with "previous": [1] is one line, exit 2, before anything is written."""

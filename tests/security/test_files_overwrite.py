@@ -48,6 +48,7 @@ def test_prepare_overwrite_keeps_a_folder_with_the_users_files(graph, tmp_path):
     assert held(tmp_path / "d2") == before
 
 
+@pytest.mark.long
 def test_a_distributed_record_is_replaced_whole_but_a_file_added_to_it_is_kept(graph, tmp_path):
     """A cpu run's record (logs/, checkpoints/, the partitions it made) is ours: replaced. One user file
     anywhere in it (here inside logs/), or an empty folder of theirs, and nothing is deleted."""

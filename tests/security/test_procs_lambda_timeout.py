@@ -84,6 +84,7 @@ def _train(tmp_path, name: str, freeze: bool) -> tuple[list[float], list[dict], 
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.long
 def test_a_job_with_a_frozen_lambda_ends_with_the_undisturbed_losses(tmp_path):
     assert subprocess.run([sys.executable, "-m", "dorylus_py", "synth", "--out", str(tmp_path / "g.npz"), "--nodes",
                            "400", "--edges", "3000", "--features", "8", "--classes", "3"], capture_output=True).returncode == 0

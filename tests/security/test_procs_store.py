@@ -103,6 +103,7 @@ def _job_and_store(tmp_path) -> tuple[subprocess.Popen, int, bytes]:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.long
 def test_a_flood_of_the_launchers_store_leaves_it_within_100_mb_and_the_job_finishes(tmp_path):
     job, port, key = _job_and_store(tmp_path)
     try:

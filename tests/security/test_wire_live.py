@@ -286,6 +286,7 @@ def test_a_flood_of_senders_stamped_ahead_locks_no_one_out(job):
     job.trains_on(1)
 
 
+@pytest.mark.long
 def test_a_driver_flooded_before_its_servers_come_still_starts_them(parts, tmp_path):
     """Item 4, at the driver, which takes a hello signed for no job from any key holder: 70,000 hellos
     stamped 110 s ahead came before the servers; their own hellos were then refused until the clock

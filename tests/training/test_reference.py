@@ -9,6 +9,7 @@ from dorylus_py.training import RunRecord, train_reference
 from dorylus_py.training.record import METRIC_KEYS
 
 
+@pytest.mark.long
 def test_cora_accuracy_matches_the_paper(cora):
     """Kipf & Welling report 81.5 %; the mean over 5 seeds must reach 80.5 %."""
     accs = [train_reference(cora, TrainConfig(seed=s), show_progress=False).summary["test_acc_at_best_val"] for s in range(5)]
