@@ -15,11 +15,11 @@ import time
 from typing import NamedTuple
 
 from dorylus_py.pipeline import events as ev
-from dorylus_py.protocol import Message, ProtocolError, require
+from dorylus_py.protocol import Message, ProtocolError, integer, require
 from graph_servers.direct import DirectSlot
 from graph_servers.received import ALL_CHUNKS
 from graph_servers.task_io import check_result, chunk_rows, per_row_widths, streams, task_block
-from graph_servers.wire import ghost_positions, held_tokens, integer, peer_rows, run_id, task_of
+from graph_servers.wire import ghost_positions, held_tokens, peer_rows, run_id, task_of
 
 OPS = ("pull_rows", "push_block", "push_result", "ghosts", "progress")  # each served by ``_on_<op>``
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from dorylus_py.pipeline.events import Invoke, TaskKey
-from dorylus_py.protocol import Message, ProtocolError, require
+from dorylus_py.protocol import Message, ProtocolError, integer, require
 from dorylus_py.protocol.transport import Curve
 from dorylus_py.serving.job import JobSpec
-from dorylus_py.worker.event import MAX_INT, Stream, TaskEvent, TaskRef
+from dorylus_py.worker.event import Stream, TaskEvent, TaskRef
 from graph_servers.received import ALL_CHUNKS
 
 MAX_HELD = 8  # static-row tokens a worker may name in one pull (it names those of the task's chunk: one today)
@@ -36,13 +36,6 @@ def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, job:
         stream=Stream(stream_rows, cfg.stream_rows) if stream_rows and cfg.stream_rows else None,
         task=TaskRef(key.kind, key.train, key.epoch, key.layer, key.chunk, rank, inv.version,
                      tuple(inv.hold) if inv.hold else None, inv.attempt), wire_dtype=cfg.wire_dtype)
-
-
-def integer(value, name: str, low: int = 0, high: int = MAX_INT) -> int:
-    """``value`` as an int in ``[low, high)``, or a ProtocolError naming ``name``."""
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < high:
-        raise ProtocolError(f"{name} must be an integer in [{low}, {high}), got {value!r}")
-    return value
 
 
 def task_of(task, layers: int, chunks: int, kinds: frozenset[str]) -> tuple[TaskKey, int]:

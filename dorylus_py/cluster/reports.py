@@ -13,19 +13,10 @@ import math
 
 import numpy as np
 
-from dorylus_py.protocol import Message, ProtocolError
+from dorylus_py.protocol import Message, ProtocolError, integer
 from dorylus_py.protocol.bounded_json import MAX_HEADER_BYTES, parse_header
 
 MAX_TASKS_BYTES = 256 * 2**20  # one epoch's task rows of one server: ~300 bytes a row, ~900 k rows
-MAX_INT = 2**53
-
-
-def _count(value, name: str, low: int = 0, high: int = MAX_INT) -> int:
-    if type(value) is not int or not low <= value < high:
-        raise ProtocolError(f"{name} must be an integer in [{low}, {high}), got {str(value)[:40]!r}")
-    return value
-
-
 def _finite(value, name: str) -> float:
     if type(value) not in (int, float) or not math.isfinite(value):
         raise ProtocolError(f"{name} must be a finite number, got {str(value)[:40]!r}")
@@ -35,7 +26,7 @@ def _finite(value, name: str) -> float:
 def _counts(value, name: str) -> list[int]:
     if not (isinstance(value, list) and len(value) == 3):
         raise ProtocolError(f"{name} must be three counts")
-    return [_count(v, name) for v in value]
+    return [integer(v, name) for v in value]
 
 
 def epoch_stats(msg: Message, rank: int, epochs: int) -> dict:
@@ -43,10 +34,10 @@ def epoch_stats(msg: Message, rank: int, epochs: int) -> dict:
     epoch in ``[1, epochs]``, counts that are counts and sums that are finite."""
     if msg.get("rank") != rank:
         raise ProtocolError(f"epoch_stats: rank {str(msg.get('rank'))[:20]!r} from graph server {rank}")
-    out = {"rank": rank, "epoch": _count(msg.get("epoch"), "epoch", 1, epochs + 1),
+    out = {"rank": rank, "epoch": integer(msg.get("epoch"), "epoch", 1, epochs + 1),
            "loss_sum": _finite(msg.get("loss_sum"), "loss_sum"), "correct": _counts(msg.get("correct"), "correct"),
            "counts": _counts(msg.get("counts"), "counts"), "epoch_s": _finite(msg.get("epoch_s"), "epoch_s"),
-           **{name: _count(msg.get(name), name) for name in ("relaunches", "duplicates", "gradients_sent",
+           **{name: integer(msg.get(name), name) for name in ("relaunches", "duplicates", "gradients_sent",
                                                               "gradients_resent")}}
     usage = msg.get("usage", {})
     if not isinstance(usage, dict) or len(usage) > 16:
@@ -57,7 +48,7 @@ def epoch_stats(msg: Message, rank: int, epochs: int) -> dict:
 
 def frozen_at(msg: Message, epochs: int) -> int:
     """The epoch a graph server froze at, in a ``switch`` report."""
-    return _count(msg.get("frozen_at"), "frozen_at", 0, epochs + 2)
+    return integer(msg.get("frozen_at"), "frozen_at", 0, epochs + 2)
 
 
 def task_rows(msg: Message) -> list[dict]:

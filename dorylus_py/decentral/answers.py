@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dorylus_py.protocol import Message, ProtocolError, require
+from dorylus_py.protocol import Message, ProtocolError, integer, require
 from dorylus_py.protocol.bounded_json import parse
 
 MAX_REPORT_BYTES = 64 * 2**20  # a worker's task rows of one epoch, as JSON
@@ -119,7 +119,5 @@ def is_int(value) -> bool:
 
 
 def _int(value) -> int:
-    """A peer's integer field, or a ProtocolError (bools and floats are not integers here)."""
-    if not is_int(value):
-        raise ProtocolError(f"expected an integer, got {value!r}")
-    return value
+    """A peer's count, epoch or rank (protocol.integer: never negative)."""
+    return integer(value, "a peer's field")

@@ -82,3 +82,14 @@ def require(msg: Message, *names: str, shapes: dict | None = None) -> None:
             raise ProtocolError(f"op {msg.op}: missing tensor {name!r}")
         if len(got.shape) != len(shape) or any(s is not None and s != g for s, g in zip(shape, got.shape)):
             raise ProtocolError(f"op {msg.op}: tensor {name!r} has shape {list(got.shape)}, expected {list(shape)}")
+
+
+MAX_INT = 2**53  # JSON integers beyond this are not exact in every reader
+
+
+def integer(value, what: str, low: int = 0, high: int = MAX_INT) -> int:
+    """A peer's count, index, epoch or version: an int in [low, high) (bools and floats are not), or the
+    protocol's rejection naming ``what``. The one check every receiver uses for such fields."""
+    if type(value) is not int or not low <= value < high:
+        raise ProtocolError(f"{what} must be an integer in [{low}, {high}), got {str(value)[:40]!r}")
+    return value

@@ -94,7 +94,7 @@ class WeightServer:
             raise ProtocolError(f"{msg.op} carries no tensors")
         if msg.op == "pull_weights":
             require(msg, "layer", "version")
-            _integer(msg["layer"], "layer")
+            integer(msg["layer"], "layer")
             _version(msg["version"], optional=True)
             if msg.get("hold") is not None:
                 self._hold(msg.sender, msg["layer"], self._key(msg["hold"], "hold"))
@@ -104,7 +104,7 @@ class WeightServer:
             require(msg, "layer", "version", "key")
             _check_gradient(msg)
             key = self._key(msg["key"], "key")
-            layer, version = _integer(msg["layer"], "layer"), _version(msg["version"])
+            layer, version = integer(msg["layer"], "layer"), _version(msg["version"])
             applied = self.store.push(layer, version, key, dict(msg.tensors))
             self.duplicates += not applied
             self.node.reply(identity, Message("ok" if applied else "duplicate", {"req": msg.get("req")}))
@@ -124,7 +124,7 @@ class WeightServer:
     def on_driver(self, msg: Message) -> None:
         if msg.op != "release":
             raise ProtocolError(f"op {msg.op} from the driver is not for a weight server")
-        self.store.release(_integer(msg.get("version"), "release: version"))
+        self.store.release(integer(msg.get("version"), "release: version"))
 
     def run(self) -> None:
         while True:
@@ -198,15 +198,9 @@ class WeightServer:
         return True
 
 
-def _integer(value, name: str) -> int:
-    if type(value) is not int or not 0 <= value < 2**53:
-        raise ProtocolError(f"{name} must be a non-negative integer, got {str(value)[:40]!r}")
-    return value
-
-
 def _version(value, optional: bool = False) -> int | None:
     """A version: a non-negative integer, or (``optional``) null for the newest."""
-    return None if value is None and optional else _integer(value, "version")
+    return None if value is None and optional else integer(value, "version")
 
 
 def _check_gradient(msg: Message) -> None:

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from dorylus_py.protocol import ProtocolError
+from dorylus_py.protocol import ProtocolError, integer
 from dorylus_py.protocol.quantize import WIRE_DTYPES
-
-MAX_INT = 2**53  # JSON integers beyond this are not exact in every reader
 
 
 @dataclass(frozen=True)
@@ -93,7 +91,7 @@ class TaskEvent:
             _check(ev, name, (int, float), lambda v: 0 <= v < 1)
         _check(ev, "negative_slope", (int, float))
         for name in ("seed", "num_train", "row_cache_mb"):
-            _check(ev, name, int, lambda v: 0 <= v < MAX_INT)
+            integer(ev[name], f"task event: {name}")
         _check(ev, "device", str)
         _check(ev, "wire_dtype", str, lambda v: v in WIRE_DTYPES)
         return cls(**(ev | {"weight_servers": tuple(ws), "stream": _stream(ev["stream"]), "task": _task(ev["task"])}))
@@ -111,7 +109,7 @@ def _stream(value) -> Stream | None:
     if not isinstance(value, dict) or set(value) != {"rows", "block"}:
         raise ProtocolError(f"task event: stream must be {{rows, block}}, got {value!r:.100}")
     for name in ("rows", "block"):
-        _check(value, name, int, lambda v: 0 < v < MAX_INT)
+        integer(value[name], f"task event: stream {name}", low=1)
     return Stream(value["rows"], value["block"])
 
 
@@ -123,8 +121,9 @@ def _task(value) -> TaskRef:
     if not isinstance(value["train"], bool):
         raise ProtocolError(f"task event: bad train {value['train']!r:.20}")
     for name in ("epoch", "layer", "chunk", "server", "attempt"):
-        _check(value, name, int, lambda v: 0 <= v < MAX_INT)
-    _check(value, "version", (int, type(None)), lambda v: v is None or 0 <= v < MAX_INT)
+        integer(value[name], f"task event: task {name}")
+    if value["version"] is not None:
+        integer(value["version"], "task event: task version")
     hold = value["hold"]
     if hold is not None and not (isinstance(hold, list) and len(hold) <= 8
                                  and all(isinstance(h, int) and not isinstance(h, bool) for h in hold)):
