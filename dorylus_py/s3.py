@@ -124,6 +124,39 @@ def count_objects(uri: str) -> int:
         raise _error(e, uri) from None
 
 
+def list_names(uri: str) -> list[str]:
+    """The objects under ``uri/``, as paths relative to it."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, prefix = split(uri)
+    start = _key(prefix, "")
+    try:
+        pages = client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=start)
+        return [o["Key"][len(start):] for page in pages for o in page.get("Contents", [])]
+    except (ClientError, BotoCoreError) as e:
+        raise _error(e, uri) from None
+
+
+def read_small(uri: str, name: str, cap: int) -> bytes | None:
+    """``uri/name``'s bytes (None: no such object); one over ``cap`` bytes is refused unread."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, prefix = split(uri)
+    where = f"{uri.rstrip('/')}/{name}"
+    try:
+        obj = client().get_object(Bucket=bucket, Key=_key(prefix, name), Range=f"bytes=0-{cap}")
+        body = obj["Body"].read(cap + 1)
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+            return None
+        raise _error(e, where) from None
+    except BotoCoreError as e:
+        raise _error(e, where) from None
+    if len(body) > cap:
+        raise DataError(f"{where}: over {cap} bytes")
+    return body
+
+
 def delete_prefix(s3, bucket: str, prefix: str) -> None:
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=_key(prefix, "")):
         keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]

@@ -72,6 +72,8 @@ def prepare(
         raise ConfigError(f"--feature-dtype must be one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
     if s3.is_s3(out) and overwrite and not delete_checkpoints:
         refuse_to_delete_checkpoints(out)
+    if s3.is_s3(out) and overwrite:
+        check_s3_replaceable(str(out), delete_checkpoints)
     if s3.is_s3(out):
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:
             manifest = prepare(source, Path(tmp) / "store", parts, method, seed, False, progress, feature_dtype,
@@ -277,15 +279,24 @@ def store_files(root: Path, checkpoints: bool = False) -> Owned:
     """What `dorylus prepare` wrote in ``root``, by what its manifest lists (nothing without one), and with
     ``checkpoints`` the files a run's checkpoints left in ``root/checkpoints``: what ``--overwrite`` may
     delete. A manifest naming paths outside its folder names nothing found in it."""
+    try:
+        text = (root / "manifest.json").read_bytes()
+    except OSError:
+        text = None
+    return manifest_files(text, checkpoints)
+
+
+def manifest_files(text: bytes | None, checkpoints: bool = False) -> Owned:
+    """:func:`store_files` from the manifest's bytes (None: there is none), for a folder or an ``s3://`` prefix."""
     from dorylus_py.checkpoint import is_checkpoint_file
 
     names = set()
     try:
-        manifest = json.loads((root / "manifest.json").read_text())
+        manifest = json.loads(text) if text is not None else {}
         if manifest.get("format") == FORMAT:
             names = {"manifest.json"} | {f"{part_dir(k)}/{name}" for k, part in enumerate(manifest["parts"])
                                          for name in part["files"] if isinstance(name, str)}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError):
         pass  # not a store's manifest: nothing here is a store's
     folders = {n.split("/")[0] for n in names if "/" in n}
 
@@ -324,6 +335,22 @@ def delete_store(root: Path) -> None:
 
 def checkpoint_root(store: str) -> str:
     return f"{str(store).rstrip('/')}/checkpoints"
+
+
+MAX_MANIFEST_BYTES = 64 * 2**20  # a manifest lists every part's files: a few KB a part, thousands of parts
+
+
+def check_s3_replaceable(uri: str, delete_checkpoints: bool) -> None:
+    """``prepare --overwrite`` to an ``s3://`` prefix deletes every object under it: refuse, deleting
+    nothing, when any is not what its manifest lists (nor, with ``delete_checkpoints``, a checkpoint file)."""
+    names = s3.list_names(uri)
+    owned = manifest_files(s3.read_small(uri, "manifest.json", MAX_MANIFEST_BYTES) if names else None,
+                           delete_checkpoints)
+    other = sorted(n for n in names if not owned(n, False))
+    if other:
+        shown = ", ".join(n[:80] for n in other[:3]) + (", ..." if len(other) > 3 else "")
+        raise ConfigError(f"{uri}: holds {len(other)} object(s) that dorylus did not write ({shown}); "
+                          "nothing was deleted")
 
 
 def refuse_to_delete_checkpoints(store) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from dorylus_py.models import ModelSpec, build_module, spec_of
-from dorylus_py.protocol import Message, ProtocolError, require
+from dorylus_py.protocol import Message, ProtocolError, integer, require
 from dorylus_py.serving.job import JobSpec
 from dorylus_py.serving.node import Peer, ServerNode, peak_rss_mb
 from dorylus_py.serving.process import serve_process

@@ -122,6 +122,26 @@ def test_overwrite_in_s3_keeps_checkpoints_unless_told(small_graph, tmp_path, mo
     assert not [k for k in keys if "/checkpoints/" in k]
 
 
+def test_overwrite_in_s3_refuses_a_prefix_holding_objects_it_did_not_write(graph_file, bucket, capsys):
+    """prepare --overwrite deletes the whole prefix: an object its manifest does not list (a user's notes,
+    a file under a part's folder) stops it, in one line naming the object, with nothing deleted."""
+    uri = f"s3://{bucket}/mine"
+    assert main(["prepare", str(graph_file), "-k", "2", "--out", uri]) == 0
+    s3 = boto3.client("s3")
+    for key in ("mine/notes.txt", "mine/part-00000/extra.npy"):
+        s3.put_object(Bucket=bucket, Key=key, Body=b"the user's")
+    before = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="mine/")["Contents"])
+    capsys.readouterr()
+    assert main(["prepare", str(graph_file), "-k", "3", "--out", uri, "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 object(s) that dorylus did not write (notes.txt, part-00000/extra.npy)" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="mine/")["Contents"]) == before
+    s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "mine/notes.txt"}, {"Key": "mine/part-00000/extra.npy"}]})
+    assert main(["prepare", str(graph_file), "-k", "3", "--out", uri, "--overwrite"]) == 0  # its own: replaced
+    assert PartitionStore.open(uri).num_parts == 3
+
+
 def test_an_s3_checkpoint_index_cannot_write_outside_its_folder(bucket, tmp_path):
     """Whoever can write the checkpoint prefix controls latest.json: its file name was used as a local
     path (a `--resume` downloaded the object to wherever '../..' or '/abs' pointed, then failed)."""
