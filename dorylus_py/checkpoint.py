@@ -138,11 +138,12 @@ def _latest(root: str, missing_ok: bool = False) -> dict | None:
     "no checkpoint yet" (None with ``missing_ok``); one unreadable, refused or damaged is an error."""
     where = f"{root}/{LATEST}"
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            if s3.is_s3(root):
-                text = _read_small(s3.fetch(root, LATEST, Path(tmp) / LATEST), where)
-            else:
-                text = _read_small(Path(root) / LATEST, where)
+        if s3.is_s3(root):  # ranged: a huge object there is refused without being downloaded
+            text = s3.read_small(root, LATEST, MAX_INDEX_BYTES)
+            if text is None:
+                raise s3.Missing(where)
+        else:
+            text = _read_small(Path(root) / LATEST, where)
     except (FileNotFoundError, s3.Missing):
         if missing_ok:
             return None

@@ -153,7 +153,7 @@ def read_small(uri: str, name: str, cap: int) -> bytes | None:
     except BotoCoreError as e:
         raise _error(e, where) from None
     if len(body) > cap:
-        raise DataError(f"{where}: over {cap} bytes")
+        raise DataError(f"{where}: larger than {cap} bytes")
     return body
 
 

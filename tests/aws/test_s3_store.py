@@ -158,6 +158,28 @@ def test_an_s3_checkpoint_index_cannot_write_outside_its_folder(bucket, tmp_path
         assert not target.exists()
 
 
+def test_a_huge_s3_checkpoint_index_is_refused_without_being_downloaded(bucket, tmp_path, monkeypatch):
+    """latest.json over 64 KB (10 MB here) is refused after one ranged read of 64 KB + 1 byte, with no
+    download of the whole object (the cap used to apply after fetching it)."""
+    from dorylus_py import s3 as s3store
+
+    root = f"s3://{bucket}/big/checkpoints"
+    boto3.client("s3").put_object(Bucket=bucket, Key="big/checkpoints/latest.json", Body=b" " * (10 << 20))
+    read = []
+    real = s3store.client
+
+    def counting():
+        c = real()
+        get = c.get_object
+        c.get_object = lambda **kw: read.append(kw.get("Range")) or get(**kw)
+        return c
+    monkeypatch.setattr(s3store, "client", counting)
+    monkeypatch.setattr(s3store, "fetch", lambda *a, **k: pytest.fail("downloaded whole"))
+    with pytest.raises(DataError, match="latest.json: larger than 65536 bytes"):
+        load_checkpoint(root)
+    assert read == ["bytes=0-65536"]
+
+
 def test_s3_addresses_cannot_lead_the_cache_outside_its_folder(bucket, tmp_path):
     for uri in [f"s3://{bucket}/../../etc", f"s3://{bucket}/a/./b", "s3://../x", "s3://Not_A_Bucket/x"]:
         with pytest.raises(DataError, match="segments|bucket name"):
