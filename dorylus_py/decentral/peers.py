@@ -22,7 +22,8 @@ from typing import Callable
 import zmq
 
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
-from dorylus_py.protocol.transport import Curve, dealer, router
+from dorylus_py.protocol.transport import Curve, dealer, receive, router
+from dorylus_py.protocol.transport import Inbox as CappedInbox
 from dorylus_py.serving.node import bind
 from dorylus_py.serving.rejections import REJECTED, report_bug
 
@@ -36,6 +37,7 @@ class Inbox:
         """Bind on ``bind_host`` (default ``host``), any free port; peers reach it at :attr:`address`."""
         self.rank, self.world, self.session = rank, world, Session(key)
         self.router = router(zmq.Context.instance(), Curve.among_peers(key))  # encrypted, key holders only
+        self.inbox = CappedInbox(self.router, self.session.limits)
         where = "*" if bind_host == "0.0.0.0" else (bind_host or host)
         self.address = f"tcp://{host}:{bind(self.router, where, 0, f'worker {rank}')}"
         self.rejected = 0
@@ -55,7 +57,12 @@ class Inbox:
     def _run(self, handle: Handler) -> None:
         while not self._closing.is_set():
             if self.router.poll(100):
-                frames = self.router.recv_multipart(copy=False)
+                try:  # frame by frame under the message cap; a peer over it is dropped
+                    frames = self.inbox.recv()
+                except AuthError as e:
+                    self.rejected += 1
+                    log.debug("worker %d dropped a message: %s", self.rank, e)
+                    continue
                 self._serve(handle, frames[0].bytes, frames[1:])
 
     def _serve(self, handle: Handler, identity: bytes, body) -> None:
@@ -130,9 +137,12 @@ class Links:
         for sock, _ in self.poller.poll(wait_s * 1000):
             while True:
                 try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = receive(sock, self.session.limits, zmq.NOBLOCK)
                 except zmq.Again:
                     break
+                except ProtocolError as e:  # over the message cap (OverCap): read and let go
+                    log.warning("worker %d dropped an answer: %s", self.rank, e)
+                    continue
                 try:
                     out.append((self.peer_of[sock], self.session.decode(frames, self.session.id)))
                 except ProtocolError as e:

@@ -4,6 +4,7 @@ one bounded wait; a worker's handlers check every field before they touch its st
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -53,6 +54,31 @@ def test_the_inbox_answers_rejects_and_keeps_serving(monkeypatch):
         assert seen.count((1, "report")) == 1 and not raw.poll(200)
     finally:
         raw.close(0)
+        links.close()
+        inbox.close()
+
+
+def test_a_message_over_the_cap_in_frames_under_it_is_dropped_with_its_peer(monkeypatch):
+    """The gossip inbox reads frame by frame (transport.receive): 3 frames of 0.6 MiB under a 1 MiB cap
+    are dropped as they come, the peer with them; another peer is served. (It read whole multipart
+    messages, so only the per-frame MAXMSGSIZE bounded them.)"""
+    monkeypatch.setenv("DORYLUS_MAX_MESSAGE_MB", "1")
+    inbox = Inbox(rank=0, world=3, key=TOKEN)
+    seen = []
+    inbox.start(lambda sender, msg: seen.append(msg.op) or Message("ok"))
+    big = dealer(zmq.Context.instance(), inbox.address, Curve.among_peers(TOKEN))
+    links = Links(1, TOKEN, [inbox.address] * 3)
+    try:
+        big.send_multipart([b"h", *[b"x" * (600 << 10)] * 3])
+        deadline = time.monotonic() + 10
+        while inbox.rejected < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert inbox.rejected == 1 and seen == []
+        big.send_multipart(Session(TOKEN).encode(Message("ping", {"rank": 2, "id": 1}), inbox.address))
+        assert links.ask(0, "ping").op == "ok" and seen == ["ping"]  # the dropped peer's ping was let go
+        assert inbox.rejected == 2
+    finally:
+        big.close(0)
         links.close()
         inbox.close()
 
