@@ -34,8 +34,7 @@ def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, job:
         weight_servers=tuple(weight_servers), model=cfg.model, dropout=cfg.dropout, attn_dropout=cfg.attention_dropout(),
         negative_slope=cfg.negative_slope, seed=cfg.seed, num_train=spec.num_train, row_cache_mb=cfg.resolved_row_cache_mb(),
         stream=Stream(stream_rows, cfg.stream_rows) if stream_rows and cfg.stream_rows else None,
-        task=TaskRef(key.kind, key.train, key.epoch, key.layer, key.chunk, rank, inv.version,
-                     tuple(inv.hold) if inv.hold else None, inv.attempt), wire_dtype=cfg.wire_dtype)
+        task=TaskRef(key, rank, inv.version, tuple(inv.hold) if inv.hold else None, inv.attempt), wire_dtype=cfg.wire_dtype)
 
 
 def task_of(task, layers: int, chunks: int, kinds: frozenset[str]) -> tuple[TaskKey, int]:

@@ -11,26 +11,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from dorylus_py.pipeline.events import TaskKey
 from dorylus_py.protocol import ProtocolError, integer
 from dorylus_py.protocol.quantize import WIRE_DTYPES
 
 
 @dataclass(frozen=True)
 class TaskRef:
-    """The task a copy runs, as its requests name it to the graph server (``wire.task_of`` reads it)."""
+    """The task a copy runs, as its requests name it to the graph server (``wire.task_of`` reads it):
+    the scheduler's key and what this copy needs besides. On the wire its fields are flat."""
 
-    kind: str
-    train: bool
-    epoch: int
-    layer: int
-    chunk: int
+    key: TaskKey
     server: int  # the graph server's rank
     version: int | None  # the weights' version to pull (None: the newest)
     hold: tuple[int, ...] | None  # async forward: the key its weights are held under for the backward
     attempt: int
 
     def to_wire(self) -> dict:
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+        return self.key._asdict() | {"server": self.server, "version": self.version,
+                                     "hold": list(self.hold) if self.hold is not None else None,
+                                     "attempt": self.attempt}
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def _stream(value) -> Stream | None:
 
 
 def _task(value) -> TaskRef:
-    names = {f.name for f in fields(TaskRef)}
+    names = set(TaskKey._fields) | {f.name for f in fields(TaskRef)} - {"key"}
     if not isinstance(value, dict) or set(value) != names:
         raise ProtocolError(f"task event: task must name {', '.join(sorted(names))}, got {value!r:.200}")
     _check(value, "kind", str)
@@ -128,4 +128,5 @@ def _task(value) -> TaskRef:
     if hold is not None and not (isinstance(hold, list) and len(hold) <= 8
                                  and all(isinstance(h, int) and not isinstance(h, bool) for h in hold)):
         raise ProtocolError(f"task event: bad hold {hold!r:.100}")
-    return TaskRef(**(value | {"hold": tuple(hold) if hold is not None else None}))
+    return TaskRef(TaskKey(*(value[name] for name in TaskKey._fields)), value["server"], value["version"],
+                   tuple(hold) if hold is not None else None, value["attempt"])

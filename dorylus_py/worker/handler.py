@@ -157,7 +157,7 @@ def _run_streamed(event: TaskEvent, task: dict, spans: list, ch: Channel, curve,
 
 def _context(event: TaskEvent, rows: Message, offset: int = 0) -> TaskContext:
     """What the kernels need to know of the task; ``offset``: the first row's place in the chunk."""
-    task, train = event.task, event.task.train
+    task, train = event.task.key, event.task.key.train
     return TaskContext(model=architecture(event.model).kernels(), kind=task.kind, layer=task.layer, epoch=task.epoch,
                        seed=event.seed, rate=float(event.dropout) if train else 0.0,
                        attn_rate=float(event.attn_dropout) if train else 0.0,
@@ -186,7 +186,7 @@ def _weights(event: TaskEvent, task: dict, session: Session, curve, context, dev
 def _held_rows(event: TaskEvent, task: dict) -> tuple[RowCache | None, tuple, dict]:
     """This container's row cache, the task's slot in it, and what it holds for that slot."""
     cache = _row_cache_of(event.row_cache_mb)
-    slot = (event.graph_server, event.task.server, event.task.chunk)
+    slot = (event.graph_server, event.task.server, event.task.key.chunk)
     return cache, slot, cache.held(slot) if cache is not None else {}
 
 
@@ -221,7 +221,7 @@ def _row_cache_of(mb: int) -> RowCache | None:
 def _pull_weights(event: TaskEvent, task: dict, session: Session, curve: Curve | None, context) -> tuple[int, dict[str, torch.Tensor]]:
     """The layer's tensors (by base name: ``W``, ``att_src``, ...) at one version, from every weight
     server holding a block of them: the lead first (it fixes the version), then the others at once."""
-    layer = event.task.layer
+    layer = event.task.key.layer
     lead, *others = [_socket(a, curve) for a in event.weight_servers]
 
     def ask(version):

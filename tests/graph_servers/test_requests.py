@@ -34,7 +34,7 @@ def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_pa
         rows = int(gs.state.bounds[1])
         task = {"kind": "fwd", "train": True, "epoch": 1, "layer": 0, "chunk": 0}
         gs.feed(Tick(time.time()))
-        assert [e.task.chunk for e in gs.platform.events] == [0, 1]  # epoch 1's first tasks are out
+        assert [e.task.key.chunk for e in gs.platform.events] == [0, 1]  # epoch 1's first tasks are out
         assert all("token" not in e.to_dict() and KEY.hex() not in json.dumps(e.to_dict()) for e in gs.platform.events)
         dropped, replayed = unauthenticated(client, task)
         client.ask(gs.handle, replayed)  # once: an answer (cancel: nobody runs epoch 9)

@@ -1,3 +1,4 @@
+from dorylus_py.pipeline.events import TaskKey
 from dorylus_py.worker.event import TaskEvent, TaskRef
 
 
@@ -6,4 +7,5 @@ def event_for(graph_server: str = "tcp://gs", row_cache_mb: int = 0, **task) -> 
     the test; the others are epoch 1's first forward task)."""
     ref = {"kind": "fwd", "train": True, "epoch": 1, "layer": 0, "chunk": 0, "server": 0, "version": None, "hold": None,
            "attempt": 1} | task
-    return TaskEvent("00", None, graph_server, (), "gcn", 0.0, 0.0, 0.2, 0, 1, row_cache_mb, None, TaskRef(**ref))
+    key = TaskKey(*(ref.pop(name) for name in TaskKey._fields))
+    return TaskEvent("00", None, graph_server, (), "gcn", 0.0, 0.0, 0.2, 0, 1, row_cache_mb, None, TaskRef(key, **ref))
