@@ -171,10 +171,16 @@ def write_random_ogb(root: Path, nodes: int, edges: int, seed: int = 0) -> Path:
     return root
 
 
+# Peak growth from 250 k to 2 M edges, measured 2026-12-03 (VmHWM): 0.6 B an edge idle (90.4 -> 91.5 MB), 7.4
+# under load (84.8 -> 97.8: the two peaks swing by ~7 MB with the machine's load). Reading the edge file whole
+# grows ~60 MB (36 B an edge); holding the (src, dst) pairs alone would cost 16 B an edge.
+OGB_PER_EDGE_B = 12
+
+
 def test_prepare_holds_a_block_of_edges_not_the_graph(tmp_path):
     """As tests/test_memory.py checks the npz path: 50 k vertices with 250 k and with 2 M directed edges,
     prepared with Fennel in blocks of 64 k edges, in a fresh process whose peak the kernel measured."""
-    from tests.test_memory import BLOCK, PER_EDGE_B, probe
+    from tests.test_memory import BLOCK, probe
 
     peaks = {}
     for edges in (250_000, 2_000_000):
@@ -182,5 +188,5 @@ def test_prepare_holds_a_block_of_edges_not_the_graph(tmp_path):
         peaks[edges] = probe(tmp_path, BLOCK, "prepare", f"ogb{edges}", "-k", 2, "--partitioner", "fennel",
                              "--out", f"p{edges}")["self_mb"]
         assert json.loads((tmp_path / f"p{edges}" / "manifest.json").read_text())["nodes"] == 50_000
-    allowed_mb = PER_EDGE_B * (2_000_000 - 250_000) / 2**20
+    allowed_mb = OGB_PER_EDGE_B * (2_000_000 - 250_000) / 2**20
     assert peaks[2_000_000] - peaks[250_000] < allowed_mb, f"{peaks} MB"
