@@ -11,7 +11,7 @@ import pytest
 from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
 from dorylus_py.cost.estimate import setup_of, workload_of
-from dorylus_py.cost.model import read_record
+from dorylus_py.cost.model import bytes_per_epoch, read_record
 from dorylus_py.data import SynthConfig, generate
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord
@@ -30,8 +30,8 @@ def run(graph, tmp_path, wire: str, **kw):
 
 
 def moved(record) -> float:
-    """Bytes through every graph server's sockets an epoch (the median epoch), as the servers counted them."""
-    return statistics.median(sum(s["bytes"] for s in row["servers"]) for row in record.history)
+    """Bytes through every graph server's sockets a steady epoch, as the servers counted them."""
+    return bytes_per_epoch(record.history, server_total=True)
 
 
 def losses(record) -> np.ndarray:
@@ -53,7 +53,7 @@ def test_narrow_forms_move_half_and_a_quarter_of_the_bytes_and_train_alike(tmp_p
     ghosts = statistics.mean(p["ghosts"] for p in json.loads((tmp_path / "parts" / "manifest.json").read_text())["parts"])
     for wire in ("float32", "bfloat16", "int8"):  # the cost model counts what the servers counted
         config, metrics, *_ = read_record(tmp_path / wire)
-        measured = statistics.median(statistics.mean(s["bytes"] for s in m["servers"]) for m in metrics[1:])
+        measured = bytes_per_epoch(metrics)
         work = replace(workload_of(config), known_ghosts=(2, ghosts))
         assert setup_of(config, "c5.xlarge").bytes_per_server(work) == pytest.approx(measured, rel=0.1), wire
 

@@ -21,7 +21,7 @@ from dorylus_py.cost.estimate import (
     vcpus,
     workload_of,
 )
-from dorylus_py.cost.model import Prices, read_record
+from dorylus_py.cost.model import Prices, bytes_per_epoch, read_record
 from dorylus_py.cost.report import report_rows
 from dorylus_py.data import write_npz
 
@@ -69,7 +69,7 @@ def test_the_bytes_a_graph_server_moves_are_counted_from_the_model(runs):
     graph servers counted; and the loop's seconds per byte are calibrated from the same counts."""
     for name in ("local", "cpu"):
         config, metrics, *_ = read_record(runs / name)
-        measured = statistics.median(statistics.mean(s["bytes"] for s in m["servers"]) for m in metrics[1:])
+        measured = bytes_per_epoch(metrics)
         parts = json.loads((runs / name / "partitions" / "manifest.json").read_text())["parts"]
         ghosts = statistics.mean(p["ghosts"] for p in parts)  # the store's own count, not the estimate
         work = replace(workload_of(config), known_ghosts=(config["graph_servers"], ghosts))
@@ -172,8 +172,7 @@ def counted(run_dir) -> tuple[float, float]:
     _, metrics, *_ = read_record(run_dir)
     starts = [json.loads(line.split(" start ", 1)[1]) for p in sorted((run_dir / "logs").glob("graph-server-*"))
               for line in p.read_text().splitlines() if " start {" in line]
-    per_epoch = statistics.median(statistics.mean(s["bytes"] for s in m["servers"]) for m in metrics[1:])
-    return statistics.mean(s["edges"] for s in starts), per_epoch
+    return statistics.mean(s["edges"] for s in starts), bytes_per_epoch(metrics)
 
 
 @pytest.mark.parametrize("change, blind_to", [("1 server", "servers"), ("4x features", "features")])
