@@ -20,7 +20,7 @@ other work the times swing with it: run on a quiet machine.
 
     python benchmarks/bench_scale_model.py [--graphs cora,synth200k --lambda-counts 4,8 --seeds 3 --epochs 200
         --modes async0,async1,async0b,async1b --host-cpus 1 --weight-host-cpus 1 --lambda-vcpus 1
-        --dilation D --lr 0.01 --markdown FILE]
+        --dilation D --lr 0.01 --wire-dtype float32 --markdown FILE]
 """
 
 from __future__ import annotations
@@ -78,6 +78,9 @@ def parse_args():
     ap.add_argument("--lambda-vcpus", type=float, default=1.0, help="each Lambda's cores (default 1)")
     ap.add_argument("--dilation", type=float, default=0.0, help="D (default: the smallest that fits)")
     ap.add_argument("--instance", default="c5.xlarge", help="the servers' EC2 type for value (default c5.xlarge)")
+    ap.add_argument("--wire-dtype", default="float32", choices=("float32", "bfloat16", "float16", "int8"),
+                    help="what rows travel as, in every run (train's --wire-dtype; default float32): the links "
+                         "set the pace at 200 Mbit/s, and int8 moves 0.3x the bytes")
     args = ap.parse_args()
     check_graph_args(args, {"seeds": 1, "epochs": 2})
     try:
@@ -109,7 +112,7 @@ def command(parts: Path, out: Path, args, seed: int, lambdas: int, mode: str) ->
     lr = [] if args.lr is None else ["--lr", str(args.lr)]
     return [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(out), "--quiet", "-k", "2",
             "--epochs", str(args.epochs), "--seed", str(seed), *backend, *MODES["sync" if mode == "cpu" else mode],
-            *hosts_flags(args, lambdas, mode == "cpu"), *lr]
+            *hosts_flags(args, lambdas, mode == "cpu"), *lr, "--wire-dtype", args.wire_dtype]
 
 
 def run(cmd: list[str], out: Path, args) -> dict:
@@ -177,7 +180,7 @@ def main() -> None:
                         print(f"  {out.name}: {seconds(r['tta'])} s to target, value {r['value']:.4g}", flush=True)
     head = (f"scale model, D {args.dilation:g} ({time.strftime('%Y-%m-%d')}): graph servers {args.host_cpus:g} cores "
             f"each, weight server {args.weight_host_cpus:g}, Lambdas {args.lambda_vcpus:g} vCPU each, "
-            f"200 Mbit/s per Lambda; medians of {args.seeds} seeds; model times (raw / D); "
+            f"200 Mbit/s per Lambda, rows as {args.wire_dtype}; medians of {args.seeds} seeds; model times (raw / D); "
             f"{time.perf_counter() - t0:.0f} s")
     report(head, [*table(results, args), "", "commands (seed 0):", "", *(f"    {c}" for c in commands)], args.markdown)
 
