@@ -65,6 +65,14 @@ class GhostExchange:
                 contrib = row_sums(m, self.dev.twin(self.ds[layer]))
             return contrib.cpu().numpy()
 
+    def _smoothed(self, buf: np.ndarray, at: np.ndarray, rows: np.ndarray, first: np.ndarray | None) -> np.ndarray:
+        """``rows`` as the moving average ``gamma m + (1 - gamma) rows`` of what ``buf`` holds at ``at`` (PipeGCN's
+        smoothing of stale boundary rows); rows never seen before (``first``) and unsmoothed passes (None) as they are."""
+        if first is None:
+            return rows
+        g = self.smoothing
+        return np.where(first[:, None], rows, g * buf[at] + (np.float32(1) - g) * rows)
+
     def store_peer_rows(self, phase: str, src: int, layer: int, src_chunk: int, tensors: dict[str, np.ndarray]) -> None:
         """Keep a peer's rows (checked first: nothing out of range is written)."""
         summed = self.sync and phase in self.phases  # sync contributions come summed over the peer's chunks
@@ -89,10 +97,14 @@ class GhostExchange:
         if not backward:
             train, at = phase == "fwd", self.n + sl.start + positions
             written = slice(int(at.min()), int(at.max()) + 1) if len(at) else slice(0, 0)  # positions may skip
-            self.ZG[train][layer][at] = tensors["rows"]
+            smooth = train and self.ghost_seen is not None
+            first = ~self.ghost_seen[layer][at - self.n] if smooth else None
+            self.ZG[train][layer][at] = self._smoothed(self.ZG[train][layer], at, tensors["rows"], first)
             self.dev.upload(self.ZG[train][layer], written)
+            if smooth:
+                self.ghost_seen[layer][at - self.n] = True
             if self.attention:
-                self.SG[train][layer][at] = tensors["scores"]
+                self.SG[train][layer][at] = self._smoothed(self.SG[train][layer], at, tensors["scores"], first)
                 self.dev.upload(self.SG[train][layer], written)
             return
         increasing = bool(np.all(positions[1:] > positions[:-1]))  # as senders send them: no sort needed

@@ -91,13 +91,15 @@ class FusedInput:
 
 class GraphState(GatherStages, GhostExchange):
     def __init__(self, part: Partition, model: ModelSpec, chunk_counts: list[int], feature_norm: str, edge_offset: int = 0,
-                 fused: FusedInput | None = None, sync: bool = False, remat: bool = False, device: str = "cpu"):
+                 fused: FusedInput | None = None, sync: bool = False, remat: bool = False, device: str = "cpu",
+                 smoothing: float = 0.0):
         """``chunk_counts``: how many chunks every graph server has (ours included); ``edge_offset``:
         the id of this partition's first edge (edges are numbered across partitions, for dropout keys);
         ``fused``: the last layer runs fused (``pipeline/stages.py``: ``fused_last_layer``), so its
         training buffers are as wide as its input (``Â P̃``), not its output; ``sync``: every epoch is
         synchronous (the peers' contributions are summed as they come); ``remat`` (sync only): keep only
-        what backward reads (below); ``device``: where the graph stages compute (``device_rows.py``)."""
+        what backward reads (below); ``device``: where the graph stages compute (``device_rows.py``); ``smoothing`` (async only): the
+        peers' training ghost rows and contributions are kept as moving averages (``ghost_exchange.py``)."""
         return_freed_memory()  # before the buffers: chunk-sized temporaries must not pile up in the heap
         self.part, self.model, self.chunk_counts, self.edge_offset = part, model, chunk_counts, edge_offset
         self.fused = fused
@@ -123,6 +125,11 @@ class GraphState(GatherStages, GhostExchange):
         if remat and not sync:
             raise ValueError("remat needs sync mode: asynchronous chunks read each other's rows at any stage")
         self.remat = remat
+        if smoothing and sync:
+            raise ValueError("smoothing is for async mode: sync mode reads no stale rows")
+        self.smoothing = np.float32(smoothing)
+        # smoothing: which training ghost rows have come once (the first is kept as it is), per layer
+        self.ghost_seen = [np.zeros(g, bool) for _ in range(self.layers)] if smoothing else None
 
         def passes(rows: int, column: int) -> dict[bool, list[np.ndarray]]:
             """Per pass (training, evaluation), per layer: a ``rows`` x width buffer (``widths``' ``column``)."""
@@ -142,7 +149,7 @@ class GraphState(GatherStages, GhostExchange):
         self.sync = sync
         width = lambda phase, l: shapes[l].heads if phase == "ebwd" else self.widths(True, l)[0]  # noqa: E731
         self.received = {(phase, l): OrderedSum(n, width(phase, l), [(p, ALL_CHUNKS) for p in self.peers]) if sync
-                         else NewestParts() for phase in self.phases for l in range(self.layers)}
+                         else NewestParts(smoothing) for phase in self.phases for l in range(self.layers)}
         ours = [(part.index, c) for c in range(self.chunks)]
         self.outgoing = {(phase, l): OrderedSum(g, width(phase, l), ours) for phase in self.phases
                          for l in range(self.layers)} if sync and self.peers else {}

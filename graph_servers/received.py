@@ -5,7 +5,9 @@ Each chunk's ``A[chunk, a peer's vertices]ᵀ dG`` rows are its contribution to 
 run's bits do not depend on the order the messages came in.
 
 - :class:`NewestParts` (async): each peer chunk sends its own part; its newest replaces its previous
-  one, and all are kept (a chunk of ours may read them at any time).
+  one, and all are kept (a chunk of ours may read them at any time). With ``smoothing`` gamma > 0 the
+  newest is folded into the kept part instead, ``m = gamma m + (1 - gamma) newest`` (PipeGCN's moving
+  average of stale gradients): the same memory, and a stale part's noise damped.
 - :class:`OrderedSum` (sync): every key contributes exactly once per epoch, so parts are folded into one
   ``(n, width)`` sum as soon as every key before them has come, and dropped. A sender sums its own
   chunks' parts this way (keys: its chunks) and sends each peer one slice of the sum; a receiver sums
@@ -25,10 +27,14 @@ ALL_CHUNKS = -1  # the chunk a sync-mode sum of all of a peer's chunks' contribu
 
 
 class NewestParts:
-    def __init__(self):
+    def __init__(self, smoothing: float = 0.0):
         self.parts: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self.smoothing = np.float32(smoothing)
 
     def add(self, key: tuple[int, int], local: np.ndarray, rows: np.ndarray) -> None:
+        kept = self.parts.get(key)
+        if self.smoothing and kept is not None and np.array_equal(kept[0], local):  # a chunk touches the same rows
+            rows = self.smoothing * kept[1] + (np.float32(1) - self.smoothing) * rows
         self.parts[key] = (local, rows)
 
     def add_to(self, a: int, b: int, target: np.ndarray) -> None:
