@@ -107,6 +107,10 @@ class TrainConfig:
         if p.local_barrier and p.mode != "async":
             raise ConfigError("--local-barrier is for --mode async (in sync mode every stage waits for every chunk; "
                               "gossip and allreduce have no graph servers)")
+        stale = [f for f, on in (("--stale-smoothing", p.stale_smoothing), ("--stale-step", p.stale_step != "none")) if on]
+        if stale and (p.mode != "async" or not p.distributed):
+            raise ConfigError(f"{stale[0]} is for --mode async on the distributed backends (sync mode reads no stale "
+                              "rows or gradients)")
         if p.remat and not p.distributed or p.remat and p.mode != "sync":
             raise ConfigError("--remat is for --mode sync on the distributed backends (local, lambda, cpu, gpu): "
                               "asynchronous chunks read each other's rows at different stages, so no buffer is free")

@@ -21,6 +21,7 @@ LAMBDA_BACKENDS = ("local", "lambda")  # tensor tasks in Lambda containers (emul
 INPROC_BACKENDS = ("cpu", "gpu")  # tensor tasks in the graph servers' own threads
 AUTO_CHUNK_ROWS = 150_000  # --chunks auto: at most this many rows a chunk (a tensor task's memory grows with them)
 ASYNC_CHUNKS = 4  # --chunks auto on an autotuned pool, or async cpu/gpu: chunks a server pipelines at least
+STALE_STEPS = ("none", "inverse", "inverse-lr")  # async: a stale gradient's weight in the update (weights/store.py)
 # Upper bounds (``most``): far beyond any real run, low enough that no count overflows an allocation, a
 # poll's milliseconds or a dropout key (epochs < 2^48), so a mistyped flag is one line, not a traceback.
 MAX_EPOCHS = 1_000_000
@@ -143,6 +144,18 @@ class PipelineSettings(Section):
                                   "the 200 k benchmark graph S=1 then reached its target in 70 epochs instead of 94 "
                                   "(sync 60) and stayed steady at lr 0.04; on Cora it gained nothing (see "
                                   "docs/performance.md, time to accuracy) (default off)")
+    stale_smoothing: float = setting(0.0, "async: a graph server keeps, for every ghost row a peer sends (training "
+                                     "pass) and every gradient contribution a peer sends back, the moving average "
+                                     "m = GAMMA m + (1 - GAMMA) received (the first: received itself) in place of the "
+                                     "value, and reads it where the stale value stood, as PipeGCN does (its code: "
+                                     "0.95). Rows of its own chunks are never smoothed (default 0: off)",
+                                     metavar="GAMMA")
+    stale_step: str = setting("none", "async: how the weight server weighs a gradient computed at weights d versions "
+                              "behind the newest. none (default): as it is; inverse: the gradient times 1/(d+1) "
+                              "before it enters its update or its epoch's sum (staleness-aware SGD; Adam's moments "
+                              "see the scaled gradient); inverse-lr: Adam's moments see the gradient unscaled and "
+                              "the step's learning rate is divided by (mean d of the step's gradients) + 1",
+                              choices=STALE_STEPS)
     fuse: str = setting("auto", "gcn with --layers >= 2: one task per chunk computes the last layer's forward, the loss "
                         "and its gradient, and the first backward step, where unfused it takes three (forward, loss, "
                         "backward). auto (default): fused where a task saved is a round trip saved, on lambda and on "
@@ -174,6 +187,9 @@ class PipelineSettings(Section):
         one_of("--fuse", self.fuse, FUSE_CHOICES)
         one_of("--async-update", self.async_update, ("epoch", "chunk"))
         one_of("--wire-dtype", self.wire_dtype, WIRE_DTYPES)
+        one_of("--stale-step", self.stale_step, STALE_STEPS)
+        if not 0 <= self.stale_smoothing < 1:
+            raise ConfigError(f"--stale-smoothing must be in [0, 1), got {self.stale_smoothing}")
         if self.chunks is not AUTO:  # every backend: a bad count is an error even where unused
             count("--chunks", self.chunks)
         at_least("--graph-servers", self.graph_servers, 1)

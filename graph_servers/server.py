@@ -90,7 +90,8 @@ class GraphServer(Requests):
         device = server_device(spec, self.k)
         self.state = GraphState(part, self.model, spec.chunk_counts, spec.feature_norm,
                                 spec.edge_offsets[self.k] if spec.edge_offsets else 0, fused, sync=spec.mode == "sync",
-                                remat=cfg.remat, device=device)
+                                remat=cfg.remat, device=device,
+                                smoothing=cfg.stale_smoothing if spec.mode == "async" else 0.0)
         # the static rows' name per chunk, where workers cache them (task_io.py); no checksum: this start's own
         features = store.manifest["parts"][self.k]["files"]["features.npy"].get("sha256") or os.urandom(16).hex()
         self.static_tokens = static_tokens(self.state, json.dumps([features, part.feature_dtype, self.k])) \

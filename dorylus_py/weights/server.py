@@ -71,6 +71,7 @@ class WeightServer:
             update="chunk" if spec.mode == "async" and cfg.async_update == "chunk" else "epoch",
             expected=spec.total_chunks,
             keep=cfg.staleness + 4,  # epoch snapshots: the driver reads one while training runs ahead
+            stale_step=cfg.stale_step if spec.mode == "async" else "none",
         )
         if start.tensors:  # continue from a checkpoint (the driver sends the state of our blocks)
             for layer in self.layers:

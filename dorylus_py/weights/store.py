@@ -12,6 +12,13 @@ the hold; versions older than the newest are freed once no chunk holds them. Eve
 key ``(epoch, server, chunk)``; a key seen before is a duplicate (a relaunched task) and is ignored,
 so no gradient is ever applied twice.
 
+**Stale steps** (``stale_step``, async): a gradient computed at version ``v`` when the newest is ``v + d``
+is ``d`` updates stale. ``inverse`` multiplies it by ``1/(d+1)`` before it enters its update or its
+epoch's sum (Zhang et al. 2016's staleness-aware SGD; Adam's moments see the scaled gradient);
+``inverse-lr`` leaves the gradient (and the moments) as it is and divides the step's learning rate by
+``d + 1``, ``d`` the mean over the step's gradients (Adam divides a gradient's scale out of its step,
+so only the first weighs a stale gradient against a fresh one of the same sum).
+
 **Epoch snapshots**: at every version that ends an epoch's worth of updates (every version with epoch
 updates, every ``updates_per_epoch``-th with chunk updates) the store keeps a copy of the weights and
 Adam's state: the newest ``keep`` of them, and every one the driver has not yet released (it
@@ -36,6 +43,7 @@ class WeightError(DorylusError):
 
 
 MAX_SNAPSHOTS = 64  # per layer: the most a driver that does not release them can make a weight server keep
+STALE_STEPS = ("none", "inverse", "inverse-lr")  # as sections.py lists them (the Lambda's image holds no settings)
 STATE_FIELDS = ("W", "adam_m", "adam_v", "adam_step", "version")  # what a checkpoint keeps per array
 
 
@@ -45,6 +53,7 @@ class _Layer:
     versions: dict[int, dict[str, np.ndarray]]  # version -> arrays, what is still held or newest
     holds: dict[int, set] = field(default_factory=lambda: defaultdict(set))  # version -> task keys
     pending: dict = field(default_factory=dict)  # epoch updates: gradient key -> gradients, until the step
+    lags: dict = field(default_factory=dict)  # epoch updates: gradient key -> its staleness d, until the step
     seen: set = field(default_factory=set)  # gradient keys ever applied or accumulated
     version: int = 0
     snapshots: OrderedDict = field(default_factory=OrderedDict)  # version -> state at an epoch boundary
@@ -59,13 +68,18 @@ class WeightStore:
         update: str = "epoch",
         expected: int = 1,
         keep: int = 4,
+        stale_step: str = "none",
     ):
         """``weights``: layer -> {name: initial array} (this server's blocks); ``weight_decay``: name -> L2
         coefficient (absent: 0). ``expected``: gradients per ``epoch`` update (all chunks of all graph
-        servers). ``keep``: epoch snapshots kept per layer."""
+        servers). ``keep``: epoch snapshots kept per layer. ``stale_step``: ``none``, ``inverse`` or
+        ``inverse-lr`` (above)."""
         if update not in ("epoch", "chunk"):
             raise ValueError(f"update must be 'epoch' or 'chunk', not {update!r}")
         self.update = update
+        if stale_step not in STALE_STEPS:
+            raise ValueError(f"stale_step must be one of {STALE_STEPS}, not {stale_step!r}")
+        self.stale_step = stale_step
         self.expected = expected
         self.keep = keep
         self.released = -1  # the driver has recorded every epoch up to this version (see release)
@@ -114,19 +128,24 @@ class WeightStore:
             return False
         st.seen.add(key)
         self._release(st, version, key)
+        lag = max(st.version - int(version), 0)
         g = {name: np.array(grad, dtype=np.float32) for name, grad in grads.items()}
+        if self.stale_step == "inverse" and lag:
+            g = {name: grad * np.float32(1 / (lag + 1)) for name, grad in g.items()}
         if self.update == "chunk":
-            self._step(layer, g)
+            self._step(layer, g, lag if self.stale_step == "inverse-lr" else 0)
         else:
-            st.pending[key] = g
+            st.pending[key], st.lags[key] = g, lag
             if len(st.pending) == self.expected:  # summed in key order: the same bits whatever the arrival order
                 order = sorted(st.pending)
                 total = {n: st.pending[order[0]][n].copy() for n in st.params}
                 for k in order[1:]:
                     for n in st.params:
                         total[n] += st.pending[k][n]
-                self._step(layer, total)
+                mean_lag = sum(st.lags.values()) / len(st.lags) if self.stale_step == "inverse-lr" else 0
+                self._step(layer, total, mean_lag)
                 st.pending.clear()
+                st.lags.clear()
         return True
 
     def pushed(self, layer: int, key: tuple) -> bool:
@@ -201,10 +220,12 @@ class WeightStore:
     def held_versions(self, layer: int) -> list[int]:
         return sorted(self._layer(layer).versions)
 
-    def _step(self, layer: int, grads: dict[str, np.ndarray]) -> None:
+    def _step(self, layer: int, grads: dict[str, np.ndarray], lag: float = 0) -> None:
+        """One Adam step; ``lag``: the gradients' staleness the learning rate is divided by (``inverse-lr``)."""
         st = self.layers[layer]
+        lr = self.lr / (lag + 1) if lag else self.lr
         for name, p in st.params.items():
-            adam_step(p, grads[name], self.lr)
+            adam_step(p, grads[name], lr)
         st.version += 1
         st.versions[st.version] = _weights(st.params)
         self.updates += 1
