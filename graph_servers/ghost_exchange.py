@@ -11,7 +11,7 @@ import torch
 
 from dorylus_py.kernels.heads import gather_heads_backward, row_sums
 from dorylus_py.protocol import ProtocolError
-from graph_servers.received import ALL_CHUNKS
+from graph_servers.received import ALL_CHUNKS, moving_average
 
 
 class GhostExchange:
@@ -70,8 +70,7 @@ class GhostExchange:
         smoothing of stale boundary rows); rows never seen before (``first``) and unsmoothed passes (None) as they are."""
         if first is None:
             return rows
-        g = self.smoothing
-        return np.where(first[:, None], rows, g * buf[at] + (np.float32(1) - g) * rows)
+        return np.where(first[:, None], rows, moving_average(buf[at], rows, self.smoothing))
 
     def store_peer_rows(self, phase: str, src: int, layer: int, src_chunk: int, tensors: dict[str, np.ndarray]) -> None:
         """Keep a peer's rows (checked first: nothing out of range is written)."""

@@ -26,6 +26,11 @@ from dorylus_py.protocol import ProtocolError
 ALL_CHUNKS = -1  # the chunk a sync-mode sum of all of a peer's chunks' contributions names
 
 
+def moving_average(kept: np.ndarray, new: np.ndarray, gamma: np.float32) -> np.ndarray:
+    """PipeGCN's smoothing of a stale value: ``gamma kept + (1 - gamma) new`` (async only)."""
+    return gamma * kept + (np.float32(1) - gamma) * new
+
+
 class NewestParts:
     def __init__(self, smoothing: float = 0.0):
         self.parts: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -34,7 +39,7 @@ class NewestParts:
     def add(self, key: tuple[int, int], local: np.ndarray, rows: np.ndarray) -> None:
         kept = self.parts.get(key)
         if self.smoothing and kept is not None and np.array_equal(kept[0], local):  # a chunk touches the same rows
-            rows = self.smoothing * kept[1] + (np.float32(1) - self.smoothing) * rows
+            rows = moving_average(kept[1], rows, self.smoothing)
         self.parts[key] = (local, rows)
 
     def add_to(self, a: int, b: int, target: np.ndarray) -> None:
