@@ -172,7 +172,7 @@ class GraphServer(Requests):
         key = inst.key
         weighted = self.by_task[(key.kind, key.train, key.layer)].weights is not None
         servers = [self.spec.weight_servers[w] for w in self.layer_servers[key.layer]] if weighted else []
-        self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.curve, self.node.session.job,
+        self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.gate, self.node.session.job,
                                         inst, servers, chunk_rows(self.state, key.chunk) if streams(self.state, key) else 0))
         self.epoch_start.setdefault(key.epoch, time.perf_counter())
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from dorylus_py.pipeline.events import Invoke, TaskKey
 from dorylus_py.protocol import Message, ProtocolError, integer, require
-from dorylus_py.protocol.transport import Curve
+from dorylus_py.protocol.transport import Curve, Gate
 from dorylus_py.serving.job import JobSpec
 from dorylus_py.worker.event import Stream, TaskEvent, TaskRef
 from graph_servers.received import ALL_CHUNKS
@@ -21,7 +21,7 @@ MAX_TOKEN = 64  # characters of one token (ours are 32 hex digits)
 PHASES = ("fwd", "efwd", "bwd", "ebwd")  # what peers send: Z rows (training, evaluation), dZ and score-gradient parts
 
 
-def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, job: bytes, inv: Invoke,
+def task_event(spec: JobSpec, rank: int, address: str, gate: Gate, job: bytes, inv: Invoke,
                weight_servers: list[str], stream_rows: int = 0) -> TaskEvent:
     """The event a tensor worker gets for a copy of a task (the same for every copy but ``attempt``);
     ``job``: the job's nonce, which the worker's requests are bound to; ``weight_servers``: those holding
@@ -30,7 +30,7 @@ def task_event(spec: JobSpec, rank: int, address: str, curve: Curve | None, job:
     own environment; the CURVE key here is the public one, and the nonce is no secret either."""
     cfg, key = spec.config, inv.key
     return TaskEvent(
-        job=job.hex(), curve_public_key=curve.server_public.decode() if curve else None, graph_server=address,
+        job=job.hex(), curve_public_key=gate.server_public.decode() if isinstance(gate, Curve) else None, graph_server=address,
         weight_servers=tuple(weight_servers), model=cfg.model, dropout=cfg.dropout, attn_dropout=cfg.attention_dropout(),
         negative_slope=cfg.negative_slope, seed=cfg.seed, num_train=spec.num_train, row_cache_mb=cfg.resolved_row_cache_mb(),
         stream=Stream(stream_rows, cfg.stream_rows) if stream_rows and cfg.stream_rows else None,

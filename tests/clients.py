@@ -1,5 +1,6 @@
 """A server's counterparts, played by a test: the driver's socket, a tensor worker or peer (a DEALER with
-the job key), and the frames a forger or a broken peer would send."""
+the job key), and the frames a forger or a broken peer would send. Every socket passes the job's PLAIN
+gate (a server admits only clients with the job's password: issue 40)."""
 
 import json
 
@@ -7,6 +8,7 @@ import pytest
 import zmq
 
 from dorylus_py.protocol import Message, Session
+from dorylus_py.protocol.transport import Plain, dealer, router
 from tests.protocol.forge import signed
 
 KEY = b"k" * 32
@@ -14,7 +16,7 @@ KEY = b"k" * 32
 
 @pytest.fixture()
 def driver():
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock = router(zmq.Context.instance(), Plain.of_job(KEY))
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     yield f"tcp://127.0.0.1:{port}"
     sock.close(0)
@@ -25,9 +27,7 @@ class Client:
 
     def __init__(self, node, key=KEY):
         self.node, self.session = node, Session(key)
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(node.address)
+        self.sock = dealer(zmq.Context.instance(), node.address, Plain.of_job(KEY))  # the gate's; signed with ``key``
 
     def frames(self, msg: Message) -> list:
         return self.session.encode(msg, self.node.address)

@@ -35,7 +35,7 @@ import zmq
 from dorylus_py.errors import DorylusError
 from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
-from dorylus_py.protocol.transport import Inbox, dealer, receive, router
+from dorylus_py.protocol.transport import Inbox, dealer, gate_of, receive, router
 from dorylus_py.serving.cluster_spec import ClusterSpec, cluster_curve
 from dorylus_py.serving.heartbeat import SILENCE_S
 from dorylus_py.serving.rejections import Rejections
@@ -61,10 +61,10 @@ class DriverLink:
             self._key = load_job_key() if os.environ.get(KEY_ENV) else new_key()
         else:  # servers started elsewhere, from the same cluster file and key
             self._key = load_job_key(cluster.key_secret, cluster.region)
-        self.curve = cluster_curve(cluster, self._key)
+        self.gate = gate_of(self._key, cluster_curve(cluster, self._key))
         self.session = Session(self._key)
         self.rejections = Rejections("driver")
-        self.router = router(self.ctx, self.curve)
+        self.router = router(self.ctx, self.gate)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.inbox = Inbox(self.router, self.session.limits)
         if cluster is None:
@@ -271,7 +271,7 @@ class DriverLink:
 
     def ask(self, address: str, msg: Message, what: str, timeout_s: float = 30.0) -> Message:
         """A request to a server's ROUTER (weights, state, statistics), answering heartbeats meanwhile."""
-        sock = dealer(self.ctx, address, self.curve)
+        sock = dealer(self.ctx, address, self.gate)
         try:
             msg.fields["req"] = req = secrets.token_hex(8)
             sock.send_multipart(self.session.encode(msg, address), copy=False)

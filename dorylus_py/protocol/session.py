@@ -118,6 +118,12 @@ class Session:
 
         return client_keys(self._key)
 
+    def plain_password(self) -> bytes:
+        """The job's ZMTP PLAIN password, derived from the key (``zap.py``), without exposing the key."""
+        from dorylus_py.protocol.zap import plain_password
+
+        return plain_password(self._key)
+
     def for_job(self, job: bytes) -> "Session":
         """This same party (id, sequence, replay state) with its requests bound to ``job``."""
         view = copy.copy(self)

@@ -1,4 +1,4 @@
-"""The sockets every process uses: bounded inbound sizes, and CurveZMQ when the job has keys.
+"""The sockets every process uses: bounded inbound sizes, and a handshake only the job's key holders pass.
 
 A ROUTER (a server, the driver) refuses frames larger than the codec's limit at the transport
 (``MAXMSGSIZE``: the peer is disconnected before its bytes pile up). With :class:`Curve` keys the
@@ -7,7 +7,9 @@ ROUTER is a CURVE server with the cluster's secret key and admits only the job's
 frame); every DEALER is a CURVE client that knows the servers' public key and shows the job's client
 key, derived from the job key (``zap.client_keys``; a :class:`Curve` carries it).
 The traffic is encrypted, the server authenticated, and so is the client; who may *act* is still
-decided by the job key's MAC on every message (``session.py``).
+decided by the job key's MAC on every message (``session.py``). Without CURVE keys (one-machine jobs, a
+cluster file without them) a :class:`Plain` gate does the admitting instead: ZMTP PLAIN with a password
+derived from the job key (``zap.plain_password``), unencrypted, so it costs nothing per byte.
 
 Every socket reads a message through :func:`receive`, one frame at a time, counting the frames and their
 bytes: a message over the per-message cap (``Limits.max_message_bytes``, 512 MiB unless
@@ -16,8 +18,8 @@ a ROUTER its peer is dropped too (:class:`Inbox`: what it sends later is discard
 ``MAXMSGSIZE`` is set to the same cap: it is per frame, checked at each frame's header before the frame is
 allocated, so one oversized frame costs nothing. What it cannot bound is a message that never ends: ZeroMQ
 delivers a multipart message only once its last frame is in, and holds the frames before it, so a peer
-that may connect can make a server hold frames (each under the cap) that it never completes. Only CURVE
-keeps such a peer out (its handshake comes before any frame); see docs/architecture.md.
+that may connect can make a server hold frames (each under the cap) that it never completes. The gate
+keeps such a peer out: its handshake comes before any frame (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class Curve:
         """The keys of a job of peers, each a server and a client (``zap.peer_server_keys``)."""
         return cls.of_job(job_key, *zap.peer_server_keys(job_key))
 
+    def __repr__(self) -> str:  # never the secrets
+        return f"Curve(server_public={self.server_public.decode(errors='replace')})"
+
     def client(self) -> tuple[bytes, bytes]:
         """The client key pair this process shows, and a server admits."""
         if not (self.client_public and self.client_secret):
@@ -59,23 +64,47 @@ class Curve:
         return self.client_public, self.client_secret
 
 
-def router(ctx: zmq.Context, curve: Curve | None = None, limits: Limits | None = None) -> zmq.Socket:
-    """An unbound ROUTER for a server or the driver."""
+@dataclass(frozen=True)
+class Plain:
+    """The gate of a job without CURVE keys: ZMTP PLAIN, admitting the job's password only."""
+    password: bytes  # Z85, zap.plain_password of the job key
+
+    @classmethod
+    def of_job(cls, job_key: bytes) -> "Plain":
+        return cls(zap.plain_password(job_key))
+
+    def __repr__(self) -> str:  # never the password
+        return "Plain(<job password>)"
+
+
+Gate = Curve | Plain
+
+
+def gate_of(job_key: bytes, curve: Curve | None) -> Gate:
+    """A job's gate: its CURVE keys where it has them, else the PLAIN password of its key."""
+    return curve if curve is not None else Plain.of_job(job_key)
+
+
+def router(ctx: zmq.Context, gate: Gate | None = None, limits: Limits | None = None) -> zmq.Socket:
+    """An unbound ROUTER for a server or the driver; ``gate``: who may connect (None: anyone, tests only)."""
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, frame_cap(limits or Limits()))
-    if curve is not None:
-        if curve.server_secret is None:
+    if isinstance(gate, Plain):
+        sock.zap_domain = zap.admit(ctx, [gate.password], b"PLAIN")
+        sock.plain_server = True
+    elif gate is not None:
+        if gate.server_secret is None:
             sock.close(0)
             raise ValueError("a CURVE server needs the secret key")
-        sock.zap_domain = zap.admit(ctx, [curve.client()[0]])
-        sock.curve_secretkey = curve.server_secret
-        sock.curve_publickey = curve.server_public
+        sock.zap_domain = zap.admit(ctx, [gate.client()[0]])
+        sock.curve_secretkey = gate.server_secret
+        sock.curve_publickey = gate.server_public
         sock.curve_server = True
     return sock
 
 
-def dealer(ctx: zmq.Context, address: str, curve: Curve | None = None, limits: Limits | None = None,
+def dealer(ctx: zmq.Context, address: str, gate: Gate | None = None, limits: Limits | None = None,
            linger_ms: int = 0, queue: int = 1000) -> zmq.Socket:
     """A DEALER connected to ``address``: a tensor worker, a peer, or a server's link to the driver.
     ``queue``: messages it holds for the peer before a send waits (ZeroMQ's SNDHWM)."""
@@ -83,9 +112,11 @@ def dealer(ctx: zmq.Context, address: str, curve: Curve | None = None, limits: L
     sock.setsockopt(zmq.LINGER, linger_ms)
     sock.setsockopt(zmq.SNDHWM, queue)
     sock.setsockopt(zmq.MAXMSGSIZE, frame_cap(limits or Limits()))
-    if curve is not None:
-        sock.curve_publickey, sock.curve_secretkey = curve.client()
-        sock.curve_serverkey = curve.server_public
+    if isinstance(gate, Plain):
+        sock.plain_username, sock.plain_password = zap.PLAIN_USER, gate.password
+    elif gate is not None:
+        sock.curve_publickey, sock.curve_secretkey = gate.client()
+        sock.curve_serverkey = gate.server_public
     sock.connect(address)
     return sock
 

@@ -1,4 +1,4 @@
-"""Who may connect to a CURVE server: the job's own client key, checked by a ZAP handler.
+"""Who may connect to a server: the job's own CURVE client key, or its PLAIN password, checked by a ZAP handler.
 
 CurveZMQ encrypts and authenticates the *server*; which clients may finish the handshake is left to
 a ZAP handler (RFC 27) in the server's zmq context, asked once per connection after the client has
@@ -13,6 +13,13 @@ those keys and 400 for every other, so a host without the job key is disconnecte
 frame (its socket sees ``EVENT_HANDSHAKE_FAILED_AUTH``). Refusals are counted; the first few are
 logged with the peer's address. A request the handler cannot parse is refused too; nothing a peer
 shows it can raise past its loop.
+
+Where CURVE is off (one-machine jobs, a cluster file without ``curve_public_key``) every server socket is
+a ZMTP PLAIN server instead: a client shows a password derived from the job key (:func:`plain_password`,
+an HMAC under a label of its own), checked here, so a peer without the job key is again refused in the
+handshake, before its first frame. Nothing is encrypted (no cost per byte); the password crosses the wire
+in clear, so on a network it keeps out only those who cannot read the traffic, and it reveals nothing of
+the job key (messages are still signed with the key itself).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ log = logging.getLogger(__name__)
 ENDPOINT = "inproc://zeromq.zap.01"
 LABEL = b"dorylus CurveZMQ client key v1"
 PEER_LABEL = b"dorylus CurveZMQ peer server key v1"
+PLAIN_LABEL = b"dorylus ZMTP PLAIN password v1"
+PLAIN_USER = b"dorylus"
 
 
 def client_keys(job_key: bytes) -> tuple[bytes, bytes]:
@@ -43,6 +52,11 @@ def peer_server_keys(job_key: bytes) -> tuple[bytes, bytes]:
     return _pair(job_key, PEER_LABEL)
 
 
+def plain_password(job_key: bytes) -> bytes:
+    """The job's ZMTP PLAIN password (Z85, 40 characters): the same for every key holder."""
+    return z85.encode(hmac.digest(job_key, PLAIN_LABEL, "sha256"))
+
+
 def _pair(job_key: bytes, label: bytes) -> tuple[bytes, bytes]:
     secret = z85.encode(hmac.digest(job_key, label, "sha256"))
     return zmq.curve_public(secret), secret
@@ -52,7 +66,7 @@ class ZapHandler:
     """Answers the ZAP requests of one zmq context on a thread of its own."""
 
     def __init__(self, ctx: zmq.Context):
-        self.allowed: dict[bytes, frozenset[bytes]] = {}  # ZAP domain -> admitted public keys (Z85)
+        self.allowed: dict[bytes, tuple[bytes, frozenset[bytes]]] = {}  # ZAP domain -> (mechanism, what it admits)
         self.admitted = self.refused = 0
         self._sock = ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -60,11 +74,11 @@ class ZapHandler:
         self._thread = threading.Thread(target=self._run, name="zap", daemon=True)
         self._thread.start()
 
-    def register(self, keys) -> bytes:
-        """Admit ``keys`` (Z85 public keys) to sockets of the returned ZAP domain."""
+    def register(self, keys, mechanism: bytes = b"CURVE") -> bytes:
+        """Admit ``keys`` (Z85 CURVE public keys, or PLAIN passwords) to sockets of the returned ZAP domain."""
         keys = frozenset(keys)
-        domain = b"dorylus-" + hashlib.sha256(b"".join(sorted(keys))).hexdigest()[:16].encode()
-        self.allowed[domain] = keys
+        domain = b"dorylus-" + hashlib.sha256(mechanism + b"".join(sorted(keys))).hexdigest()[:16].encode()
+        self.allowed[domain] = (mechanism, keys)
         return domain
 
     def _run(self) -> None:
@@ -86,13 +100,22 @@ class ZapHandler:
         if len(frames) < 6 or frames[0] != b"1.0":
             return self._refuse(request_id, "malformed ZAP request", b"?")
         _, _, domain, address, _identity, mechanism, *credentials = frames
-        if mechanism != b"CURVE":  # NULL and PLAIN sockets are not this handler's to gate
-            return [b"1.0", request_id, b"200", b"OK", b"", b""]
-        key = z85.encode(credentials[0]) if credentials and len(credentials[0]) == 32 else b""
-        if key and key in self.allowed.get(domain, ()):
+        if domain not in self.allowed:  # a NULL socket is not this handler's to gate; any other must be registered
+            return [b"1.0", request_id, b"200", b"OK", b"", b""] if mechanism == b"NULL" else \
+                self._refuse(request_id, "unknown ZAP domain", address)
+        gated, admitted = self.allowed[domain]
+        if mechanism != gated:
+            return self._refuse(request_id, f"{mechanism.decode(errors='replace')} where {gated.decode()} is required",
+                                address)
+        if mechanism == b"CURVE":
+            shown = z85.encode(credentials[0]) if credentials and len(credentials[0]) == 32 else b""
+        else:  # PLAIN: [username, password]
+            shown = credentials[1] if len(credentials) == 2 and credentials[0] == PLAIN_USER else b""
+        if shown and any(hmac.compare_digest(shown, k) for k in admitted):
             self.admitted += 1
             return [b"1.0", request_id, b"200", b"OK", b"", b""]
-        return self._refuse(request_id, "client key not admitted", address)
+        return self._refuse(request_id, "client key not admitted" if mechanism == b"CURVE" else "wrong password",
+                            address)
 
     def _refuse(self, request_id: bytes, why: str, address: bytes) -> list[bytes]:
         self.refused += 1
@@ -106,13 +129,14 @@ _handlers: dict[int, ZapHandler] = {}
 _lock = threading.Lock()
 
 
-def admit(ctx: zmq.Context, keys) -> bytes:
-    """Make sure ``ctx`` has a ZAP handler; admit ``keys`` there; return the ZAP domain to give a socket."""
+def admit(ctx: zmq.Context, keys, mechanism: bytes = b"CURVE") -> bytes:
+    """Make sure ``ctx`` has a ZAP handler; admit ``keys`` (CURVE public keys or PLAIN passwords) there;
+    return the ZAP domain to give a socket."""
     with _lock:
         handler = _handlers.get(id(ctx))
         if handler is None:
             handler = _handlers[id(ctx)] = ZapHandler(ctx)
-        return handler.register(keys)
+        return handler.register(keys, mechanism)
 
 
 def handler_of(ctx: zmq.Context) -> ZapHandler | None:

@@ -40,7 +40,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         node = self.node
-        sock = dealer(zmq.Context.instance(), node.driver_address, node.curve)
+        sock = dealer(zmq.Context.instance(), node.driver_address, node.gate)
         heard = turned = time.monotonic()
         last = 0  # no turn yet: a server still building its state is not hung
         try:

@@ -34,7 +34,7 @@ import zmq
 
 from dorylus_py.errors import DorylusError
 from dorylus_py.protocol import AuthError, Limits, Message, ProtocolError, Session
-from dorylus_py.protocol.transport import Curve, Inbox, dealer, receive, router
+from dorylus_py.protocol.transport import Curve, Inbox, dealer, gate_of, receive, router
 from dorylus_py.serving.rejections import REJECTED, Rejections
 from dorylus_py.timescale import scaled
 
@@ -96,14 +96,14 @@ class ServerNode:
     def __init__(self, role: str, rank: int, driver: str, key: bytes, host: str = "127.0.0.1", port: int = 0,
                  bind_host: str | None = None, curve: Curve | None = None, hang_timeout_s: float = 60.0):
         """Bind ``bind_host`` (default ``host``) on ``port`` (0 = any free one); advertise ``host``. ``key``:
-        the job key; ``curve``: the cluster's CurveZMQ keys (None: plain TCP); ``hang_timeout_s``: how long
+        the job key; ``curve``: the cluster's CurveZMQ keys (None: the PLAIN gate of ``key``); ``hang_timeout_s``: how long
         a send may wait for a peer that does not read (then :class:`PeerStuck`), and the serving loop may
         stand still, before this process gives up (each job sets its own: :meth:`set_hang_timeout`)."""
-        self.role, self.rank, self.curve = role, rank, curve
+        self.role, self.rank, self.gate = role, rank, gate_of(key, curve)
         self.job_key = key  # for the platform's own workers; never sent
         self.hang_timeout_s = hang_timeout_s
         self.ctx = zmq.Context.instance()
-        self.router = router(self.ctx, curve)
+        self.router = router(self.ctx, self.gate)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.inbox = Inbox(self.router, Limits())
         where = "*" if bind_host == "0.0.0.0" else (bind_host or host)
@@ -148,7 +148,7 @@ class ServerNode:
         """A DEALER to ``address`` (a peer, a weight server, the driver); what it sends is signed for it.
         ``answered``: the peer answers every message (peers, weight servers): the tensor bytes sent and
         not yet answered are counted, and more than ``PEER_CAP_BYTES`` of them is :class:`PeerStuck`."""
-        sock = dealer(self.ctx, address, self.curve, linger_ms=linger_ms, queue=queue)
+        sock = dealer(self.ctx, address, self.gate, linger_ms=linger_ms, queue=queue)
         sock.setsockopt(zmq.SNDTIMEO, self.send_timeout_ms)
         self._audience[sock] = address
         if answered:

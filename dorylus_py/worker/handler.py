@@ -47,7 +47,7 @@ from dorylus_py.kernels.tasks import TaskContext, run_task
 from dorylus_py.models.architectures import architecture
 from dorylus_py.protocol import Message, Session
 from dorylus_py.protocol.quantize import narrowed
-from dorylus_py.protocol.transport import Curve, dealer
+from dorylus_py.protocol.transport import Curve, Gate, Plain, dealer
 from dorylus_py.timescale import scaled_ms
 from dorylus_py.weights.blocks import join
 from dorylus_py.worker.channel import Channel
@@ -95,18 +95,19 @@ def _container_session() -> Session:
 def _run(event: TaskEvent, context, session: Session, direct) -> dict:
     task = event.task.to_wire()  # what every request names
     device = torch.device(event.device)
-    curve = Curve(event.curve_public_key.encode(), None, *session.curve_client_keys()) if event.curve_public_key else None
+    gate = Curve(event.curve_public_key.encode(), None, *session.curve_client_keys()) if event.curve_public_key \
+        else Plain(session.plain_password())
     _check_time(context)
     if direct is None and (spans := stream_spans(event.stream)):
-        gs = _socket(event.graph_server, curve)
-        return _run_streamed(event, task, spans, Channel(gs, _addresses[gs], session, context), curve, context, device)
-    gs = None if direct is not None else _socket(event.graph_server, curve)
+        gs = _socket(event.graph_server, gate)
+        return _run_streamed(event, task, spans, Channel(gs, _addresses[gs], session, context), gate, context, device)
+    gs = None if direct is not None else _socket(event.graph_server, gate)
 
     def to_server(msg: Message) -> Message:
         return _request_direct(direct, msg, context) if direct is not None else _request(gs, msg, session, context)
 
     reply, tensors = _pull_rows(event, task, to_server)
-    fields, weights = _weights(event, task, session, curve, context, device)
+    fields, weights = _weights(event, task, session, gate, context, device)
     out, extra = run_task(_context(event, reply), _on(tensors, device), weights)
     _check_time(context)
     results = {k: _np(v) for k, v in out.items()}
@@ -124,13 +125,13 @@ def _pull_rows(event: TaskEvent, task: dict, to_server) -> tuple[Message, dict]:
     return reply, tensors
 
 
-def _run_streamed(event: TaskEvent, task: dict, spans: list, ch: Channel, curve, context, device) -> dict:
+def _run_streamed(event: TaskEvent, task: dict, spans: list, ch: Channel, gate, context, device) -> dict:
     """A row-wise task a block of rows at a time (``stream.py``): every block's pull is asked for at
     once; each block is computed as it comes in, and its rows of the result go back at once (staged by
     the graph server); the last message carries the sums (weight gradients, loss, counts) and commits."""
     cache, slot, held = _held_rows(event, task)
     pulls = [ch.send(Message("pull_rows", {"task": task, "block": list(span)} | _have(held))) for span in spans]
-    fields, weights = _weights(event, task, ch.session, curve, context, device)
+    fields, weights = _weights(event, task, ch.session, gate, context, device)
     run = os.urandom(8).hex()  # this run's blocks: a platform's retry of the invocation is another run
     fields |= {"streamed": True, "run": run}
     totals, fresh = Totals(), {}
@@ -175,11 +176,11 @@ def _on(tensors: dict, device) -> dict[str, torch.Tensor]:
     return {k: t.to(device, non_blocking=True) for k, t in rows.items()}
 
 
-def _weights(event: TaskEvent, task: dict, session: Session, curve, context, device) -> tuple[dict, dict]:
+def _weights(event: TaskEvent, task: dict, session: Session, gate, context, device) -> tuple[dict, dict]:
     """The result's fields so far (the task, the weights' version) and the layer's weights on ``device``."""
     if not event.weight_servers:
         return {"task": task}, {}
-    version, weights = _pull_weights(event, task, session, curve, context)
+    version, weights = _pull_weights(event, task, session, gate, context)
     return {"task": task, "version": version}, {k: v.to(device) for k, v in weights.items()}
 
 
@@ -218,11 +219,11 @@ def _row_cache_of(mb: int) -> RowCache | None:
     return _row_cache if mb else None
 
 
-def _pull_weights(event: TaskEvent, task: dict, session: Session, curve: Curve | None, context) -> tuple[int, dict[str, torch.Tensor]]:
+def _pull_weights(event: TaskEvent, task: dict, session: Session, gate: Gate, context) -> tuple[int, dict[str, torch.Tensor]]:
     """The layer's tensors (by base name: ``W``, ``att_src``, ...) at one version, from every weight
     server holding a block of them: the lead first (it fixes the version), then the others at once."""
     layer = event.task.key.layer
-    lead, *others = [_socket(a, curve) for a in event.weight_servers]
+    lead, *others = [_socket(a, gate) for a in event.weight_servers]
 
     def ask(version):
         return Message("pull_weights", {"layer": layer, "version": version, "hold": task["hold"]})
@@ -247,13 +248,13 @@ def _check_time(context) -> None:
         raise TaskAborted("too little time left; leaving the task to a relaunch")
 
 
-def _socket(address: str, curve: Curve | None) -> zmq.Socket:
+def _socket(address: str, gate: Gate) -> zmq.Socket:
     cache = getattr(_local, "sockets", None)
     if cache is None:
         cache = _local.sockets = {}
-    sock = cache.get((address, curve))
+    sock = cache.get((address, gate))
     if sock is None:
-        sock = cache[(address, curve)] = dealer(zmq.Context.instance(), address, curve)
+        sock = cache[(address, gate)] = dealer(zmq.Context.instance(), address, gate)
         _addresses[sock] = address  # what its requests are signed for
     return sock
 

@@ -29,6 +29,7 @@ import zmq
 
 from dorylus_py.cli import main
 from dorylus_py.partition import PartitionStore
+from dorylus_py.protocol.transport import Plain, dealer
 from tests.cluster.fuzz_corpus import Job as Insight
 from tests.cluster.fuzz_corpus import corpus
 from tests.cluster.test_cluster_file import free_ports
@@ -120,13 +121,11 @@ def send_all(address: str, messages: list[list[bytes]], unread: list[list[bytes]
     session's) on one that never reads them: a server must not wait on such a peer. Returns the
     replies read."""
     ctx = zmq.Context.instance()
-    reader, deaf = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    reader, deaf = dealer(ctx, address, Plain.of_job(KEY)), dealer(ctx, address, Plain.of_job(KEY))  # past the gate
     replies = []
     try:
         for sock in (reader, deaf):
-            sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDTIMEO, 120_000)  # a server that stops reading fails the test, not hangs it
-            sock.connect(address)
         for i, frames in enumerate(messages):
             reader.send_multipart(frames)
             if i < len(unread):

@@ -18,6 +18,7 @@ import zmq
 from dorylus_py.cli import main
 from dorylus_py.data import write_npz
 from dorylus_py.protocol import Message, Session
+from dorylus_py.protocol.transport import Plain, dealer
 from tests.cluster.test_cluster_file import free_ports
 
 KEY = bytes(range(40, 72))
@@ -25,9 +26,7 @@ KEY = bytes(range(40, 72))
 
 def ask(address: str, session: Session, wait_s: float) -> bool:
     """Whether a signed ``ping`` to ``address`` is answered within ``wait_s``."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
+    sock = dealer(zmq.Context.instance(), address, Plain.of_job(KEY))
     try:
         sock.send_multipart(session.encode(Message("ping", {"req": 1}), address))
         return bool(sock.poll(int(wait_s * 1000)))

@@ -16,6 +16,7 @@ import zmq
 from dorylus_py.cluster.driver_link import DriverLink, ServerLost
 from dorylus_py.errors import DorylusError
 from dorylus_py.protocol import Message, Session
+from dorylus_py.protocol.transport import Plain, dealer, router
 from dorylus_py.serving import node as node_module
 from dorylus_py.serving.node import Peer, PeerStuck, ServerNode
 from tests.clients import Client
@@ -26,7 +27,7 @@ KEY = b"k" * 32
 
 @pytest.fixture()
 def driver():
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock = router(zmq.Context.instance(), Plain.of_job(KEY))
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     yield f"tcp://127.0.0.1:{port}"
     sock.close(0)
@@ -49,8 +50,8 @@ def test_a_send_to_a_peer_that_never_reads_fails_within_the_hang_timeout(driver)
 def test_a_peer_that_answers_nothing_has_a_cap_in_bytes(driver, monkeypatch):
     monkeypatch.setattr(node_module, "PEER_CAP_BYTES", 10_000)
     node = ServerNode("graph-server", 0, driver, KEY)
-    router = zmq.Context.instance().socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
+    listener = router(zmq.Context.instance(), Plain.of_job(KEY))
+    port = listener.bind_to_random_port("tcp://127.0.0.1")
     peer = node.dealer(f"tcp://127.0.0.1:{port}", answered=True)
     server = Session(KEY)  # the peer
     try:
@@ -59,13 +60,13 @@ def test_a_peer_that_answers_nothing_has_a_cap_in_bytes(driver, monkeypatch):
         node.send(peer, Message("ghosts", {}, block))
         with pytest.raises(PeerStuck, match="has not answered 2 messages of 8000 bytes"):
             node.send(peer, Message("ghosts", {}, block))
-        route, *frames = router.recv_multipart()
+        route, *frames = listener.recv_multipart()
         request = server.decode(frames, f"tcp://127.0.0.1:{port}")
-        router.send_multipart([route, *server.encode(Message("ok"), request.sender)])
+        listener.send_multipart([route, *server.encode(Message("ok"), request.sender)])
         assert peer.poll(5000) and node.receive(peer).op == "ok"  # the peer answered one: room again
         node.send(peer, Message("ghosts", {}, block))
     finally:
-        router.close(0)
+        listener.close(0)
         node.close()
 
 
@@ -107,9 +108,7 @@ def test_the_driver_reports_a_server_whose_loop_stands_still_as_hung(tmp_path, m
     link = DriverLink(tmp_path, hang_timeout_s=1.0)
     link.begin()
     link.expect(["graph-server-0"])
-    beat = zmq.Context.instance().socket(zmq.DEALER)
-    beat.setsockopt(zmq.LINGER, 0)
-    beat.connect(link.address)
+    beat = dealer(zmq.Context.instance(), link.address, Plain.of_job(KEY))
     server = Session(KEY).for_job(link.session.job)
     try:
         with pytest.raises(ServerLost, match="graph-server-0 is hung: its serving loop has not turned for 1 s"):
@@ -159,9 +158,7 @@ def test_nothing_captured_in_one_job_or_process_is_accepted_in_the_next(tmp_path
 
     def serve(node: ServerNode, frames) -> str:
         """Send ``frames`` to ``node``: 'answered' or 'dropped' (unauthenticated)."""
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(address)
+        sock = dealer(ctx, address, Plain.of_job(KEY))
         before = node.rejections.counts["unauthenticated"]
         sock.send_multipart(frames)
         deadline = time.monotonic() + 60  # a hang guard: each way ends on an event

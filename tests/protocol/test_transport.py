@@ -1,12 +1,13 @@
-"""CurveZMQ sockets: a CURVE client with the job's client key reaches a CURVE server; a plain client,
-or a CURVE client with any other key, gets nothing through (refused in the handshake, by ZAP)."""
+"""Gated sockets: a CURVE client with the job's client key reaches a CURVE server; a plain client, or a
+CURVE client with any other key, gets nothing through (refused in the handshake, by ZAP). Without CURVE,
+a PLAIN server admits the job's password only."""
 
 import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from dorylus_py.protocol import AuthError, Limits, Message, Session, zap
-from dorylus_py.protocol.transport import Curve, Inbox, OverCap, dealer, router
+from dorylus_py.protocol.transport import Curve, Inbox, OverCap, Plain, dealer, router
 
 KEY = b"transport test key of 32 bytes.."
 
@@ -128,4 +129,38 @@ def test_a_message_over_the_cap_is_let_go_frame_by_frame_and_its_peer_dropped():
         assert server.poll(10_000) and [f.bytes[:1] for f in inbox.recv()[1:]] == [b"a", b"\0"]
     finally:
         for s in (greedy, other, server):
+            s.close(0)
+
+
+def plain_server(key: bytes = KEY):
+    server = router(zmq.Context.instance(), Plain.of_job(key))
+    return server, f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}"
+
+
+def test_without_curve_only_the_jobs_password_gets_through_the_handshake():
+    """The gate of jobs without CURVE keys (issue 40): ZMTP PLAIN with a password derived from the job key.
+    A NULL client (no credentials at all), a PLAIN client with another job's password and a CURVE client
+    get nothing through; the job's own password does, unencrypted."""
+    server, address = plain_server()
+    ctx = server.context
+    refused_before = zap.handler_of(ctx).refused
+    keyless, other_job = dealer(ctx, address), dealer(ctx, address, Plain.of_job(b"another job's key, 32 bytes...."))
+    curved = dealer(ctx, address, job_curve(server=False))
+    member = dealer(ctx, address, Plain.of_job(KEY))
+    try:
+        for sock in (keyless, other_job, curved):
+            try:
+                sock.send_multipart([b"from outside"], zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+        member.send_multipart([b"from the job"])
+        assert server.poll(10_000)
+        assert server.recv_multipart()[1:] == [b"from the job"]
+        assert not server.poll(500)
+        assert zap.handler_of(ctx).refused >= refused_before + 1  # the PLAIN stranger, by ZAP
+        assert Session(KEY).plain_password() == zap.plain_password(KEY) != zap.plain_password(KEY[::-1])
+        assert zap.plain_password(KEY) not in repr(Plain.of_job(KEY)).encode()
+        assert job_curve.server[1] not in repr(job_curve()).encode()  # no secret in a repr (a log line)
+    finally:
+        for s in (keyless, other_job, curved, member, server):
             s.close(0)
