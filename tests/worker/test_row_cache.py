@@ -9,7 +9,8 @@ import pytest
 
 from dorylus_py.worker import handler as worker
 from dorylus_py.worker.row_cache import RowCache
-from tests.clients import driver  # noqa: F401  (a fixture)
+from dorylus_py.protocol.transport import Plain
+from tests.clients import KEY, driver  # noqa: F401  (a fixture)
 from tests.graph_servers import TASK, served  # noqa: F401  (a fixture)
 from tests.worker import event_for
 
@@ -108,7 +109,7 @@ def test_the_worker_puts_its_held_rows_back_bit_for_bit(served, monkeypatch):
     got = []
 
     def pulls():
-        sock = worker._socket(gs.node.address, None)
+        sock = worker._socket(gs.node.address, Plain.of_job(KEY))  # past the server's gate
         try:
             for _ in range(2):
                 reply, tensors = worker._pull_rows(event, TASK, lambda msg: worker._request(sock, msg, client.session))
