@@ -22,7 +22,7 @@ other work the times swing with it: run on a quiet machine.
 
     python benchmarks/bench_scale_model.py [--graphs cora,synth200k --lambda-counts 4,8 --seeds 3 --epochs 200
         --modes async0,async1,async0b,async1b --host-cpus 1 --weight-host-cpus 1 --lambda-vcpus 1
-        --dilation D --lr 0.01 --wire-dtype float32 --markdown FILE]
+        --dilation D --lr 0.01 --hidden 16 --wire-dtype float32 --markdown FILE]
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ def parse_args():
     ap.add_argument("--weight-host-cpus", type=float, default=1.0, help="the weight server's cores (default 1)")
     ap.add_argument("--lambda-vcpus", type=float, default=1.0, help="each Lambda's cores (default 1)")
     ap.add_argument("--dilation", type=float, default=0.0, help="D (default: the smallest that fits)")
+    ap.add_argument("--hidden", type=int, default=16, help="the GCN's hidden width (default 16, train's): wider "
+                    "layers give the tensor work more compute per byte moved to a Lambda")
     ap.add_argument("--instance", default="c5.xlarge", help="the servers' EC2 type for value (default c5.xlarge)")
     ap.add_argument("--wire-dtype", default="float32", choices=("float32", "bfloat16", "float16", "int8"),
                     help="what rows travel as, in every run (train's --wire-dtype; default float32): the links "
@@ -114,7 +116,7 @@ def hosts_flags(args, lambdas: int, mode: str) -> list[str]:
 def command(parts: Path, out: Path, args, seed: int, lambdas: int, mode: str) -> list[str]:
     cpu = mode in CPU_ONLY
     backend = ["--backend", "cpu"] if cpu else ["--backend", "local", "--lambdas", str(lambdas), *LINK]
-    lr = [] if args.lr is None else ["--lr", str(args.lr)]
+    lr = ([] if args.lr is None else ["--lr", str(args.lr)]) + ["--hidden", str(args.hidden)]
     return [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(out), "--quiet", "-k", "2",
             "--epochs", str(args.epochs), "--seed", str(seed), *backend, *MODES["sync" if cpu else mode],
             *hosts_flags(args, lambdas, mode), *lr, "--wire-dtype", args.wire_dtype]
@@ -186,7 +188,7 @@ def main() -> None:
                     results.setdefault((graph, n, mode), []).append(r)
                     print(f"  {out.name}: {seconds(r['tta'])} s to target, value {r['value']:.4g}", flush=True)
     head = (f"scale model, D {args.dilation:g} ({time.strftime('%Y-%m-%d')}): graph servers {args.host_cpus:g} cores "
-            f"each, weight server {args.weight_host_cpus:g}, Lambdas {args.lambda_vcpus:g} vCPU each, "
+            f"each, weight server {args.weight_host_cpus:g}, Lambdas {args.lambda_vcpus:g} vCPU each, GCN hidden {args.hidden}, "
             f"200 Mbit/s per Lambda, rows as {args.wire_dtype}; medians of {args.seeds} seeds; model times (raw / D); "
             f"{time.perf_counter() - t0:.0f} s")
     report(head, [*table(results, args), "", "commands (seed 0):", "", *(f"    {c}" for c in commands)], args.markdown)

@@ -104,7 +104,8 @@ def given_flags(argv: list[str]) -> set[str]:
 def _add_server(sub, role: str, help: str) -> None:
     p = command(sub, role, help, epilog="The job key comes from DORYLUS_KEY (hex), or from the Secrets Manager "
                 "secret the cluster file names (key_secret); the driver (`dorylus train --cluster FILE`) reads the "
-                "same one. With curve_public_key in the cluster file, every connection is encrypted (CurveZMQ).")
+                "same one. With curve_public_key in the cluster file, every connection is encrypted (CurveZMQ); without it, "
+                "only a client showing the job key's PLAIN password gets through the handshake (not encrypted).")
     p.add_argument("--cluster", required=True, metavar="FILE", help="cluster file: driver, graph_servers, weight_servers addresses")
     p.add_argument("--rank", type=int, required=True, help="which graph/weight server of the file this is")
     p.add_argument("--bind", default="", help="interface to listen on (default: the host of this server's address in "

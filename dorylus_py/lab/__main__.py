@@ -139,7 +139,8 @@ def main(argv=None) -> int:
                    help="dorylus: Lambda <-> server 200 Mbit/s 1 ms, server <-> server 10 Gbit/s 0.1 ms")
     r.add_argument("--link", action="append", default=[], metavar="A:B:RATE:DELAY:LOSS",
                    help="shape a link more (Mbit/s, ms one way, %%); repeatable")
-    r.add_argument("--no-curve", action="store_true", help="plain TCP (signed, not encrypted)")
+    r.add_argument("--no-curve", action="store_true",
+                   help="no CurveZMQ: only the PLAIN gate of the job key admits; signed, not encrypted")
     r.add_argument("--lambda-concurrency", type=int, default=4, help="the Lambda service's workers")
     r.add_argument("--workdir", default="", help="where keys, cluster file and logs go (default: a new temp folder)")
     r.add_argument("--timeout-s", type=float, default=3600, help="give up on the job after this long")

@@ -74,9 +74,9 @@ class ClusterSpec:
 
 
 def cluster_curve(cluster: ClusterSpec | None, job_key: bytes, server: bool = True):
-    """The CurveZMQ keys of a ``--cluster`` job whose file names them (None: plain TCP): the servers' and,
-    derived from ``job_key``, the job's client pair. ``server``: this process binds, so it needs the
-    servers' secret key too."""
+    """The CurveZMQ keys of a ``--cluster`` job whose file names them: the servers' and, derived from
+    ``job_key``, the job's client pair (None: the file names none, and the job key's PLAIN gate admits
+    instead, ``transport.gate_of``). ``server``: this process binds, so it needs the servers' secret key too."""
     from dorylus_py.keygen import load_curve_secret
     from dorylus_py.protocol.transport import Curve
 
