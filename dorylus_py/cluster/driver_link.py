@@ -38,6 +38,7 @@ from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
 from dorylus_py.protocol.transport import Inbox, dealer, gate_of, receive, router
 from dorylus_py.serving.cluster_spec import ClusterSpec, cluster_curve
 from dorylus_py.serving.heartbeat import SILENCE_S
+from dorylus_py.serving.node import PARENT_ENV
 from dorylus_py.serving.rejections import Rejections
 from dorylus_py.scale_model import preexec_for
 from dorylus_py.timescale import scaled
@@ -91,7 +92,7 @@ class DriverLink:
 
     def spawn(self, name: str, module: str, rank: int) -> None:
         log_path = self.run_dir / "logs" / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **{KEY_ENV: self._key.hex()})  # never on a command line
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{KEY_ENV: self._key.hex(), PARENT_ENV: str(os.getpid())})
         with open(log_path, "a") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", module, "--driver", self.address, "--rank", str(rank)],

@@ -38,6 +38,7 @@ from dorylus_py.decentral.store import StoreClient, StoreServer
 from dorylus_py.decentral.worker import Trainer
 from dorylus_py.errors import DorylusError
 from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
+from dorylus_py.serving.node import PARENT_ENV
 from dorylus_py.partition.partitioners import assign
 from dorylus_py.progress import progress_bar, status
 from dorylus_py.training.record import RunRecord, end_record, end_status
@@ -88,7 +89,8 @@ def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict,
     key = new_key()
     store = StoreServer(key, cfg.workers)
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.workers)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), **{KEY_ENV: key.hex()})
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
+               **{KEY_ENV: key.hex(), PARENT_ENV: str(os.getpid())})  # the key never on a command line
     procs: list[subprocess.Popen] = []
     bar = progress_bar(total=cfg.epochs, desc=f"train ({cfg.mode}, {cfg.workers} workers)", unit="epoch",
                        enabled=show_progress)

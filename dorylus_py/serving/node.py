@@ -25,6 +25,7 @@ nothing raises past the loop.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import threading
@@ -54,10 +55,23 @@ def bind(sock: zmq.Socket, host: str, port: int, who: str) -> int:
         raise DorylusError(f"{who}: cannot listen on {host}:{port} ({e})") from None
 
 
+PARENT_ENV = "DORYLUS_PARENT_PID"  # set by a spawner (the driver, the gossip launcher) to its own pid
+
+
+@functools.cache
+def parent_pid() -> int:
+    """The process that started this one. A spawner names itself in :data:`PARENT_ENV`, because a child
+    that imports torch for seconds may ask only after its parent was killed, when ``getppid()`` already
+    names the init process; the name is taken out of the environment, so this process's own children
+    do not inherit it."""
+    named = os.environ.pop(PARENT_ENV, "")
+    return int(named) if named.isdigit() else os.getppid()
+
+
 def exit_with_parent(code: int = 0) -> None:
-    """Exit this process (with ``code``) once its parent is gone: a killed launcher or graph server must
-    not leave its workers behind. Checks once a second on a daemon thread."""
-    parent = os.getppid()
+    """Exit this process (with ``code``) once its parent is gone, or at once if it already is: a killed
+    launcher or graph server must not leave its workers behind. Checks once a second on a daemon thread."""
+    parent = parent_pid()
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -112,7 +126,7 @@ class ServerNode:
         self.driver_address = driver
         self._audience: dict[zmq.Socket, str] = {}
         self._unanswered: dict[zmq.Socket, _Unanswered] = {}  # request/reply links
-        self.parent = os.getppid()
+        self.parent = parent_pid()
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.rejections = Rejections(f"{role} {rank}")

@@ -5,6 +5,7 @@ refuses messages captured before."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -190,3 +191,32 @@ def test_nothing_captured_in_one_job_or_process_is_accepted_in_the_next(tmp_path
     assert serve(restarted, hello) == "dropped"
     assert serve(restarted, Session(KEY, job=job1).encode(Message("push_grad", {}), address)) == "answered"
     restarted.close()
+
+
+ORPHAN = """
+import os, sys, time
+from dorylus_py.serving.node import exit_with_parent
+exit_with_parent(3)
+print(os.environ.get("DORYLUS_PARENT_PID", "taken out"), flush=True)  # not for this process's own children
+time.sleep(60)
+"""
+
+
+def test_a_worker_whose_spawner_died_before_it_looked_exits_at_once():
+    """A gossip worker imports torch for seconds before it watches its parent; a launcher killed in that
+    time left it running for good (its parent was already init). The spawner names itself in the
+    environment: a child whose named parent is gone exits; one whose parent lives runs on."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan = subprocess.Popen([sys.executable, "-c", ORPHAN], env=dict(os.environ, DORYLUS_PARENT_PID=str(gone.pid)))
+    child = subprocess.Popen([sys.executable, "-c", ORPHAN], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, DORYLUS_PARENT_PID=str(os.getpid())))
+    try:
+        assert orphan.wait(timeout=20) == 3
+        assert child.stdout.readline().strip() == "taken out"
+        time.sleep(2)
+        assert child.poll() is None  # its parent (this test) lives
+    finally:
+        for p in (orphan, child):
+            p.kill()
+            p.wait()
