@@ -7,8 +7,9 @@ Per graph (Cora; the 200 k synthetic graph of bench_runtime.py) and Lambda count
 measured them (``--lambda-bandwidth-mbps 200``), in sync and each of ``--modes``; and, for value, a
 CPU-only job (``--backend cpu``) whose graph servers get the Lambdas' cores added (the same total
 cores, the issue's comparison), and one per graph and seed on the same servers alone (the paper's: the
-graph servers do the tensor work themselves, nothing added). Every run is at one dilation D (``--dilation``; default the smallest that fits this box's
-cores for the biggest configuration), and every time below is the model's (raw / D):
+graph servers do the tensor work themselves, nothing added). Every run is at one dilation D
+(``--dilation``; default the smallest that fits this box's cores for the biggest configuration), and
+every time below is the model's (raw / D):
 
 - time to target: as bench_tta.py (the target is ``--fraction`` of sync's best validation accuracy),
   and its ratio to sync's (issue 32's target: async <= 0.8x within 0.5 points of test accuracy);

@@ -54,12 +54,17 @@ def peer_server_keys(job_key: bytes) -> tuple[bytes, bytes]:
 
 def plain_password(job_key: bytes) -> bytes:
     """The job's ZMTP PLAIN password (Z85, 40 characters): the same for every key holder."""
-    return z85.encode(hmac.digest(job_key, PLAIN_LABEL, "sha256"))
+    return _derived(job_key, PLAIN_LABEL)
 
 
 def _pair(job_key: bytes, label: bytes) -> tuple[bytes, bytes]:
-    secret = z85.encode(hmac.digest(job_key, label, "sha256"))
+    secret = _derived(job_key, label)
     return zmq.curve_public(secret), secret
+
+
+def _derived(job_key: bytes, label: bytes) -> bytes:
+    """An HMAC of the job key under ``label``, Z85: a secret of its own that reveals nothing of the key."""
+    return z85.encode(hmac.digest(job_key, label, "sha256"))
 
 
 class ZapHandler:

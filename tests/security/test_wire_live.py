@@ -30,8 +30,7 @@ from dorylus_py.cli import main
 from dorylus_py.data import write_npz
 from dorylus_py.protocol import Message, Session
 from dorylus_py.protocol.session import _FIXED, MAGIC
-from dorylus_py.protocol.transport import Plain
-from dorylus_py.protocol.transport import dealer as gated_dealer
+from dorylus_py.protocol.transport import Plain, dealer as gated_dealer
 from tests.cluster.test_cluster_file import free_ports
 
 KEY = bytes(range(60, 92))
