@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dorylus_py.protocol.quantize import WIRE_DTYPES, pack, unpack, wire_bytes
+from dorylus_py.protocol.quantize import WIRE_DTYPES, dither, pack, unpack, wire_bytes
 
 
 def rows(seed: int = 0) -> np.ndarray:
@@ -47,6 +47,23 @@ def test_int8_errs_below_one_step_and_is_unbiased():
     # the mean of 400 draws of a variable within one step: off by a few hundredths of a step at most
     assert np.all(np.abs(mean - x) <= 0.2 * scale[:, None] + 1e-12)
     assert abs(float(np.mean((mean - x) / np.where(scale > 0, scale, 1)[:, None]))) < 0.01  # no drift either way
+
+
+def test_the_dither_is_uniform_on_a_grid_of_half_steps():
+    """int8's rounding draws: 16 bits each, (k + 1/2) / 2**16, so their mean is 1/2 and none is 0 or 1."""
+    u = dither(np.random.default_rng(3), (1001, 7))  # a count that is no multiple of the four draws a word
+    assert u.shape == (1001, 7) and u.dtype == np.float32
+    k = u.astype(np.float64) * 2**16 - 0.5
+    assert np.array_equal(k, np.round(k)) and k.min() >= 0 and k.max() <= 2**16 - 1
+    assert abs(u.mean() - 0.5) < 0.01 and len(np.unique(u)) > 5000
+    assert np.histogram(u, bins=8, range=(0, 1))[0].min() > 0.9 * u.size / 8
+
+
+def test_int8_scale_is_the_largest_magnitude_negative_or_not():
+    x = np.array([[0.5, -127.0, 3.0], [-0.25, 0.125, 0.0]], np.float32)
+    back = round_trip(x, "int8", np.random.default_rng(0))
+    assert back[0, 1] == -127.0  # the row's scale is exactly 1: |-127| / 127
+    assert np.all(np.abs(back - x) <= np.array([[1.0], [0.25 / 127 * (1 + 2**-7)]]))
 
 
 def test_bytes_and_refusals():
