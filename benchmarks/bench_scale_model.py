@@ -18,7 +18,8 @@ every time below is the model's (raw / D):
   (the paper: up to 2.75x; the issue's target >= 1.5x);
 - cores busy per host: CPU seconds / (model cores x raw wall / D), from each run's hosts.json.
 
-Each cell is the median over seeds. Needs root and cgroup v1 (``--host-cpus``); on a box shared with
+Each cell is the median over seeds; runs go seed by seed, and Ctrl-C prints the table of the seeds that
+finished. Needs root and cgroup v1 (``--host-cpus``); on a box shared with
 other work the times swing with it: run on a quiet machine.
 
     python benchmarks/bench_scale_model.py [--graphs cora,synth200k --lambda-counts 4,8 --seeds 3 --epochs 200
@@ -170,29 +171,48 @@ def table(results: dict, args) -> list[str]:
 def main() -> None:
     args = parse_args()
     t0, results, commands = time.perf_counter(), {}, []
-    with tempfile.TemporaryDirectory(prefix="dorylus-scale-") as tmp_name:
-        tmp = Path(tmp_name)
-        for graph in args.graphs:
-            parts = graph_parts(graph, tmp, args)
-            targets = {}
-            for n, mode in [(n, m) for n in args.counts for m in ("sync", *args.modes, "cpu")] + [(0, "cpu-same")]:
-                for seed in range(args.seeds):
-                    out = tmp / f"{graph}-{n}-{mode}-seed{seed}"
-                    cmd = command(parts, out, args, seed, n, mode)
-                    if seed == 0:
-                        commands.append(shlex.join(["dorylus", *cmd[3:]]).replace(str(tmp), "$TMP"))
-                    r = run(cmd, out, args)
-                    if mode == "sync" and n == args.counts[0]:  # the target: sync with the fewest Lambdas
-                        targets[seed] = args.fraction * BestTracker.over(r["rows"]).best_val_acc
-                    target = targets[seed]
-                    r |= {"tta": time_to_target(r["rows"], target), "ett": epochs_to_target(r["rows"], target)}
-                    results.setdefault((graph, n, mode), []).append(r)
-                    print(f"  {out.name}: {seconds(r['tta'])} s to target, value {r['value']:.4g}", flush=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="dorylus-scale-") as tmp_name:
+            run_all(Path(tmp_name), args, results, commands)
+    except KeyboardInterrupt:  # Ctrl-C: the table of the seeds every run of which finished
+        args.graphs = [g for g in args.graphs if (g, 0, "cpu-same") in results]  # graphs with a whole seed
+        done = min((len(results[g, n, m]) for g in args.graphs for n, m in configs(args)), default=0)
+        print(f"interrupted: the table has the {done} seed(s) that finished every run", flush=True)
+        if not done:
+            raise SystemExit(130) from None
+        results = {k: v[:done] for k, v in results.items() if k[0] in args.graphs}
+        args.seeds = done
     head = (f"scale model, D {args.dilation:g} ({time.strftime('%Y-%m-%d')}): graph servers {args.host_cpus:g} cores "
             f"each, weight server {args.weight_host_cpus:g}, Lambdas {args.lambda_vcpus:g} vCPU each, GCN hidden {args.hidden}, "
             f"200 Mbit/s per Lambda, rows as {args.wire_dtype}; medians of {args.seeds} seeds; model times (raw / D); "
             f"{time.perf_counter() - t0:.0f} s")
     report(head, [*table(results, args), "", "commands (seed 0):", "", *(f"    {c}" for c in commands)], args.markdown)
+
+
+def configs(args) -> list[tuple[int, str]]:
+    """(Lambdas, mode) of every run of a seed, sync with the fewest Lambdas first (it sets the target)."""
+    return [(n, m) for n in args.counts for m in ("sync", *args.modes, "cpu")] + [(0, "cpu-same")]
+
+
+def run_all(tmp: Path, args, results: dict, commands: list) -> None:
+    """Every run, seed by seed (an interrupted bench still has whole seeds), into ``results``."""
+    for graph in args.graphs:
+        parts = graph_parts(graph, tmp, args)
+        for seed in range(args.seeds):
+            target = None
+            for n, mode in configs(args):
+                out = tmp / f"{graph}-{n}-{mode}-seed{seed}"
+                cmd = command(parts, out, args, seed, n, mode)
+                if seed == 0:
+                    commands.append(shlex.join(["dorylus", *cmd[3:]]).replace(str(tmp), "$TMP"))
+                r = run(cmd, out, args)
+                if target is None:  # the target: sync with the fewest Lambdas
+                    target = args.fraction * BestTracker.over(r["rows"]).best_val_acc
+                r |= {"tta": time_to_target(r["rows"], target), "ett": epochs_to_target(r["rows"], target)}
+                results.setdefault((graph, n, mode), []).append(r)
+                print(f"  {out.name}: {seconds(r['tta'])} s to target ({r['ett'] or '-'} epochs), test "
+                      f"{100 * r['test_acc']:.1f} %, epoch {r['epoch_s']:.3f} s, value {r['value']:.4g}, busy "
+                      f"{busy_cell([r])}", flush=True)
 
 
 if __name__ == "__main__":
