@@ -55,13 +55,17 @@ MODES = {"sync": ["--mode", "sync"], "async0": ["--mode", "async", "--staleness"
          "async1d": ["--mode", "async", "--staleness", "1", "--stale-step", "inverse"],
          "async1l": ["--mode", "async", "--staleness", "1", "--stale-step", "inverse-lr"],
          "async1sd": ["--mode", "async", "--staleness", "1", "--stale-smoothing", "0.95", "--stale-step", "inverse"],
-         "async1sb": ["--mode", "async", "--staleness", "1", "--stale-smoothing", "0.95", "--local-barrier"]}
+         "async1sb": ["--mode", "async", "--staleness", "1", "--stale-smoothing", "0.95", "--local-barrier"],
+         "async1f": ["--mode", "async", "--staleness", "1", "--sync-epochs", "1"],
+         "async1sbf": ["--mode", "async", "--staleness", "1", "--stale-smoothing", "0.95", "--local-barrier",
+                       "--sync-epochs", "1"]}
 LABEL = {"sync": "sync", "async0": "async S=0", "async1": "async S=1", "async2": "async S=2",
          "async1c": "async S=1, update per chunk", "async0b": "async S=0, local barrier",
          "async1b": "async S=1, local barrier", "async1s": "async S=1, stale smoothing 0.95",
          "async1d": "async S=1, stale step inverse", "async1l": "async S=1, stale step inverse-lr",
          "async1sd": "async S=1, smoothing 0.95 + stale step inverse",
-         "async1sb": "async S=1, smoothing 0.95 + local barrier"}
+         "async1sb": "async S=1, smoothing 0.95 + local barrier", "async1f": "async S=1, first epoch sync",
+         "async1sbf": "async S=1, smoothing 0.95 + local barrier + first epoch sync"}
 
 
 def steady_epoch_s(rows: list[dict]) -> float:
@@ -174,7 +178,8 @@ def parse_args() -> argparse.Namespace:
                     "S=0..2), async1c (async S=1 with --async-update chunk), async0b, async1b (S=0, S=1 with "
                     "--local-barrier), async1s (S=1, --stale-smoothing 0.95), async1d (S=1, --stale-step inverse), async1l "
                     "(S=1, --stale-step inverse-lr), async1sd (S=1, smoothing 0.95 + stale step inverse), async1sb "
-                    "(S=1, smoothing 0.95 + --local-barrier); sync is needed for the target (default "
+                    "(S=1, smoothing 0.95 + --local-barrier), async1f (S=1, --sync-epochs 1), async1sbf (async1sb with "
+                    "--sync-epochs 1); sync is needed for the target (default "
                     "sync,async1,async2)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     ap.add_argument("--epochs", type=int, default=200, help="epoch budget of every run (default 200)")

@@ -111,6 +111,9 @@ class TrainConfig:
         if stale and (p.mode != "async" or not p.distributed):
             raise ConfigError(f"{stale[0]} is for --mode async on the distributed backends (sync mode reads no stale "
                               "rows or gradients)")
+        if p.sync_epochs and (p.mode != "async" or not p.distributed):
+            raise ConfigError("--sync-epochs is for --mode async on the distributed backends (in sync mode every epoch "
+                              "has its barriers)")
         if p.remat and not p.distributed or p.remat and p.mode != "sync":
             raise ConfigError("--remat is for --mode sync on the distributed backends (local, lambda, cpu, gpu): "
                               "asynchronous chunks read each other's rows at different stages, so no buffer is free")

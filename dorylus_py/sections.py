@@ -144,6 +144,11 @@ class PipelineSettings(Section):
                                   "the 200 k benchmark graph S=1 then reached its target in 70 epochs instead of 94 "
                                   "(sync 60) and stayed steady at lr 0.04; on Cora it gained nothing (see "
                                   "docs/performance.md, time to accuracy) (default off)")
+    sync_epochs: int = setting(0, "async: the job's first N epochs run synchronously (every stage waits for every "
+                               "chunk and every peer's rows), then asynchronously, as the original Dorylus runs its "
+                               "first epoch: no chunk gathers ghost rows a peer has not sent yet (they are zeros before "
+                               "the first), and Adam's first steps see no stale gradients (default 0)", most=1_000_000,
+                               metavar="N")
     stale_smoothing: float = setting(0.0, "async: a graph server keeps, for every ghost row a peer sends (training "
                                      "pass) and every gradient contribution a peer sends back, the moving average "
                                      "m = GAMMA m + (1 - GAMMA) received (the first: received itself) in place of the "

@@ -71,13 +71,14 @@ class Scheduler:
     stages: tuple[Stage, ...] = ()  # the model's stage list; empty: GCN's
     epoch_gate: int = 1  # sync: an epoch starts while the slowest server is at most this many epochs behind
     local_barrier: bool = False  # async: a graph stage waits for this server's other chunks (ChunkPipeline)
+    sync_epochs: int = 0  # async: epochs 1..sync_epochs run as sync mode does, the rest asynchronously
 
     def __post_init__(self):
         self.pipe = ChunkPipeline(self.chunks, self.layers, self.epochs, self.staleness, first=self.first_epoch,
                                   stages=self.stages, local_barrier=self.local_barrier)
         self.by_task = task_stages(self.pipe.stages)
         self.tracker = TaskTracker(self.policy, workers=self.workers)
-        self.sync = self.mode == "sync"
+        self.sync = self.mode == "sync" or self.first_epoch <= self.sync_epochs
         self.peer_min = {p: self.first_epoch for p in self.peers}
         self.arrived: Counter = Counter()  # (phase, epoch, layer) -> peer messages stored
         self.fwd_version: dict[tuple, int] = {}  # async: (layer, chunk) -> version its training forward used
@@ -202,8 +203,9 @@ class Scheduler:
         return out
 
     def _start_ready(self) -> list:
-        if not self.sync and self.switch_final and self.pipe.min_epoch() >= self.switch_at:
-            self.sync = True  # every chunk finished the epochs before the switch: go on with barriers
+        if self.mode == "async":  # with barriers: the first --sync-epochs, and every epoch from a final switch on
+            low = self.pipe.min_epoch()  # (each flip once every chunk finished the epochs before it, none started)
+            self.sync = low <= self.sync_epochs or (self.switch_final and low >= self.switch_at)
         if self.sync:
             return self._start_sync()
         out = []

@@ -18,6 +18,7 @@ from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord
+from dorylus_py.training.record import read_lines
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +164,17 @@ def test_switch_to_sync_runs_later_epochs_with_barriers(parts, tmp_path, monkeyp
     assert max(epoch_leads([t for t in tasks if t["epoch"] >= at - 1])) < 0
     before = [t for t in tasks if t["epoch"] < at]
     assert any(barrier_breaks(before, k, e) for k in (0, 1) for e in range(1, at))  # asynchronous until then
+
+
+
+def test_sync_epochs_run_with_barriers_and_compute_what_sync_mode_does(parts, tmp_path):
+    """--sync-epochs 1 (Dorylus's first epoch): epoch 1 of an async job has a barrier after every stage and
+    the loss and accuracies of sync mode's epoch 1; the epochs after it run without barriers."""
+    summary, tasks = run(parts, tmp_path, "sync1", epochs=4, mode="async", staleness=1, sync_epochs=1)
+    assert summary["epochs"] == 4
+    assert not any(barrier_breaks(tasks, k, 1) for k in (0, 1))
+    assert any(barrier_breaks(tasks, k, e) for k in (0, 1) for e in range(2, 5))
+    run(parts, tmp_path, "sync", epochs=1, mode="sync")
+    ours, sync = (read_lines(tmp_path / name / "metrics.jsonl") for name in ("sync1", "sync"))
+    for key in ("loss", "train_acc", "val_acc"):
+        assert ours[0][key] == pytest.approx(sync[0][key], rel=1e-4), key

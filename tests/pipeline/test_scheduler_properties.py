@@ -33,7 +33,8 @@ class Cluster:
     def __init__(self, rng, servers, chunks, stages, epochs, mode, staleness, p_fail, p_lost, p_vanish, p_dup,
                  switch_at_step):
         self.barrier = mode == "async-barrier"  # async with --local-barrier
-        mode = "async" if self.barrier else mode
+        self.sync_epochs = 1 if mode == "async-sync1" else 0  # async with --sync-epochs 1
+        mode = "async" if mode.startswith("async") else mode
         self.rng, self.epochs, self.mode, self.staleness = rng, epochs, mode, staleness
         self.p = {"fail": p_fail, "lost": p_lost, "vanish": p_vanish, "dup": p_dup}
         self.stages = stages
@@ -46,7 +47,7 @@ class Cluster:
         self.s = [Scheduler(rank=k, chunks=chunks[k], layers=layers, stages=tuple(stages), epochs=epochs, mode=mode, staleness=staleness,
                             peers=tuple(p for p in range(servers) if p != k), peer_chunks=self.peer_chunks[k],
                             policy=RelaunchPolicy(min_s=1.0, factor=2.0, max_attempts=10**6), stall_s=1e9,
-                            local_barrier=self.barrier)
+                            local_barrier=self.barrier, sync_epochs=self.sync_epochs)
                   for k in range(servers)]
         self.pending: list[tuple[int, object]] = []  # (server, event) not yet delivered
         self.delivered: list[Counter] = [Counter() for _ in range(servers)]  # (phase, epoch, layer) -> peer messages
@@ -64,8 +65,10 @@ class Cluster:
         self.steps = 0
 
     def sync(self, epoch: int) -> bool:
-        """Whether ``epoch`` runs with barriers: sync mode, or at and after the switch back to it."""
-        return self.mode == "sync" or (self.switch_epoch is not None and epoch >= self.switch_epoch)
+        """Whether ``epoch`` runs with barriers: sync mode, async's first ``sync_epochs``, or at and after the
+        switch back to sync."""
+        return (self.mode == "sync" or epoch <= self.sync_epochs
+                or (self.switch_epoch is not None and epoch >= self.switch_epoch))
 
     def slowest(self) -> int:
         """The lowest epoch any chunk of any server is still in, from the eval results accepted so far."""
@@ -238,7 +241,7 @@ def check_run(c, stages, chunks, epochs):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), servers=st.integers(1, 3), chunk_choice=st.lists(st.integers(1, 3), min_size=3, max_size=3),
        layers=st.integers(1, 3), model=st.sampled_from([vertex_stages, attention_stages, fused_vertex_stages]), epochs=st.integers(1, 4),
-       mode=st.sampled_from(["sync", "async", "async-barrier"]),
+       mode=st.sampled_from(["sync", "async", "async-barrier", "async-sync1"]),
        staleness=st.integers(0, 2), p_fail=st.sampled_from([0.0, 0.2]), p_lost=st.sampled_from([0.0, 0.1]),
        p_vanish=st.sampled_from([0.0, 0.1]), p_dup=st.sampled_from([0.0, 0.3]), chaotic_steps=st.integers(0, 3000),
        switch_at_step=st.integers(0, 400))
