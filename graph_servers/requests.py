@@ -114,13 +114,17 @@ class Requests:
                                 f"{sched.pipe.min_epoch()} allows")
 
     def on_driver(self, msg: Message) -> None:
-        """The switch back to sync mode, in two steps so that no server has started the switch epoch:
-        freeze (start no epoch beyond those already started, and say how far that is); then the
-        driver's ``at_epoch``, one past every server's frozen epoch, is where sync mode begins."""
-        if msg.op != "switch":
-            return
-        at = msg.get("at_epoch")
-        self.feed(ev.Freeze() if at is None else ev.SwitchAt(integer(at, "at_epoch", 1)))
+        """``recorded``: the driver has recorded every epoch up to ``epoch`` (no epoch starts more than
+        ``DRIVER_LAG`` past it). ``switch``: the switch back to sync mode, in two steps so that no server
+        has started the switch epoch: freeze (start no epoch beyond those already started, and say how far
+        that is); then the driver's ``at_epoch``, one past every server's frozen epoch, is where sync
+        mode begins."""
+        if msg.op == "recorded":
+            require(msg, "epoch")
+            self.feed(ev.DriverRecorded(integer(msg["epoch"], "epoch", 1)))
+        elif msg.op == "switch":
+            at = msg.get("at_epoch")
+            self.feed(ev.Freeze() if at is None else ev.SwitchAt(integer(at, "at_epoch", 1)))
 
     def _answer(self, request: Request, reply: Message) -> None:
         reply.fields["req"] = request.req

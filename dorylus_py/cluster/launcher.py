@@ -253,6 +253,8 @@ class _Run:
                         return  # the target accuracy is reached
                     for w in range(self.plan.weight_servers):  # recorded: its snapshot may go
                         link.send(f"weight-server-{w}", Message("release", {"version": self.plan.version(epoch)}))
+                    for k in range(k_parts):  # and the graph servers may run on (DRIVER_LAG)
+                        link.send(f"graph-server-{k}", Message("recorded", {"epoch": epoch}))
             elif msg.op == "switch":
                 frozen[name] = report
                 if len(frozen) == k_parts:

@@ -107,6 +107,13 @@ class SwitchAt:
     epoch: int
 
 
+@dataclass(frozen=True)
+class DriverRecorded:
+    """The driver has recorded every epoch up to ``epoch`` (its snapshots on the weight servers may go)."""
+
+    epoch: int
+
+
 # --- instructions ----------------------------------------------------------------------------------
 
 

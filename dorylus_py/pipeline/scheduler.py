@@ -29,6 +29,7 @@ from dorylus_py.pipeline.chunks import ChunkPipeline
 from dorylus_py.pipeline.events import (
     Accept,
     Cancel,
+    DriverRecorded,
     Finished,
     ForwardGradient,
     Freeze,
@@ -52,6 +53,12 @@ from dorylus_py.pipeline.events import (
 )  # fmt: skip
 from dorylus_py.pipeline.stages import Stage, task_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy, TaskTracker
+from dorylus_py.weights.store import MAX_SNAPSHOTS
+
+# No epoch starts more than this many past the last one the driver recorded: the weight servers keep each
+# epoch's snapshot until the driver has recorded it, at most MAX_SNAPSHOTS a layer, so a driver that falls
+# behind (a loaded machine) holds the training back instead of finding its epoch's snapshot gone.
+DRIVER_LAG = MAX_SNAPSHOTS // 2
 
 
 @dataclass
@@ -87,6 +94,7 @@ class Scheduler:
         self.told = self.first_epoch  # the min epoch peers last heard from us
         self.switch_at: int | None = None  # async: no epoch from this one on starts asynchronously
         self.switch_final = False
+        self.recorded = self.first_epoch - 1  # the driver has recorded every epoch up to this one
         self.graph_busy = False  # sync: the all-rows graph job is out
         self.finished = False
         self.now = 0.0
@@ -181,6 +189,14 @@ class Scheduler:
         self.switch_at, self.switch_final = e.epoch, True
         return []
 
+    def _on_DriverRecorded(self, e: DriverRecorded) -> list:
+        self.recorded = max(self.recorded, e.epoch)
+        return []
+
+    def driver_allows(self, epoch: int) -> bool:
+        """Whether ``epoch`` may start: at most :data:`DRIVER_LAG` past the driver's last recorded epoch."""
+        return epoch <= self.recorded + DRIVER_LAG
+
     # --- what follows from the state ---------------------------------------------------------------
 
     def _advance(self) -> list:
@@ -209,7 +225,8 @@ class Scheduler:
         if self.sync:
             return self._start_sync()
         out = []
-        for c, epoch, stage in self.pipe.ready(self.slowest(), self.switch_at):
+        stop = min(e for e in (self.switch_at, self.recorded + DRIVER_LAG + 1) if e is not None)
+        for c, epoch, stage in self.pipe.ready(self.slowest(), stop):
             self.pipe.started(c)
             out.append(self._start(c, epoch, stage))
         return out
@@ -222,9 +239,9 @@ class Scheduler:
             return []
         stage = self.pipe.stages[index]
         at = [c for c in range(self.chunks) if self.pipe.position(c) == (epoch, index)]
-        if index == 0 and epoch - self.slowest() > self.epoch_gate:
+        if index == 0 and (epoch - self.slowest() > self.epoch_gate or not self.driver_allows(epoch)):
             return []  # a peer still finishes an older epoch (after a switch from async; with --remat, the last
-            # one: its evaluation rows land where our next training rows would)
+            # one: its evaluation rows land where our next training rows would), or the driver lags (DRIVER_LAG)
         if any(self.arrived[(phase, epoch, stage.layer)] < self.peer_chunks for phase in stage.needs):
             return []  # a peer's rows for this stage have not all come
         if stage.task is not None:
@@ -262,7 +279,8 @@ class Scheduler:
 
     def describe(self) -> str:
         stages = [f"{self.pipe.epoch[c]}:{self.pipe.current(c).name}/{self.pipe.current(c).layer}" for c in range(self.chunks)]
-        return f"chunks at {', '.join(stages)}; peers at {self.peer_min}; tasks out {len(self.tracker.running)}"
+        return (f"chunks at {', '.join(stages)}; peers at {self.peer_min}; tasks out {len(self.tracker.running)}; "
+                f"the driver has recorded epoch {self.recorded}")
 
     def validate(self) -> None:
         """Invariants, for tests."""

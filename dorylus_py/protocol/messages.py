@@ -26,7 +26,7 @@ OPS = frozenset(
         # graph server <-> graph server
         "ghosts", "progress",
         # driver <-> servers
-        "hello", "start", "switch", "release", "epoch_stats", "tasks", "stop", "ping", "heartbeat", "outputs",
+        "hello", "start", "switch", "release", "recorded", "epoch_stats", "tasks", "stop", "ping", "heartbeat", "outputs",
         # decentralised worker <-> worker (dorylus_py/decentral; also ping and stop)
         "steal", "mix", "snapshot", "report", "dead", "row", "average",
         # replies

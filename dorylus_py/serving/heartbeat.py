@@ -33,7 +33,10 @@ class Heartbeat:
 
     def __init__(self, node: "ServerNode", silence_s: float | None = None):
         self.node, self.silence_s = node, scaled(SILENCE_S) if silence_s is None else silence_s
-        self.session = node.session  # this job's
+        # this job's, as a party of its own: its beats overtake the loop's queued messages to a driver that
+        # lags (their sequence numbers would then run more than the replay window ahead of those messages,
+        # which the driver would refuse: an epoch's stats lost)
+        self.session = node.session.sibling()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self._thread.start()

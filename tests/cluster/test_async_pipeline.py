@@ -178,3 +178,30 @@ def test_sync_epochs_run_with_barriers_and_compute_what_sync_mode_does(parts, tm
     ours, sync = (read_lines(tmp_path / name / "metrics.jsonl") for name in ("sync1", "sync"))
     for key in ("loss", "train_acc", "val_acc"):
         assert ours[0][key] == pytest.approx(sync[0][key], rel=1e-4), key
+
+
+@pytest.mark.long
+def test_a_driver_slower_than_its_servers_holds_them_within_driver_lag(parts, tmp_path, monkeypatch):
+    """A driver that takes 0.4 s to record an epoch: the weight servers keep each epoch's snapshot until the
+    driver has recorded it (64 a layer at most), so without a bound the driver of a long job on a loaded
+    machine asks for one that is gone. The job of 2 x DRIVER_LAG + 10 epochs ends, and no task starts
+    more than DRIVER_LAG epochs past the last the driver had recorded (how far the servers get ahead
+    depends on the machine; the bound itself is checked in tests/pipeline/test_scheduler.py)."""
+    from dorylus_py.cluster import launcher
+    from dorylus_py.pipeline.scheduler import DRIVER_LAG
+
+    recorded: list[tuple[float, int]] = []  # (when, epoch): noted before the servers hear of it
+    done = launcher._Run.epoch_done
+
+    def slow(run_, link, epoch, parts_):
+        time.sleep(0.4)
+        stop = done(run_, link, epoch, parts_)
+        recorded.append((time.time(), epoch))
+        return stop
+
+    monkeypatch.setattr(launcher._Run, "epoch_done", slow)
+    epochs = 2 * DRIVER_LAG + 10
+    summary, tasks = run(parts, tmp_path, "slow", epochs=epochs, mode="async", staleness=1, lambdas=2)
+    assert summary["epochs"] == epochs
+    lead = max(t["epoch"] - max((e for at, e in recorded if at <= t["start"]), default=0) for t in tasks)
+    assert 1 < lead <= DRIVER_LAG

@@ -1,7 +1,9 @@
 """The scheduler, event in, instructions out: no sockets, no processes, no clock but the events'."""
 
 from dorylus_py.pipeline import events as ev
-from dorylus_py.pipeline.scheduler import Scheduler
+import pytest
+
+from dorylus_py.pipeline.scheduler import DRIVER_LAG, Scheduler
 from dorylus_py.pipeline.stages import vertex_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy
 
@@ -96,7 +98,21 @@ def finish_epoch_alone(s, epoch):
                                ("fwd", False, "egather"), ("eval", False, None)):
         s.handle(ev.TaskResult(ev.TaskKey(kind, train, epoch, 0, 0), 1, 0.0, version=epoch - 1))
         if graph:
-            s.handle(ev.GraphDone(graph, epoch, 0, 0, 0.0))
+            s.handle(ev.GraphDone(graph, epoch, 0, None if s.sync else 0, 0.0))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_no_epoch_starts_more_than_driver_lag_past_the_drivers_record(mode):
+    """The weight servers keep every epoch's snapshot until the driver has recorded it (at most 64 a layer):
+    a driver that falls behind holds the graph servers back instead of finding its snapshot gone."""
+    s = Scheduler(rank=0, chunks=1, layers=1, epochs=DRIVER_LAG + 5, mode=mode, staleness=2)
+    s.handle(ev.Tick(0.0))
+    for epoch in range(1, DRIVER_LAG + 1):  # the driver has recorded nothing yet
+        finish_epoch_alone(s, epoch)
+    assert s.pipe.epoch == [DRIVER_LAG + 1] and not s.tracker.running  # waits for the driver
+    assert s.handle(ev.Tick(1.0)) == []
+    out = s.handle(ev.DriverRecorded(1))
+    assert [i.key for i in out if isinstance(i, ev.Invoke)] == [ev.TaskKey("fwd", True, DRIVER_LAG + 1, 0, 0)]
 
 
 def test_freeze_then_switch_runs_later_epochs_synchronously():
