@@ -53,12 +53,12 @@ from dorylus_py.pipeline.events import (
 )  # fmt: skip
 from dorylus_py.pipeline.stages import Stage, task_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy, TaskTracker
-from dorylus_py.weights.store import MAX_SNAPSHOTS
 
 # No epoch starts more than this many past the last one the driver recorded: the weight servers keep each
-# epoch's snapshot until the driver has recorded it, at most MAX_SNAPSHOTS a layer, so a driver that falls
-# behind (a loaded machine) holds the training back instead of finding its epoch's snapshot gone.
-DRIVER_LAG = MAX_SNAPSHOTS // 2
+# epoch's snapshot until the driver has recorded it, at most MAX_SNAPSHOTS (64) a layer (weights/store.py),
+# so a driver that falls behind (a loaded machine) holds the training back instead of finding its epoch's
+# snapshot gone.
+DRIVER_LAG = 32
 
 
 @dataclass

@@ -6,6 +6,7 @@ import pytest
 from dorylus_py.pipeline.scheduler import DRIVER_LAG, Scheduler
 from dorylus_py.pipeline.stages import vertex_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy
+from dorylus_py.weights.store import MAX_SNAPSHOTS
 
 
 def kinds(out):
@@ -105,6 +106,7 @@ def finish_epoch_alone(s, epoch):
 def test_no_epoch_starts_more_than_driver_lag_past_the_drivers_record(mode):
     """The weight servers keep every epoch's snapshot until the driver has recorded it (at most 64 a layer):
     a driver that falls behind holds the graph servers back instead of finding its snapshot gone."""
+    assert DRIVER_LAG + 2 + 4 < MAX_SNAPSHOTS  # ahead of the driver, plus staleness and the newest kept
     s = Scheduler(rank=0, chunks=1, layers=1, epochs=DRIVER_LAG + 5, mode=mode, staleness=2)
     s.handle(ev.Tick(0.0))
     for epoch in range(1, DRIVER_LAG + 1):  # the driver has recorded nothing yet
