@@ -200,6 +200,7 @@ class PipelineSettings(Section):
         at_least("--graph-servers", self.graph_servers, 1)
         at_least("--weight-servers", self.weight_servers, 1)
         at_least("--staleness", self.staleness, 0)
+        at_least("--sync-epochs", self.sync_epochs, 0)
         at_least("--tensor-threads", self.tensor_threads, 1)
         device_list(self.device)
         if not 0 <= self.switch_threshold < 1:

@@ -198,6 +198,8 @@ def test_bad_flags_exit_2(tmp_path, capsys, small_graph):
          "--stale-smoothing is for --mode async"),
         (["train", "--data", tmp_path / "g.npz", "--backend", "local", "--sync-epochs", 1],
          "--sync-epochs is for --mode async"),
+        (["train", "--data", tmp_path / "g.npz", "--backend", "local", "--mode", "async", "--sync-epochs", -1],
+         "--sync-epochs must be >= 0, got -1"),
         (["train", "--data", tmp_path / "g.npz", "--backend", "local", "--mode", "async", "--stale-smoothing", 1],
          "--stale-smoothing must be in [0, 1), got 1.0"),
         (["train", "--data", tmp_path / "g.npz", "--backend", "local", "--stale-step", "inverse"],
