@@ -118,10 +118,10 @@ def hosts_flags(args, lambdas: int, mode: str) -> list[str]:
 def command(parts: Path, out: Path, args, seed: int, lambdas: int, mode: str) -> list[str]:
     cpu = mode in CPU_ONLY
     backend = ["--backend", "cpu"] if cpu else ["--backend", "local", "--lambdas", str(lambdas), *LINK]
-    lr = ([] if args.lr is None else ["--lr", str(args.lr)]) + ["--hidden", str(args.hidden)]
+    model = ([] if args.lr is None else ["--lr", str(args.lr)]) + ["--hidden", str(args.hidden)]
     return [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(out), "--quiet", "-k", "2",
             "--epochs", str(args.epochs), "--seed", str(seed), *backend, *MODES["sync" if cpu else mode],
-            *hosts_flags(args, lambdas, mode), *lr, "--wire-dtype", args.wire_dtype]
+            *hosts_flags(args, lambdas, mode), *model, "--wire-dtype", args.wire_dtype]
 
 
 def run(cmd: list[str], out: Path, args) -> dict:

@@ -108,7 +108,7 @@ class GraphServer(Requests):
             staleness=cfg.staleness, peers=tuple(self.peers), peer_chunks=spec.total_chunks - spec.chunk_counts[self.k],
             first_epoch=spec.first_epoch, policy=policy, stall_s=cfg.wait_timeout_s, stages=tuple(stages),
             workers=self.platform.concurrency, epoch_gate=0 if cfg.remat else 1, local_barrier=cfg.local_barrier,
-            sync_epochs=cfg.sync_epochs if spec.mode == "async" else 0)
+            sync_epochs=cfg.sync_epochs)  # the scheduler reads it in async mode only
         self.graph_thread = GraphThread(node.ctx, node.poller, self._graph_job)
         tasks_per_epoch = self.state.chunks * sum(s.task is not None for s in stages)
         self.auto_pool = AutoPool.of(spec, self.platform, self.k, tasks_per_epoch)

@@ -193,9 +193,9 @@ class Scheduler:
         self.recorded = max(self.recorded, e.epoch)
         return []
 
-    def driver_allows(self, epoch: int) -> bool:
-        """Whether ``epoch`` may start: at most :data:`DRIVER_LAG` past the driver's last recorded epoch."""
-        return epoch <= self.recorded + DRIVER_LAG
+    def driver_stop(self) -> int:
+        """The first epoch that may not start yet: :data:`DRIVER_LAG` past the driver's last recorded one."""
+        return self.recorded + DRIVER_LAG + 1
 
     # --- what follows from the state ---------------------------------------------------------------
 
@@ -225,7 +225,7 @@ class Scheduler:
         if self.sync:
             return self._start_sync()
         out = []
-        stop = min(e for e in (self.switch_at, self.recorded + DRIVER_LAG + 1) if e is not None)
+        stop = self.driver_stop() if self.switch_at is None else min(self.switch_at, self.driver_stop())
         for c, epoch, stage in self.pipe.ready(self.slowest(), stop):
             self.pipe.started(c)
             out.append(self._start(c, epoch, stage))
@@ -239,7 +239,7 @@ class Scheduler:
             return []
         stage = self.pipe.stages[index]
         at = [c for c in range(self.chunks) if self.pipe.position(c) == (epoch, index)]
-        if index == 0 and (epoch - self.slowest() > self.epoch_gate or not self.driver_allows(epoch)):
+        if index == 0 and (epoch - self.slowest() > self.epoch_gate or epoch >= self.driver_stop()):
             return []  # a peer still finishes an older epoch (after a switch from async; with --remat, the last
             # one: its evaluation rows land where our next training rows would), or the driver lags (DRIVER_LAG)
         if any(self.arrived[(phase, epoch, stage.layer)] < self.peer_chunks for phase in stage.needs):

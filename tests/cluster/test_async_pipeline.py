@@ -166,7 +166,6 @@ def test_switch_to_sync_runs_later_epochs_with_barriers(parts, tmp_path, monkeyp
     assert any(barrier_breaks(before, k, e) for k in (0, 1) for e in range(1, at))  # asynchronous until then
 
 
-
 def test_sync_epochs_run_with_barriers_and_compute_what_sync_mode_does(parts, tmp_path):
     """--sync-epochs 1 (Dorylus's first epoch): epoch 1 of an async job has a barrier after every stage and
     the loss and accuracies of sync mode's epoch 1; the epochs after it run without barriers."""
