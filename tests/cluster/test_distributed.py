@@ -76,7 +76,10 @@ def test_failing_lambdas_no_gradient_applied_twice(small_graph, tmp_path):
 def test_a_gradient_sent_twice_is_counted_at_both_ends_and_applied_once(small_graph, tmp_path, monkeypatch):
     """Graph servers that forward each gradient again after its epoch's update (``resending_graph_server.py``,
     started in place of ``python -m graph_servers``): their own count shows each second send, the weight
-    server counts each as a duplicate and drops it, and the weights end bit for bit as an undisturbed run's."""
+    server counts each as a duplicate and drops it, and losses and weights end as an undisturbed run's.
+    Not bit for bit: one CI run of 2026-12-04 had one chunk's float32 loss 1 ulp off in epochs 2 and 3 (a
+    rare 1-ulp difference whose source was not found; 20 runs under load here were exact). A duplicate
+    applied moves the weights by up to 2e-2 and the epoch-3 loss by 6e-5 (relative), far outside these bounds."""
     from dorylus_py.cluster.driver_link import DriverLink
 
     plain = run(small_graph, tmp_path, "plain", backend="cpu", graph_servers=2)
@@ -84,9 +87,11 @@ def test_a_gradient_sent_twice_is_counted_at_both_ends_and_applied_once(small_gr
     monkeypatch.setattr(DriverLink, "spawn", lambda link, name, module, rank: spawn(
         link, name, "tests.cluster.resending_graph_server" if module == "graph_servers" else module, rank))
     twice = run(small_graph, tmp_path, "twice", backend="cpu", graph_servers=2)
-    assert [r["loss"] for r in twice.history] == [r["loss"] for r in plain.history]
+    np.testing.assert_allclose([r["loss"] for r in twice.history], [r["loss"] for r in plain.history], rtol=1e-6)
     a, b = np.load(tmp_path / "plain" / "weights.npz"), np.load(tmp_path / "twice" / "weights.npz")
-    assert sorted(a.files) == sorted(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)
+    assert sorted(a.files) == sorted(b.files)
+    for k in a.files:
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-5, err_msg=k)
     per_epoch = 2 * 2 * 3  # layers x chunks of both servers
     assert_gradients_once(plain.summary, 3 * per_epoch)
     again = 2 * per_epoch  # the gradients of epochs 1 and 2, sent again during the next epoch
