@@ -86,7 +86,9 @@ def chunks_per_server(backend: str, mode: str, workers: int | None, rows: int) -
     cores (``cpu``: 1 chunk 1.39x, 4 chunks 1.64x). Async mode on a fixed pool too: its chunks run at
     different stages whatever their count, and a second wave costs it as much (200 k graph, ``local``
     K=2, 4 Lambdas, async S=1 against sync: 2 chunks 0.88-0.97x at 0 ms and 0.91-0.94x at 20 ms of
-    latency, 4 chunks 1.06x and 1.14x, 3 chunks 1.37x and 1.13x). A pool that resizes itself
+    latency, 4 chunks 1.06x and 1.14x, 3 chunks 1.37x and 1.13x); nor on links capped at 200 Mbit/s a
+    Lambda, which carry an epoch's bytes in the same time whatever the chunks (2 chunks 1.68 s, 4 chunks
+    1.70 s: more Lambdas are what helps there, docs/performance.md). A pool that resizes itself
     (``workers`` None) and async ``cpu``/``gpu`` keep ``ASYNC_CHUNKS``. Chunks have at most
     ``AUTO_CHUNK_ROWS`` rows of ``rows`` (an even split of the graph: partitions differ by a few per
     cent); the count then rounds up to whole waves."""
