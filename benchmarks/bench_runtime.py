@@ -65,11 +65,13 @@ def run_measured(cmd: list[str]) -> tuple[str, dict]:
     return out, peaks
 
 
-def synth_parts(tmp: Path, nodes: int, edges: int, k: int = 2) -> tuple[Path, Path]:
-    """The benchmarks' synthetic graph (128 features, 10 classes) in ``tmp``, and its store of ``k`` parts."""
+def synth_parts(tmp: Path, nodes: int, edges: int, k: int = 2, extra: list[str] = ()) -> tuple[Path, Path]:
+    """The benchmarks' synthetic graph (128 features, 10 classes; ``extra``: more `dorylus synth` flags) in
+    ``tmp``, and its store of ``k`` parts."""
+    tmp.mkdir(parents=True, exist_ok=True)
     graph, parts = tmp / "graph.npz", tmp / "parts"
     subprocess.run([sys.executable, "-m", "dorylus_py", "synth", "--out", graph, "--nodes", str(nodes), "--edges",
-                    str(edges), "--features", "128", "--classes", "10"], check=True, capture_output=True)
+                    str(edges), "--features", "128", "--classes", "10", *extra], check=True, capture_output=True)
     subprocess.run([sys.executable, "-m", "dorylus_py", "prepare", graph, "-k", str(k), "--out", parts], check=True,
                    capture_output=True)
     return graph, parts

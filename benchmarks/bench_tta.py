@@ -44,7 +44,10 @@ from bench_runtime import synth_parts
 from dorylus_py.training.record import BestTracker, read_lines
 
 DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or HERE.parents[1] / "shared" / "datasets")
-GRAPHS = ("cora", "synth200k")
+GRAPHS = ("cora", "synth200k", "synthhub")
+# issue 39's graph of another shape: half synth200k's vertices and edges (the same mean degree), heavier-tailed
+# degrees (hubs, whose rows many chunks read) and weaker homophily (neighbours' rows carry less of the label)
+SYNTHHUB = {"nodes": 100_000, "edges": 2_000_000, "degree-exponent": 2.1, "homophily": 0.3}
 SETTINGS = {"0ms": [], "20ms": ["--lambda-latency-ms", "20"], "200mbps": ["--lambda-bandwidth-mbps", "200"]}
 MODES = {"sync": ["--mode", "sync"], "async0": ["--mode", "async", "--staleness", "0"],
          "async1": ["--mode", "async", "--staleness", "1"], "async2": ["--mode", "async", "--staleness", "2"],
@@ -138,7 +141,8 @@ def graph_bench_parser(**kw) -> argparse.ArgumentParser:
     """A parser with the flags every benchmark of these graphs takes (bench_tta.py, bench_wire.py); its
     errors are one line and exit 2, not argparse's usage block."""
     ap = argparse.ArgumentParser(**kw)
-    ap.add_argument("--graphs", default=",".join(GRAPHS), help="comma list of cora, synth200k (default both)")
+    ap.add_argument("--graphs", default=",".join(GRAPHS), help="comma list of cora, synth200k, synthhub "
+                    "(default all three; synthhub: 100 k vertices, 2 M edges, degree exponent 2.1, homophily 0.3)")
     ap.add_argument("--lambdas", type=int, default=4, help="emulated Lambdas, a fixed pool (default 4)")
     ap.add_argument("--nodes", type=int, default=200_000, help="synth200k's vertices (default 200,000)")
     ap.add_argument("--edges", type=int, default=4_000_000, help="synth200k's edges (default 4,000,000)")
@@ -203,6 +207,9 @@ def graph_parts(name: str, tmp: Path, args) -> Path:
     """The graph's store of 2 parts, made once for every run on it."""
     if name == "synth200k":
         return synth_parts(tmp, args.nodes, args.edges)[1]
+    if name == "synthhub":
+        return synth_parts(tmp / name, SYNTHHUB["nodes"], SYNTHHUB["edges"],
+                           extra=[f"--{k}={v}" for k, v in SYNTHHUB.items() if k not in ("nodes", "edges")])[1]
     parts = tmp / "cora-parts"
     subprocess.run([sys.executable, "-m", "dorylus_py", "prepare", DATASETS / "cora.npz", "-k", "2", "--out", parts],
                    check=True, capture_output=True)
