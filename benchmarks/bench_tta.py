@@ -49,26 +49,32 @@ GRAPHS = ("cora", "synth200k", "synthhub")
 # degrees (hubs, whose rows many chunks read) and weaker homophily (neighbours' rows carry less of the label)
 SYNTHHUB = {"nodes": 100_000, "edges": 2_000_000, "degree-exponent": 2.1, "homophily": 0.3}
 SETTINGS = {"0ms": [], "20ms": ["--lambda-latency-ms", "20"], "200mbps": ["--lambda-bandwidth-mbps", "200"]}
-MODES = {"sync": ["--mode", "sync"], "async0": ["--mode", "async", "--staleness", "0"],
-         "async1": ["--mode", "async", "--staleness", "1"], "async2": ["--mode", "async", "--staleness", "2"],
-         "async1c": ["--mode", "async", "--staleness", "1", "--async-update", "chunk"],
-         "async0b": ["--mode", "async", "--staleness", "0", "--local-barrier"],
-         "async1b": ["--mode", "async", "--staleness", "1", "--local-barrier"],
-         "async1s": ["--mode", "async", "--staleness", "1", "--stale-smoothing", "0.95"],
-         "async1d": ["--mode", "async", "--staleness", "1", "--stale-step", "inverse"],
-         "async1l": ["--mode", "async", "--staleness", "1", "--stale-step", "inverse-lr"],
-         "async1sd": ["--mode", "async", "--staleness", "1", "--stale-smoothing", "0.95", "--stale-step", "inverse"],
-         "async1sb": ["--mode", "async", "--staleness", "1", "--stale-smoothing", "0.95", "--local-barrier"],
-         "async1f": ["--mode", "async", "--staleness", "1", "--sync-epochs", "1"],
-         "async1sbf": ["--mode", "async", "--staleness", "1", "--stale-smoothing", "0.95", "--local-barrier",
-                       "--sync-epochs", "1"]}
+
+
+def _async(staleness: int, smoothing: float = 0.0, barrier: bool = False, *more: str) -> list[str]:
+    """An async mode's flags, its smoothing and barrier always spelled out (their defaults are both on)."""
+    return ["--mode", "async", "--staleness", str(staleness), "--stale-smoothing", str(smoothing),
+            "--local-barrier", "on" if barrier else "off", *more]
+
+
+MODES = {"sync": ["--mode", "sync"], "async0": _async(0), "async1": _async(1), "async2": _async(2),
+         "async1c": _async(1, 0, False, "--async-update", "chunk"),
+         "async0b": _async(0, 0, True), "async1b": _async(1, 0, True), "async1s": _async(1, 0.95),
+         "async1d": _async(1, 0, False, "--stale-step", "inverse"),
+         "async1l": _async(1, 0, False, "--stale-step", "inverse-lr"),
+         "async1sd": _async(1, 0.95, False, "--stale-step", "inverse"),
+         "async1sb": _async(1, 0.95, True),  # --mode async's default since 2026-12-04 (issue 39)
+         "async1f": _async(1, 0, False, "--sync-epochs", "1"),
+         "async1sbf": _async(1, 0.95, True, "--sync-epochs", "1"),
+         "async0sb": _async(0, 0.95, True), "async2sb": _async(2, 0.95, True)}
 LABEL = {"sync": "sync", "async0": "async S=0", "async1": "async S=1", "async2": "async S=2",
          "async1c": "async S=1, update per chunk", "async0b": "async S=0, local barrier",
          "async1b": "async S=1, local barrier", "async1s": "async S=1, stale smoothing 0.95",
          "async1d": "async S=1, stale step inverse", "async1l": "async S=1, stale step inverse-lr",
          "async1sd": "async S=1, smoothing 0.95 + stale step inverse",
          "async1sb": "async S=1, smoothing 0.95 + local barrier", "async1f": "async S=1, first epoch sync",
-         "async1sbf": "async S=1, smoothing 0.95 + local barrier + first epoch sync"}
+         "async1sbf": "async S=1, smoothing 0.95 + local barrier + first epoch sync",
+         "async0sb": "async S=0, smoothing 0.95 + local barrier", "async2sb": "async S=2, smoothing 0.95 + local barrier"}
 
 
 def steady_epoch_s(rows: list[dict]) -> float:
@@ -179,11 +185,11 @@ def parse_args() -> argparse.Namespace:
     ap = graph_bench_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma list of 0ms, 20ms, 200mbps (default all)")
     ap.add_argument("--modes", default="sync,async1,async2", help="comma list of sync, async0, async1, async2 (async "
-                    "S=0..2), async1c (async S=1 with --async-update chunk), async0b, async1b (S=0, S=1 with "
+                    "S=0..2, without smoothing or local barrier: every async mode here spells both out), async1c (async S=1 with --async-update chunk), async0b, async1b (S=0, S=1 with "
                     "--local-barrier), async1s (S=1, --stale-smoothing 0.95), async1d (S=1, --stale-step inverse), async1l "
                     "(S=1, --stale-step inverse-lr), async1sd (S=1, smoothing 0.95 + stale step inverse), async1sb "
                     "(S=1, smoothing 0.95 + --local-barrier), async1f (S=1, --sync-epochs 1), async1sbf (async1sb with "
-                    "--sync-epochs 1); sync is needed for the target (default "
+                    "--sync-epochs 1), async0sb, async2sb (S=0, S=2 with both; async1sb is --mode async's default); sync is needed for the target (default "
                     "sync,async1,async2)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     ap.add_argument("--epochs", type=int, default=200, help="epoch budget of every run (default 200)")

@@ -104,10 +104,11 @@ class TrainConfig:
             self._check_decentral()
         elif p.backend != "reference":
             self._check_distributed()
-        if p.local_barrier and p.mode != "async":
+        if p.local_barrier is True and p.mode != "async":
             raise ConfigError("--local-barrier is for --mode async (in sync mode every stage waits for every chunk; "
                               "gossip and allreduce have no graph servers)")
-        stale = [f for f, on in (("--stale-smoothing", p.stale_smoothing), ("--stale-step", p.stale_step != "none")) if on]
+        stale = [f for f, on in (("--stale-smoothing", p.stale_smoothing not in (AUTO, 0)),
+                                 ("--stale-step", p.stale_step != "none")) if on]
         if stale and (p.mode != "async" or not p.distributed):
             raise ConfigError(f"{stale[0]} is for --mode async on the distributed backends (sync mode reads no stale "
                               "rows or gradients)")

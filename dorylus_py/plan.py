@@ -2,7 +2,8 @@
 
 :func:`plan` takes the settings (:class:`~dorylus_py.config.TrainConfig`) and what is known of the data
 (the graph's counts, and each partition's vertex count once it is prepared) and resolves everything
-derived: the model's layer widths, ``--chunks auto`` and each graph server's chunk count, each graph
+derived: the model's layer widths, ``--chunks auto`` and each graph server's chunk count, async mode's
+``--local-barrier`` and ``--stale-smoothing``, each graph
 server's share of the Lambda pool, the server counts. The CLI (for the run record), the driver (for the
 servers' ``start``), the cost estimator and the reports ask it; nothing else works these values out.
 Only the standard library is imported here.
@@ -14,13 +15,13 @@ from dataclasses import dataclass, replace
 
 from dorylus_py.config import LAMBDA_BACKENDS, TrainConfig
 from dorylus_py.errors import DataError
-from dorylus_py.sections import ASYNC_CHUNKS, AUTO_CHUNK_ROWS  # noqa: F401  (AUTO_CHUNK_ROWS: what tests read)
+from dorylus_py.sections import ASYNC_CHUNKS, ASYNC_SMOOTHING, AUTO_CHUNK_ROWS  # noqa: F401  (AUTO_CHUNK_ROWS: tests)
 from dorylus_py.settings import AUTO
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    config: TrainConfig  # with --chunks resolved to a count (a distributed run's)
+    config: TrainConfig  # a distributed run's: --chunks a count, --local-barrier and --stale-smoothing decided
     widths: list[int]  # layer widths: features, hidden..., classes
     graph_servers: int  # partitions (0: no graph servers: the reference trainer, the decentralised modes)
     weight_servers: int
@@ -50,9 +51,18 @@ def plan(cfg: TrainConfig, features: int, classes: int, nodes: int, parts: list[
         workers = share[0] if p.backend in LAMBDA_BACKENDS and cfg.pool.lambdas is not AUTO else None
         chunks = chunks_per_server(p.backend, p.mode, workers, -(-nodes // k))
     sizes = parts if parts is not None else [max(1, nodes // k)] * k
-    resolved = cfg if chunks == p.chunks else replace(cfg, chunks=chunks)
+    resolved = replace(cfg, chunks=chunks, **async_defaults(cfg))
     return RunPlan(resolved, widths, k, weight_servers or p.weight_servers,
                    [max(1, min(chunks, s)) for s in sizes], share)
+
+
+def async_defaults(cfg: TrainConfig) -> dict:
+    """``--local-barrier auto`` and ``--stale-smoothing auto``: on (and PipeGCN's 0.95) in async mode,
+    where together they keep S=1 from diverging on the benchmark graphs (docs/performance.md, issue 39's
+    measurements); off elsewhere. Values the user gave stay."""
+    p, is_async = cfg.pipeline, cfg.pipeline.mode == "async"
+    return {"local_barrier": is_async if p.local_barrier is AUTO else p.local_barrier,
+            "stale_smoothing": (ASYNC_SMOOTHING if is_async else 0.0) if p.stale_smoothing is AUTO else p.stale_smoothing}
 
 
 def lambda_share(cfg: TrainConfig, graph_servers: int) -> tuple[int, int, int]:

@@ -20,6 +20,7 @@ FUSE_CHOICES = ("auto", "on", "off")  # GCN's fused last layer; auto: where tens
 LAMBDA_BACKENDS = ("local", "lambda")  # tensor tasks in Lambda containers (emulated, or AWS's)
 INPROC_BACKENDS = ("cpu", "gpu")  # tensor tasks in the graph servers' own threads
 AUTO_CHUNK_ROWS = 150_000  # --chunks auto: at most this many rows a chunk (a tensor task's memory grows with them)
+ASYNC_SMOOTHING = 0.95  # --stale-smoothing auto in async mode: PipeGCN's gamma (issue 39's measurements)
 ASYNC_CHUNKS = 4  # --chunks auto on an autotuned pool, or async cpu/gpu: chunks a server pipelines at least
 STALE_STEPS = ("none", "inverse", "inverse-lr")  # async: a stale gradient's weight in the update (weights/store.py)
 # Upper bounds (``most``): far beyond any real run, low enough that no count overflows an allocation, a
@@ -138,23 +139,25 @@ class PipelineSettings(Section):
     async_update: str = setting("epoch", "async: one weight update per epoch's worth of chunk gradients, taken without "
                                 "a barrier (default; Cora 81 %), or one per chunk gradient (78 %)",
                                 choices=("epoch", "chunk"))
-    local_barrier: bool = setting(False, "async: a chunk's graph stage (Gather, its backward, the evaluation's "
-                                  "Gather) waits until every chunk of its own server has reached it, so the rows it "
-                                  "reads from its own server are of its epoch and only peers' rows can be stale. On "
-                                  "the 200 k benchmark graph S=1 then reached its target in 70 epochs instead of 94 "
-                                  "(sync 60) and stayed steady at lr 0.04; on Cora it gained nothing (see "
-                                  "docs/performance.md, time to accuracy) (default off)")
+    local_barrier: bool | Auto = setting(AUTO, "async: a chunk's graph stage (Gather, its backward, the evaluation's "
+                                         "Gather) waits until every chunk of its own server has reached it, so the rows "
+                                         "it reads from its own server are of its epoch and only peers' rows can be "
+                                         "stale. auto (default): on in async mode, where with --stale-smoothing it is "
+                                         "what keeps S=1 from diverging at lr 0.04 on the benchmark graphs (see "
+                                         "docs/performance.md, time to accuracy); off: chunks read each other's rows "
+                                         "as they are")
     sync_epochs: int = setting(0, "async: the job's first N epochs run synchronously (every stage waits for every "
                                "chunk and every peer's rows), then asynchronously, as the original Dorylus runs its "
                                "first epoch: no chunk gathers ghost rows a peer has not sent yet (they are zeros before "
                                "the first), and Adam's first steps see no stale gradients (default 0)", most=1_000_000,
                                metavar="N")
-    stale_smoothing: float = setting(0.0, "async: a graph server keeps, for every ghost row a peer sends (training "
-                                     "pass) and every gradient contribution a peer sends back, the moving average "
-                                     "m = GAMMA m + (1 - GAMMA) received (the first: received itself) in place of the "
-                                     "value, and reads it where the stale value stood, as PipeGCN does (its code: "
-                                     "0.95). Rows of its own chunks are never smoothed (default 0: off)",
-                                     metavar="GAMMA")
+    stale_smoothing: float | Auto = setting(AUTO, "async: a graph server keeps, for every ghost row a peer sends "
+                                            "(training pass) and every gradient contribution a peer sends back, the "
+                                            "moving average m = GAMMA m + (1 - GAMMA) received (the first: received "
+                                            "itself) in place of the value, and reads it where the stale value stood, "
+                                            "as PipeGCN does. Rows of its own chunks are never smoothed. auto "
+                                            f"(default): {ASYNC_SMOOTHING} in async mode (PipeGCN's), 0 (off) "
+                                            "elsewhere; 0: off", metavar="GAMMA|auto")
     stale_step: str = setting("none", "async: how the weight server weighs a gradient computed at weights d versions "
                               "behind the newest. none (default): as it is; inverse: the gradient times 1/(d+1) "
                               "before it enters its update or its epoch's sum (staleness-aware SGD; Adam's moments "
@@ -193,7 +196,7 @@ class PipelineSettings(Section):
         one_of("--async-update", self.async_update, ("epoch", "chunk"))
         one_of("--wire-dtype", self.wire_dtype, WIRE_DTYPES)
         one_of("--stale-step", self.stale_step, STALE_STEPS)
-        if not 0 <= self.stale_smoothing < 1:
+        if self.stale_smoothing is not AUTO and not 0 <= self.stale_smoothing < 1:
             raise ConfigError(f"--stale-smoothing must be in [0, 1), got {self.stale_smoothing}")
         if self.chunks is not AUTO:  # every backend: a bad count is an error even where unused
             count("--chunks", self.chunks)

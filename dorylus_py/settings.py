@@ -167,6 +167,19 @@ def count_or_auto(value: str) -> int | Auto:
         raise argparse.ArgumentTypeError(f"expected a number or auto, got {value!r}") from None
 
 
+def number_or_auto(value: str) -> float | Auto:
+    """``--stale-smoothing``: a number, or ``auto`` (the run plan's choice)."""
+    return AUTO if value == "auto" else finite_float(value)
+
+
+def switch_or_auto(value: str) -> bool | Auto:
+    """``--local-barrier [on|off|auto]``: the bare flag is on; ``auto`` is the run plan's choice."""
+    options = {"on": True, "off": False, "auto": AUTO}
+    if value not in options:
+        raise argparse.ArgumentTypeError(f"expected on, off or auto, got {value!r}")
+    return options[value]
+
+
 def add_flags(group, section: type, defaults=None) -> None:
     """Add a flag for every field of ``section`` (a settings dataclass) to ``group``; ``defaults``: an
     instance whose values are the flags' defaults (the class's own otherwise)."""
@@ -185,6 +198,8 @@ def add_flags(group, section: type, defaults=None) -> None:
             group.add_argument(*names, action="store_true", help=help_text)
             continue
         options = {"default": default, "help": help_text, "metavar": meta["metavar"]}
+        if kind == "bool | Auto":  # a switch the plan may choose: the bare flag turns it on
+            options.update(nargs="?", const=True, metavar=meta["metavar"] or "on|off|auto")
         if meta["choices"]:
             options["choices"] = meta["choices"]
         group.add_argument(*names, type=_parser_of(kind), **options)
@@ -194,7 +209,7 @@ def _parser_of(kind: str):
     """The argparse ``type`` for a field annotated ``kind`` (its text)."""
     options = [o for o in kind.replace(" ", "").split("|") if o != "None"]
     if "Auto" in options:
-        return count_or_auto
+        return {"bool": switch_or_auto, "float": number_or_auto}.get(options[0], count_or_auto)
     return {"int": int, "float": finite_float}.get(options[0], str)
 
 

@@ -88,7 +88,7 @@ def barrier_breaks(tasks: list[dict], server: int, epoch: int) -> int:
 
 
 def test_chunks_of_different_epochs_overlap_within_the_staleness_bound(parts, tmp_path):
-    _, tasks = run(parts, tmp_path, "s1", epochs=4, mode="async", staleness=1)
+    _, tasks = run(parts, tmp_path, "s1", epochs=4, mode="async", staleness=1, local_barrier=False)
     leads = epoch_leads(tasks)
     assert max(leads) > 0, f"no epoch began before the previous one's last task: {leads}"
     assert max_lead(tasks) == 1  # ran ahead, and never more than --staleness 1
@@ -97,7 +97,7 @@ def test_chunks_of_different_epochs_overlap_within_the_staleness_bound(parts, tm
 
 @pytest.mark.long
 def test_staleness_zero_and_sync_mode_never_overlap_epochs(parts, tmp_path):
-    _, s0 = run(parts, tmp_path, "s0", epochs=4, mode="async", staleness=0)
+    _, s0 = run(parts, tmp_path, "s0", epochs=4, mode="async", staleness=0, local_barrier=False)
     _, sync = run(parts, tmp_path, "sync", epochs=4, mode="sync")
     for name, tasks in (("s0", s0), ("sync", sync)):
         assert max(epoch_leads(tasks)) < 0, (name, epoch_leads(tasks))
@@ -151,7 +151,7 @@ def test_switch_to_sync_runs_later_epochs_with_barriers(parts, tmp_path, monkeyp
         send(link, name, msg)
 
     monkeypatch.setattr(DriverLink, "send", send_and_note)
-    summary, tasks = run(parts, tmp_path, "switch", epochs=SWITCH_EPOCHS, mode="async", staleness=1, target_acc=0.99,
+    summary, tasks = run(parts, tmp_path, "switch", epochs=SWITCH_EPOCHS, mode="async", staleness=1, target_acc=0.99, local_barrier=False,
                          switch_threshold=0.98)
     at = summary["switched_to_sync_at"]
     assert at is not None and 2 <= at < SWITCH_EPOCHS, at  # epoch 1 began before any report
@@ -169,7 +169,8 @@ def test_switch_to_sync_runs_later_epochs_with_barriers(parts, tmp_path, monkeyp
 def test_sync_epochs_run_with_barriers_and_compute_what_sync_mode_does(parts, tmp_path):
     """--sync-epochs 1 (Dorylus's first epoch): epoch 1 of an async job has a barrier after every stage and
     the loss and accuracies of sync mode's epoch 1; the epochs after it run without barriers."""
-    summary, tasks = run(parts, tmp_path, "sync1", epochs=4, mode="async", staleness=1, sync_epochs=1)
+    summary, tasks = run(parts, tmp_path, "sync1", epochs=4, mode="async", staleness=1, sync_epochs=1,
+                         local_barrier=False)
     assert summary["epochs"] == 4
     assert not any(barrier_breaks(tasks, k, 1) for k in (0, 1))
     assert any(barrier_breaks(tasks, k, e) for k in (0, 1) for e in range(2, 5))
