@@ -59,10 +59,12 @@ def plan(cfg: TrainConfig, features: int, classes: int, nodes: int, parts: list[
 def async_defaults(cfg: TrainConfig) -> dict:
     """``--local-barrier auto`` and ``--stale-smoothing auto``: on (and PipeGCN's 0.95) in async mode,
     where together they keep S=1 from diverging on the benchmark graphs (docs/performance.md, issue 39's
-    measurements); off elsewhere. Values the user gave stay."""
+    measurements); off elsewhere. Smoothing stays off with ``--switch-threshold``: a server's moving
+    averages would lag the current rows of the sync epochs after the switch. Values the user gave stay."""
     p, is_async = cfg.pipeline, cfg.pipeline.mode == "async"
+    smooth = ASYNC_SMOOTHING if is_async and not p.switch_threshold else 0.0
     return {"local_barrier": is_async if p.local_barrier is AUTO else p.local_barrier,
-            "stale_smoothing": (ASYNC_SMOOTHING if is_async else 0.0) if p.stale_smoothing is AUTO else p.stale_smoothing}
+            "stale_smoothing": smooth if p.stale_smoothing is AUTO else p.stale_smoothing}
 
 
 def lambda_share(cfg: TrainConfig, graph_servers: int) -> tuple[int, int, int]:

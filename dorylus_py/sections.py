@@ -156,8 +156,8 @@ class PipelineSettings(Section):
                                             "moving average m = GAMMA m + (1 - GAMMA) received (the first: received "
                                             "itself) in place of the value, and reads it where the stale value stood, "
                                             "as PipeGCN does. Rows of its own chunks are never smoothed. auto "
-                                            f"(default): {ASYNC_SMOOTHING} in async mode (PipeGCN's), 0 (off) "
-                                            "elsewhere; 0: off", metavar="GAMMA|auto")
+                                            f"(default): {ASYNC_SMOOTHING} in async mode (PipeGCN's) without "
+                                            "--switch-threshold, 0 (off) elsewhere; 0: off", metavar="GAMMA|auto")
     stale_step: str = setting("none", "async: how the weight server weighs a gradient computed at weights d versions "
                               "behind the newest. none (default): as it is; inverse: the gradient times 1/(d+1) "
                               "before it enters its update or its epoch's sum (staleness-aware SGD; Adam's moments "

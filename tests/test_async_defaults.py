@@ -26,6 +26,8 @@ def test_auto_is_the_default_and_the_plan_turns_both_on_in_async_mode_only():
     assert planned("--mode", "async") == (True, ASYNC_SMOOTHING) == (True, 0.95)
     assert planned("--mode", "sync") == (False, 0.0)
     assert planned("--backend", "cpu", "--mode", "async") == (True, 0.95)
+    # after a switch back to sync, smoothed rows would lag the current ones: auto leaves smoothing off
+    assert planned("--mode", "async", "--target-acc", "0.8", "--switch-threshold", "0.02") == (True, 0.0)
 
 
 @pytest.mark.parametrize("argv, expected", [
