@@ -17,9 +17,12 @@ and cgroup v1; run on a quiet machine.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import subprocess
 import sys
+
+from bench_tta import fail
 
 from dorylus_py.cgroups import JobGroups, unavailable
 from dorylus_py.hosts import Host
@@ -53,16 +56,32 @@ def cpu_ms(kind: str, cores: float, dilation: float, iterations: int) -> float:
     return float(out.stdout)
 
 
+def positive(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not number > 0 or math.isinf(number):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+    return number
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cores", type=float, default=0.6, help="the host's cores C (default 0.6, as tests/scale_model)")
+    p.error = fail  # one line and exit 2, as the other benchmarks
+    p.add_argument("--cores", type=positive, default=0.6, help="the host's cores C (default 0.6, as tests/scale_model)")
     p.add_argument("--dilations", default="1,2,4", help="comma-separated D, the first the reference (default 1,2,4)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved runs per cell, the median kept (default 3)")
     p.add_argument("--iterations", type=int, default=60, help="kernel iterations per run (default 60)")
     args = p.parse_args()
+    try:
+        dilations = [positive(d) for d in args.dilations.split(",")]
+    except argparse.ArgumentTypeError as e:
+        fail(f"--dilations: {e}")
+    if args.repeats < 1 or args.iterations < 1:
+        fail(f"--repeats and --iterations must be at least 1, got {args.repeats} and {args.iterations}")
     if why := unavailable():
-        sys.exit(f"bench_host_share: {why}")
-    dilations = [float(d) for d in args.dilations.split(",")]
+        fail(why)
     print(f"host of {args.cores:g} cores; median CPU ms per iteration of {args.repeats} runs; ratio to D={dilations[0]:g}")
     print(f"{'kernel':8s} " + " ".join(f"{'D=' + format(d, 'g') + ' (' + format(args.cores / d, '.3g') + ' core)':>22s}"
                                        for d in dilations))

@@ -185,11 +185,13 @@ def parse_args() -> argparse.Namespace:
     ap = graph_bench_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma list of 0ms, 20ms, 200mbps (default all)")
     ap.add_argument("--modes", default="sync,async1,async2", help="comma list of sync, async0, async1, async2 (async "
-                    "S=0..2, without smoothing or local barrier: every async mode here spells both out), async1c (async S=1 with --async-update chunk), async0b, async1b (S=0, S=1 with "
+                    "S=0..2, without smoothing or local barrier: every async mode here spells both out), async1c "
+                    "(async S=1 with --async-update chunk), async0b, async1b (S=0, S=1 with "
                     "--local-barrier), async1s (S=1, --stale-smoothing 0.95), async1d (S=1, --stale-step inverse), async1l "
                     "(S=1, --stale-step inverse-lr), async1sd (S=1, smoothing 0.95 + stale step inverse), async1sb "
                     "(S=1, smoothing 0.95 + --local-barrier), async1f (S=1, --sync-epochs 1), async1sbf (async1sb with "
-                    "--sync-epochs 1), async0sb, async2sb (S=0, S=2 with both; async1sb is --mode async's default); sync is needed for the target (default "
+                    "--sync-epochs 1), async0sb, async2sb (S=0, S=2 with both; async1sb is --mode async's "
+                    "default); sync is needed for the target (default "
                     "sync,async1,async2)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     ap.add_argument("--epochs", type=int, default=200, help="epoch budget of every run (default 200)")

@@ -151,8 +151,8 @@ def test_switch_to_sync_runs_later_epochs_with_barriers(parts, tmp_path, monkeyp
         send(link, name, msg)
 
     monkeypatch.setattr(DriverLink, "send", send_and_note)
-    summary, tasks = run(parts, tmp_path, "switch", epochs=SWITCH_EPOCHS, mode="async", staleness=1, target_acc=0.99, local_barrier=False,
-                         switch_threshold=0.98)
+    summary, tasks = run(parts, tmp_path, "switch", epochs=SWITCH_EPOCHS, mode="async", staleness=1, target_acc=0.99,
+                         switch_threshold=0.98, local_barrier=False)
     at = summary["switched_to_sync_at"]
     assert at is not None and 2 <= at < SWITCH_EPOCHS, at  # epoch 1 began before any report
     assert len(asked) == 2  # one freeze to each server
