@@ -51,19 +51,24 @@ SYNTHHUB = {"nodes": 100_000, "edges": 2_000_000, "degree-exponent": 2.1, "homop
 SETTINGS = {"0ms": [], "20ms": ["--lambda-latency-ms", "20"], "200mbps": ["--lambda-bandwidth-mbps", "200"]}
 
 
-def _async(staleness: int, smoothing: float = 0.0, barrier: bool = False, *more: str) -> list[str]:
-    """An async mode's flags, its smoothing and barrier always spelled out (their defaults are both on)."""
+def _async(staleness: int, smoothing: float = 0.0, barrier: bool = False, *more: str, wait: int = 0) -> list[str]:
+    """An async mode's flags, its smoothing, barrier and fresh wait always spelled out (their defaults are auto)."""
     return ["--mode", "async", "--staleness", str(staleness), "--stale-smoothing", str(smoothing),
-            "--local-barrier", "on" if barrier else "off", *more]
+            "--local-barrier", "on" if barrier else "off", "--fresh-wait-ms", str(wait), *more]
 
 
 MODES = {"sync": ["--mode", "sync"], "async0": _async(0), "async1": _async(1), "async2": _async(2),
          "async1c": _async(1, 0, False, "--async-update", "chunk"),
          "async0b": _async(0, 0, True), "async1b": _async(1, 0, True), "async1s": _async(1, 0.95),
          "async1d": _async(1, 0, False, "--stale-step", "inverse"),
+         "async1sbp": _async(1, 0.95, True, "--predict-weights"),
+         "async1p": _async(1, 0, False, "--predict-weights"),
+         "async1sb8": _async(1, 0.8, True), "async1sb5": _async(1, 0.5, True),
+         **{f"async1sbw{ms}": _async(1, 0.95, True, wait=ms) for ms in (10, 50, 200)},
+         **{f"async1bw{ms}": _async(1, 0, True, wait=ms) for ms in (10, 50, 200)},  # 50: --mode async's default
          "async1l": _async(1, 0, False, "--stale-step", "inverse-lr"),
          "async1sd": _async(1, 0.95, False, "--stale-step", "inverse"),
-         "async1sb": _async(1, 0.95, True),  # --mode async's default since 2026-12-04 (issue 39)
+         "async1sb": _async(1, 0.95, True),  # --mode async's default 2026-12-04 13:00-16:30 (issue 39)
          "async1f": _async(1, 0, False, "--sync-epochs", "1"),
          "async1sbf": _async(1, 0.95, True, "--sync-epochs", "1"),
          "async0sb": _async(0, 0.95, True), "async2sb": _async(2, 0.95, True)}
@@ -74,7 +79,12 @@ LABEL = {"sync": "sync", "async0": "async S=0", "async1": "async S=1", "async2":
          "async1sd": "async S=1, smoothing 0.95 + stale step inverse",
          "async1sb": "async S=1, smoothing 0.95 + local barrier", "async1f": "async S=1, first epoch sync",
          "async1sbf": "async S=1, smoothing 0.95 + local barrier + first epoch sync",
-         "async0sb": "async S=0, smoothing 0.95 + local barrier", "async2sb": "async S=2, smoothing 0.95 + local barrier"}
+         "async0sb": "async S=0, smoothing 0.95 + local barrier", "async2sb": "async S=2, smoothing 0.95 + local barrier",
+         "async1p": "async S=1, predicted weights",
+         **{f"async1sbw{ms}": f"async S=1, smoothing 0.95 + local barrier + fresh wait {ms} ms" for ms in (10, 50, 200)},
+         **{f"async1bw{ms}": f"async S=1, local barrier + fresh wait {ms} ms" for ms in (10, 50, 200)},
+         "async1sb8": "async S=1, smoothing 0.8 + local barrier", "async1sb5": "async S=1, smoothing 0.5 + local barrier",
+         "async1sbp": "async S=1, smoothing 0.95 + local barrier + predicted weights"}
 
 
 def steady_epoch_s(rows: list[dict]) -> float:
@@ -185,14 +195,15 @@ def parse_args() -> argparse.Namespace:
     ap = graph_bench_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma list of 0ms, 20ms, 200mbps (default all)")
     ap.add_argument("--modes", default="sync,async1,async2", help="comma list of sync, async0, async1, async2 (async "
-                    "S=0..2, without smoothing or local barrier: every async mode here spells both out), async1c "
-                    "(async S=1 with --async-update chunk), async0b, async1b (S=0, S=1 with "
+                    "S=0..2, without smoothing, local barrier or fresh wait: every async mode here spells all three "
+                    "out), async1c (async S=1 with --async-update chunk), async0b, async1b (S=0, S=1 with "
                     "--local-barrier), async1s (S=1, --stale-smoothing 0.95), async1d (S=1, --stale-step inverse), async1l "
                     "(S=1, --stale-step inverse-lr), async1sd (S=1, smoothing 0.95 + stale step inverse), async1sb "
                     "(S=1, smoothing 0.95 + --local-barrier), async1f (S=1, --sync-epochs 1), async1sbf (async1sb with "
-                    "--sync-epochs 1), async0sb, async2sb (S=0, S=2 with both; async1sb is --mode async's "
-                    "default); sync is needed for the target (default "
-                    "sync,async1,async2)")
+                    "--sync-epochs 1), async0sb, async2sb (S=0, S=2 with both), async1sb8, async1sb5 (async1sb with "
+                    "smoothing 0.8, 0.5), async1p, async1sbp (async1, async1sb with --predict-weights), async1bwMS, "
+                    "async1sbwMS (async1b, async1sb with --fresh-wait-ms MS: 10, 50 or 200; async1bw50 is --mode "
+                    "async's default); sync is needed for the target (default sync,async1,async2)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     ap.add_argument("--epochs", type=int, default=200, help="epoch budget of every run (default 200)")
     ap.add_argument("--fraction", type=float, default=0.97, help="target = this x sync's best val_acc (default 0.97)")

@@ -27,6 +27,9 @@ RESUME_OVERRIDES = ("epochs", "checkpoint_every", "target_acc", "max_restarts", 
                     "replace_timeout_s", "relaunch_min_s", "relaunch_factor")
 
 
+ABSENT_AS = {"fresh_wait_ms": 0.0}  # settings newer than a record: what a run recorded without them did
+
+
 def resume_args(args, given: set[str]) -> dict:
     """``--resume RUN_DIR``: the run's flags and data from RUN_DIR/config.json (but RESUME_OVERRIDES given
     now) and --out RUN_DIR. Returns the recorded configuration."""
@@ -48,6 +51,8 @@ def resume_args(args, given: set[str]) -> dict:
             setattr(args, name, old["sources"][name])
         elif name in old and name not in given:
             setattr(args, name, getattr(recorded, name))
+        elif name in ABSENT_AS and name not in old:  # an older release's record resumes as it ran
+            setattr(args, name, ABSENT_AS[name])
     args.out, args.resume, args.cluster = str(run_dir), True, old.get("cluster")
     if "no_data_copy" not in given:
         args.no_data_copy = old.get("no_data_copy", False)

@@ -108,7 +108,9 @@ class TrainConfig:
             raise ConfigError("--local-barrier is for --mode async (in sync mode every stage waits for every chunk; "
                               "gossip and allreduce have no graph servers)")
         stale = [f for f, on in (("--stale-smoothing", p.stale_smoothing not in (AUTO, 0)),
-                                 ("--stale-step", p.stale_step != "none")) if on]
+                                 ("--stale-step", p.stale_step != "none"),
+                                 ("--predict-weights", p.predict_weights),
+                                 ("--fresh-wait-ms", p.fresh_wait_ms not in (AUTO, 0))) if on]
         if stale and (p.mode != "async" or not p.distributed):
             raise ConfigError(f"{stale[0]} is for --mode async on the distributed backends (sync mode reads no stale "
                               "rows or gradients)")

@@ -3,7 +3,7 @@
 :func:`plan` takes the settings (:class:`~dorylus_py.config.TrainConfig`) and what is known of the data
 (the graph's counts, and each partition's vertex count once it is prepared) and resolves everything
 derived: the model's layer widths, ``--chunks auto`` and each graph server's chunk count, async mode's
-``--local-barrier`` and ``--stale-smoothing``, each graph
+``--local-barrier``, ``--fresh-wait-ms`` and ``--stale-smoothing``, each graph
 server's share of the Lambda pool, the server counts. The CLI (for the run record), the driver (for the
 servers' ``start``), the cost estimator and the reports ask it; nothing else works these values out.
 Only the standard library is imported here.
@@ -15,13 +15,13 @@ from dataclasses import dataclass, replace
 
 from dorylus_py.config import LAMBDA_BACKENDS, TrainConfig
 from dorylus_py.errors import DataError
-from dorylus_py.sections import ASYNC_CHUNKS, ASYNC_SMOOTHING, AUTO_CHUNK_ROWS  # noqa: F401  (AUTO_CHUNK_ROWS: tests)
+from dorylus_py.sections import ASYNC_CHUNKS, ASYNC_FRESH_WAIT_MS, ASYNC_SMOOTHING, AUTO_CHUNK_ROWS  # noqa: F401  (AUTO_CHUNK_ROWS: tests)
 from dorylus_py.settings import AUTO
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    config: TrainConfig  # a distributed run's: --chunks a count, --local-barrier and --stale-smoothing decided
+    config: TrainConfig  # a distributed run's: --chunks a count; the barrier, fresh wait and smoothing decided
     widths: list[int]  # layer widths: features, hidden..., classes
     graph_servers: int  # partitions (0: no graph servers: the reference trainer, the decentralised modes)
     weight_servers: int
@@ -57,13 +57,16 @@ def plan(cfg: TrainConfig, features: int, classes: int, nodes: int, parts: list[
 
 
 def async_defaults(cfg: TrainConfig) -> dict:
-    """``--local-barrier auto`` and ``--stale-smoothing auto``: on (and PipeGCN's 0.95) in async mode,
-    where together they keep S=1 from diverging on the benchmark graphs (docs/performance.md, issue 39's
-    measurements); off elsewhere. Smoothing stays off with ``--switch-threshold``: a server's moving
-    averages would lag the current rows of the sync epochs after the switch. Values the user gave stay."""
+    """``--local-barrier``, ``--fresh-wait-ms`` and ``--stale-smoothing`` ``auto``, in async mode: the
+    barrier on and a wait of :data:`ASYNC_FRESH_WAIT_MS` for the peers' rows, which together bring async
+    S=1 to sync's epochs on the benchmark graphs (docs/performance.md, issue 39's measurements); smoothing
+    (PipeGCN's 0.95) only when the wait is 0, where it keeps stale rows from making S=1 diverge: its
+    moving average lags rows that come in time. Smoothing also stays off with ``--switch-threshold`` (the
+    sync epochs after the switch would read averages). Off elsewhere; values the user gave stay."""
     p, is_async = cfg.pipeline, cfg.pipeline.mode == "async"
-    smooth = ASYNC_SMOOTHING if is_async and not p.switch_threshold else 0.0
-    return {"local_barrier": is_async if p.local_barrier is AUTO else p.local_barrier,
+    wait = (ASYNC_FRESH_WAIT_MS if is_async else 0.0) if p.fresh_wait_ms is AUTO else p.fresh_wait_ms
+    smooth = ASYNC_SMOOTHING if is_async and not p.switch_threshold and not wait else 0.0
+    return {"local_barrier": is_async if p.local_barrier is AUTO else p.local_barrier, "fresh_wait_ms": wait,
             "stale_smoothing": smooth if p.stale_smoothing is AUTO else p.stale_smoothing}
 
 

@@ -20,7 +20,8 @@ FUSE_CHOICES = ("auto", "on", "off")  # GCN's fused last layer; auto: where tens
 LAMBDA_BACKENDS = ("local", "lambda")  # tensor tasks in Lambda containers (emulated, or AWS's)
 INPROC_BACKENDS = ("cpu", "gpu")  # tensor tasks in the graph servers' own threads
 AUTO_CHUNK_ROWS = 150_000  # --chunks auto: at most this many rows a chunk (a tensor task's memory grows with them)
-ASYNC_SMOOTHING = 0.95  # --stale-smoothing auto in async mode: PipeGCN's gamma (issue 39's measurements)
+ASYNC_SMOOTHING = 0.95  # --stale-smoothing auto in async mode without a fresh wait: PipeGCN's gamma (issue 39)
+ASYNC_FRESH_WAIT_MS = 50.0  # --fresh-wait-ms auto in async mode (issue 39's measurements)
 ASYNC_CHUNKS = 4  # --chunks auto on an autotuned pool, or async cpu/gpu: chunks a server pipelines at least
 STALE_STEPS = ("none", "inverse", "inverse-lr")  # async: a stale gradient's weight in the update (weights/store.py)
 # Upper bounds (``most``): far beyond any real run, low enough that no count overflows an allocation, a
@@ -142,10 +143,9 @@ class PipelineSettings(Section):
     local_barrier: bool | Auto = setting(AUTO, "async: a chunk's graph stage (Gather, its backward, the evaluation's "
                                          "Gather) waits until every chunk of its own server has reached it, so the rows "
                                          "it reads from its own server are of its epoch and only peers' rows can be "
-                                         "stale. auto (default): on in async mode, where with --stale-smoothing it is "
-                                         "what keeps S=1 from diverging at lr 0.04 on the benchmark graphs (see "
-                                         "docs/performance.md, time to accuracy); off: chunks read each other's rows "
-                                         "as they are")
+                                         "stale. auto (default): on in async mode, where with --fresh-wait-ms it brings "
+                                         "S=1 to sync's epochs on the benchmark graphs (see docs/performance.md, time "
+                                         "to accuracy); off: chunks read each other's rows as they are")
     sync_epochs: int = setting(0, "async: the job's first N epochs run synchronously (every stage waits for every "
                                "chunk and every peer's rows), then asynchronously, as the original Dorylus runs its "
                                "first epoch: no chunk gathers ghost rows a peer has not sent yet (they are zeros before "
@@ -156,14 +156,23 @@ class PipelineSettings(Section):
                                             "moving average m = GAMMA m + (1 - GAMMA) received (the first: received "
                                             "itself) in place of the value, and reads it where the stale value stood, "
                                             "as PipeGCN does. Rows of its own chunks are never smoothed. auto "
-                                            f"(default): {ASYNC_SMOOTHING} in async mode (PipeGCN's) without "
-                                            "--switch-threshold, 0 (off) elsewhere; 0: off", metavar="GAMMA|auto")
+                                            f"(default): {ASYNC_SMOOTHING} (PipeGCN's) in async mode when --fresh-wait-ms "
+                                            "is 0 and without --switch-threshold, 0 (off) elsewhere; 0: off", metavar="GAMMA|auto")
     stale_step: str = setting("none", "async: how the weight server weighs a gradient computed at weights d versions "
                               "behind the newest. none (default): as it is; inverse: the gradient times 1/(d+1) "
                               "before it enters its update or its epoch's sum (staleness-aware SGD; Adam's moments "
                               "see the scaled gradient); inverse-lr: Adam's moments see the gradient unscaled and "
                               "the step's learning rate is divided by (mean d of the step's gradients) + 1",
                               choices=STALE_STEPS)
+    fresh_wait_ms: float | Auto = setting(AUTO, "async: a Gather (and its backward, and the evaluation's) waits up to "
+                                          "MS for the peers' rows of its own epoch before it reads the older ones it "
+                                          "has, so a peer is read stale only when it lags by more. auto (default): "
+                                          f"{ASYNC_FRESH_WAIT_MS:g} in async mode, where it brings async S=1 to sync's "
+                                          "epochs to an accuracy on the benchmark graphs (docs/performance.md); 0: "
+                                          "never waits", most=60_000, metavar="MS|auto")
+    predict_weights: bool = setting(False, "async: a training task whose weights are d updates behind its epoch's in "
+                                    "sync mode gets W + d (W - W_prev), the weights extrapolated along the last update "
+                                    "(SpecTrain, PipeMare); its gradient is applied to the real ones. Default off")
     fuse: str = setting("auto", "gcn with --layers >= 2: one task per chunk computes the last layer's forward, the loss "
                         "and its gradient, and the first backward step, where unfused it takes three (forward, loss, "
                         "backward). auto (default): fused where a task saved is a round trip saved, on lambda and on "
@@ -204,6 +213,8 @@ class PipelineSettings(Section):
         at_least("--weight-servers", self.weight_servers, 1)
         at_least("--staleness", self.staleness, 0)
         at_least("--sync-epochs", self.sync_epochs, 0)
+        if self.fresh_wait_ms is not AUTO:
+            at_least("--fresh-wait-ms", self.fresh_wait_ms, 0)
         at_least("--tensor-threads", self.tensor_threads, 1)
         device_list(self.device)
         if not 0 <= self.switch_threshold < 1:

@@ -27,7 +27,7 @@ MAX_DILATION = 64.0  # beyond this a CFS quota of a small host is below the kern
 
 # Settings (sections.py) that are durations (x D) and rates (/ D) in a dilated run.
 DURATION_SETTINGS = ("lambda_latency_ms", "lambda_cold_start_ms", "lambda_timeout_s", "relaunch_min_s",
-                     "wait_timeout_s", "hang_timeout_s", "replace_timeout_s", "peer_timeout_s")
+                     "wait_timeout_s", "hang_timeout_s", "replace_timeout_s", "peer_timeout_s", "fresh_wait_ms")
 RATE_SETTINGS = ("lambda_bandwidth_mbps",)
 
 
@@ -80,7 +80,8 @@ def dilate(cfg, d: float | None = None):
     d = dilation() if d is None else d
     if d == 1.0:
         return cfg
-    values = {name: getattr(cfg, name) * d for name in DURATION_SETTINGS}
+    values = {name: getattr(cfg, name) * d for name in DURATION_SETTINGS
+              if isinstance(getattr(cfg, name), (int, float))}  # ``auto`` is the run plan's, resolved before
     values |= {name: getattr(cfg, name) / d for name in RATE_SETTINGS}
     return dataclasses.replace(cfg, **values)
 

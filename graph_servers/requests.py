@@ -85,6 +85,8 @@ class Requests:
         phase, src, epoch, layer, src_chunk, min_epoch = peer_rows(msg, s.layers)
         self._check_peer_epoch(epoch, "ghosts")
         self._check_peer_progress(min_epoch)
+        if not s.sync and phase in ("fwd", *s.phases):  # how stale async reads are, for the end log line
+            self.stats["peer_rows_fresh" if self.scheduler.reads_ahead(phase, epoch, layer) else "peer_rows_late"] += 1
         s.store_peer_rows(phase, src, layer, src_chunk, msg.tensors | {"positions": ghost_positions(msg)})
         self.node.reply(request.identity, Message("ok", {}))
         covers = s.chunk_counts[src] if src_chunk == ALL_CHUNKS else 1  # a sync sum stands for all its chunks

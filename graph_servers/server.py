@@ -108,7 +108,7 @@ class GraphServer(Requests):
             staleness=cfg.staleness, peers=tuple(self.peers), peer_chunks=spec.total_chunks - spec.chunk_counts[self.k],
             first_epoch=spec.first_epoch, policy=policy, stall_s=cfg.wait_timeout_s, stages=tuple(stages),
             workers=self.platform.concurrency, epoch_gate=0 if cfg.remat else 1, local_barrier=cfg.local_barrier,
-            sync_epochs=cfg.sync_epochs)  # the scheduler reads it in async mode only
+            sync_epochs=cfg.sync_epochs, fresh_wait_s=cfg.fresh_wait_ms / 1000 if spec.mode == "async" else 0.0)
         self.graph_thread = GraphThread(node.ctx, node.poller, self._graph_job)
         tasks_per_epoch = self.state.chunks * sum(s.task is not None for s in stages)
         self.auto_pool = AutoPool.of(spec, self.platform, self.k, tasks_per_epoch)
@@ -117,7 +117,8 @@ class GraphServer(Requests):
         self.correct: dict[int, np.ndarray] = {}
         self.epoch_start: dict[int, float] = {}
         self.task_rows: list[dict] = []  # the loop thread's alone
-        self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "blocks": 0}
+        self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "blocks": 0,
+                      "peer_rows_fresh": 0, "peer_rows_late": 0}  # async: peer messages in time for their epoch's read, or not
         self.gradients_sent: dict[tuple, int] = {}  # (epoch, layer, chunk) -> times forwarded (once)
         self.usage = Usage()
         self.staging = BlockStaging(staging_cap(self.state))  # streamed tasks' result blocks until their commit
@@ -345,6 +346,7 @@ class GraphServer(Requests):
         log.info("graph server %d end %s", self.k, json.dumps({
             "rank": self.k, "epochs": self.scheduler.reported - self.spec.first_epoch + 1, "tasks": self.stats["invoked"],
             "completed": self.stats["completed"], "result_blocks": self.stats["blocks"],
+            "peer_rows_fresh": self.stats["peer_rows_fresh"], "peer_rows_late": self.stats["peer_rows_late"],
             "relaunches": t.relaunches, "duplicates": t.refused, **self._gradient_counts(),
             "bytes_sent": self.usage.totals["bytes_sent"],
             "bytes_received": self.usage.totals["bytes_received"], "workers_replaced": getattr(self.platform, "replaced", 0),

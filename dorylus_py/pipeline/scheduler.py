@@ -79,6 +79,7 @@ class Scheduler:
     epoch_gate: int = 1  # sync: an epoch starts while the slowest server is at most this many epochs behind
     local_barrier: bool = False  # async: a graph stage waits for this server's other chunks (ChunkPipeline)
     sync_epochs: int = 0  # async: epochs 1..sync_epochs run as sync mode does, the rest asynchronously
+    fresh_wait_s: float = 0.0  # async: a graph stage waits up to this long for the peers' rows of its epoch
 
     def __post_init__(self):
         self.pipe = ChunkPipeline(self.chunks, self.layers, self.epochs, self.staleness, first=self.first_epoch,
@@ -88,6 +89,7 @@ class Scheduler:
         self.sync = self.mode == "sync" or self.first_epoch <= self.sync_epochs
         self.peer_min = {p: self.first_epoch for p in self.peers}
         self.arrived: Counter = Counter()  # (phase, epoch, layer) -> peer messages stored
+        self.held: dict[tuple, float] = {}  # fresh_wait_s: (chunk, epoch, stage index) -> when it began to wait
         self.fwd_version: dict[tuple, int] = {}  # async: (layer, chunk) -> version its training forward used
         self.invocations: dict[TaskKey, tuple] = {}  # running key -> (version, hold), the same for every copy
         self.reported = self.first_epoch - 1
@@ -150,6 +152,16 @@ class Scheduler:
     def _on_TaskEnded(self, e: TaskEnded) -> list:
         self.tracker.ended(e.key, e.attempt, e.ok, e.error)
         return []
+
+    def reads_ahead(self, phase: str, epoch: int, layer: int) -> bool:
+        """Whether a peer's ``phase`` rows of ``layer`` and ``epoch`` come before any chunk here has started
+        the stage that reads them (its Gather, or its backward's): that read will then be of its own
+        epoch's rows (counted for the end log line: how stale an async run's reads were)."""
+        at = next((i for i, s in enumerate(self.pipe.stages) if s.train and s.layer == layer and phase in s.needs), None)
+        if at is None:
+            return False
+        return all(self.pipe.position(c) < (epoch, at) or self.pipe.position(c) == (epoch, at) and not self.pipe.busy[c]
+                   for c in range(self.chunks))
 
     def expects_peer_epoch(self, epoch: int) -> bool:
         """Whether a peer's rows or progress may be of ``epoch``: within the staleness bound (and a little
@@ -227,9 +239,25 @@ class Scheduler:
         out = []
         stop = self.driver_stop() if self.switch_at is None else min(self.switch_at, self.driver_stop())
         for c, epoch, stage in self.pipe.ready(self.slowest(), stop):
+            if self._waits_for_peers(c, epoch, stage):
+                continue
             self.pipe.started(c)
             out.append(self._start(c, epoch, stage))
         return out
+
+    def _waits_for_peers(self, chunk: int, epoch: int, stage: Stage) -> bool:
+        """``fresh_wait_s``: a graph stage that reads the peers' rows waits for theirs of its own epoch (one
+        message per peer chunk), but no longer than ``fresh_wait_s``; then it reads what has come."""
+        if not self.fresh_wait_s or stage.task is not None or not stage.needs:
+            return False
+        at = (chunk, epoch, self.pipe.stage[chunk])
+        if all(self.arrived[(phase, epoch, stage.layer)] >= self.peer_chunks for phase in stage.needs):
+            self.held.pop(at, None)
+            return False
+        if self.now - self.held.setdefault(at, self.now) < self.fresh_wait_s:
+            return True
+        del self.held[at]
+        return False
 
     def _start_sync(self) -> list:
         if self.graph_busy:

@@ -1,8 +1,9 @@
 """The weight-server process: serves versioned weights and takes gradients over ZeroMQ.
 
 Requests (``protocol/messages.py``); tensors are named by block (``W0.1``: rows of ``W0``):
-- ``pull_weights {layer, version|null, hold|null}`` -> ``weights {layer, version}`` + this server's
-  blocks of the layer. A pull of a version that does not exist yet waits (the reply is deferred)
+- ``pull_weights {layer, version|null, hold|null, epoch|null}`` -> ``weights {layer, version}`` + this
+  server's blocks of the layer (``epoch``: a training task's; with ``--predict-weights`` a version behind
+  that epoch's is answered with predicted weights, ``store.py``). A pull of a version that does not exist yet waits (the reply is deferred)
   until an update makes it: at most ``MAX_WAITING`` pulls of at most ``MAX_WAITING_BYTES`` in all.
   ``hold`` is a task key of this job whose gradient has not come yet; a sender holds at most
   ``holds_per_sender`` of them at once, so no peer can pin versions without end.
@@ -72,6 +73,7 @@ class WeightServer:
             expected=spec.total_chunks,
             keep=cfg.staleness + 4,  # epoch snapshots: the driver reads one while training runs ahead
             stale_step=cfg.stale_step if spec.mode == "async" else "none",
+            predict=spec.mode == "async" and cfg.predict_weights,
         )
         if start.tensors:  # continue from a checkpoint (the driver sends the state of our blocks)
             for layer in self.layers:
@@ -97,6 +99,8 @@ class WeightServer:
             require(msg, "layer", "version")
             integer(msg["layer"], "layer")
             _version(msg["version"], optional=True)
+            if msg.get("epoch") is not None and not 1 <= integer(msg["epoch"], "epoch") <= self.epochs:
+                raise ProtocolError(f"epoch {msg['epoch']} names no epoch of this job")
             if msg.get("hold") is not None:
                 self._hold(msg.sender, msg["layer"], self._key(msg["hold"], "hold"))
             if not self._try_pull(identity, msg):
@@ -133,7 +137,8 @@ class WeightServer:
 
     def close(self) -> None:
         log.info("weight server %d end %s", self.node.rank, json.dumps({
-            "rank": self.node.rank, "updates": self.store.updates, "duplicates": self.duplicates,
+            "rank": self.node.rank, "updates": self.store.updates, "predicted": self.store.predicted,
+            "duplicates": self.duplicates,
             "bytes_sent": self.bytes["sent"], "bytes_received": self.bytes["received"], "peak_rss_mb": peak_rss_mb()}))
 
     def _reply(self, identity: bytes, msg: Message) -> None:
@@ -191,7 +196,8 @@ class WeightServer:
             self._reply(identity, Message("state", {"req": msg.get("req")}, {k: v for s in states for k, v in s.items()}))
             return True
         layer = msg["layer"]
-        got = self.store.pull(layer, version, msg.get("hold"))
+        epoch = msg.get("epoch")
+        got = self.store.pull(layer, version, msg.get("hold"), None if epoch is None else int(epoch))
         if got is None:
             return False
         v, arrays = got

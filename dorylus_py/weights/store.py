@@ -19,6 +19,14 @@ epoch's sum (Zhang et al. 2016's staleness-aware SGD; Adam's moments see the sca
 ``d + 1``, ``d`` the mean over the step's gradients (Adam divides a gradient's scale out of its step,
 so only the first weighs a stale gradient against a fresh one of the same sum).
 
+**Predicted weights** (``predict``, async): a training task of epoch ``e`` would train on version
+``(e - 1) x updates per epoch`` in sync mode; when the version it pulls is ``d`` updates behind that (its
+chunk ran ahead of the last epoch's gradients), it gets ``W_v + d (W_v - W_(v-1))``, the weights
+extrapolated along the last update (SpecTrain, PipeMare: Adam's steps change slowly from one to the
+next). The prediction is a function of ``(v, e)``, so the backward of a stashed version gets the same
+arrays as its forward; the gradient is applied to the real weights; only the last update is kept per
+version for it.
+
 **Epoch snapshots**: at every version that ends an epoch's worth of updates (every version with epoch
 updates, every ``updates_per_epoch``-th with chunk updates) the store keeps a copy of the weights and
 Adam's state: the newest ``keep`` of them, and every one the driver has not yet released (it
@@ -55,6 +63,7 @@ class _Layer:
     pending: dict = field(default_factory=dict)  # epoch updates: gradient key -> gradients, until the step
     lags: dict = field(default_factory=dict)  # epoch updates: gradient key -> its staleness d, until the step
     seen: set = field(default_factory=set)  # gradient keys ever applied or accumulated
+    deltas: dict = field(default_factory=dict)  # predict: version -> {name: W_v - W_(v-1)}, while v is kept
     version: int = 0
     snapshots: OrderedDict = field(default_factory=OrderedDict)  # version -> state at an epoch boundary
 
@@ -69,6 +78,7 @@ class WeightStore:
         expected: int = 1,
         keep: int = 4,
         stale_step: str = "none",
+        predict: bool = False,
     ):
         """``weights``: layer -> {name: initial array} (this server's blocks); ``weight_decay``: name -> L2
         coefficient (absent: 0). ``expected``: gradients per ``epoch`` update (all chunks of all graph
@@ -80,6 +90,7 @@ class WeightStore:
         if stale_step not in STALE_STEPS:
             raise ValueError(f"stale_step must be one of {STALE_STEPS}, not {stale_step!r}")
         self.stale_step = stale_step
+        self.predict = predict
         self.expected = expected
         self.keep = keep
         self.released = -1  # the driver has recorded every epoch up to this version (see release)
@@ -91,14 +102,17 @@ class WeightStore:
                   for name, w in sorted(arrays.items())}
             self.layers[layer] = _Layer(ps, {0: _weights(ps)})
         self.updates = 0
+        self.predicted = 0  # pulls answered with predicted weights
         for layer in self.layers:
             self._snapshot(layer)
 
     def latest(self, layer: int) -> int:
         return self._layer(layer).version
 
-    def pull(self, layer: int, version: int | None = None, hold: tuple | None = None) -> tuple[int, dict] | None:
-        """The layer's arrays at ``version`` (newest if None); None while that version does not exist yet."""
+    def pull(self, layer: int, version: int | None = None, hold: tuple | None = None,
+             epoch: int | None = None) -> tuple[int, dict] | None:
+        """The layer's arrays at ``version`` (newest if None); None while that version does not exist yet.
+        ``epoch``: a training task's, whose weights are predicted when the store predicts (above)."""
         st = self._layer(layer)
         v = st.version if version is None else version
         self._not_too_far(layer, v)
@@ -112,7 +126,16 @@ class WeightStore:
             if tuple(hold) in st.seen:  # its gradient is in: nothing would ever release the hold
                 raise WeightError(f"layer {layer}: hold {list(hold)} names a task whose gradient came already")
             st.holds[v].add(tuple(hold))
+        ahead = self.ahead(v, epoch) if self.predict and epoch is not None else 0
+        if ahead and v in st.deltas:
+            self.predicted += 1
+            return v, {n: w + np.float32(ahead) * st.deltas[v][n] for n, w in st.versions[v].items()}
         return v, st.versions[v]
+
+    def ahead(self, version: int, epoch: int) -> int:
+        """How many updates ``version`` is behind the one a training task of ``epoch`` would use in sync
+        mode (every update of the epochs before it); never more than the store can be ahead."""
+        return max(0, min((epoch - 1) * self.updates_per_epoch - version, self.keep * self.updates_per_epoch))
 
     def push(self, layer: int, version: int, key: tuple, grads: dict[str, np.ndarray]) -> bool:
         """Add a chunk's gradient (one array per array of the layer here); False when ``key`` was seen
@@ -224,10 +247,13 @@ class WeightStore:
         """One Adam step; ``lag``: the gradients' staleness the learning rate is divided by (``inverse-lr``)."""
         st = self.layers[layer]
         lr = self.lr / (lag + 1) if lag else self.lr
+        before = _weights(st.params)
         for name, p in st.params.items():
             adam_step(p, grads[name], lr)
         st.version += 1
         st.versions[st.version] = _weights(st.params)
+        if self.predict:
+            st.deltas[st.version] = {n: st.params[n].w - w for n, w in before.items()}
         self.updates += 1
         self._snapshot(layer)
         self._free(st)
@@ -243,6 +269,7 @@ class WeightStore:
         for v in [v for v in st.versions if v < st.version and not st.holds.get(v)]:
             del st.versions[v]
             st.holds.pop(v, None)
+            st.deltas.pop(v, None)
 
     def _layer(self, layer: int) -> _Layer:
         try:

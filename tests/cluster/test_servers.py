@@ -35,10 +35,12 @@ def test_weight_server_rejects_bad_messages_and_keeps_serving(driver):
                     Message("push_grad", {"layer": 1, "version": 0, "key": [[1], 0, 0]}, {"W1.0": grad}),
                     Message("push_grad", {"layer": 1, "version": 0, "key": [1, 0, 0]}, {}),
                     Message("pull_weights", {"layer": 1, "version": 1, "hold": [[1], 2, 3]}),
+                    *[Message("pull_weights", {"layer": 1, "version": 0, "epoch": e}) for e in (0, 10**9, "1", 1.5, [1])],
                     Message("pull_rows", {"task": {}})]:
             assert client.ask(ws.handle, bad).op == "error", bad
         got = client.ask(ws.handle, Message("pull_weights", {"layer": 1, "version": 0}))
         assert got.op == "weights" and got.tensors["W1.0"].shape == (4, 3)  # one block: the whole tensor
+        assert client.ask(ws.handle, Message("pull_weights", {"layer": 1, "version": 0, "epoch": 1})).op == "weights"
         push = Message("push_grad", {"layer": 1, "version": 0, "key": [1, 0, 0]}, {"W1.0": grad})
         assert client.ask(ws.handle, push).op == "ok"
         assert client.ask(ws.handle, push).op == "duplicate"

@@ -166,3 +166,39 @@ def test_async_fused_task_pulls_the_newest_weights_and_graph_jobs_send_their_chu
     assert s.handle(ev.GraphDone("gather", 1, 0, 1, 0.2)) == [ev.RunGraph("activate", 1, 1, 1)]
     assert s.handle(ev.GraphDone("activate", 1, 1, 1, 0.3)) == [ev.SendRows("fwd", 1, 1, 1), ev.RunGraph("gather", 1, 1, 1)]
     assert s.handle(ev.GraphDone("gather", 1, 1, 1, 0.4)) == [ev.Invoke(ev.TaskKey("fused", True, 1, 1, 1), 1, None, None)]
+
+
+def test_rows_read_ahead_only_until_a_chunk_here_starts_the_stage_that_reads_them():
+    """``reads_ahead``: a peer's fwd rows of (epoch, layer) are in time while no chunk here has started
+    that epoch's Gather of the layer; its bwd contributions, while none has started that Gather backward."""
+    s = Scheduler(rank=0, chunks=2, layers=1, epochs=3, mode="async", staleness=1, peers=(1,))
+    s.handle(ev.Tick(0.0))
+    assert s.reads_ahead("fwd", 1, 0) and s.reads_ahead("bwd", 1, 0) and s.reads_ahead("fwd", 2, 0)
+    s.handle(ev.TaskResult(ev.TaskKey("fwd", True, 1, 0, 0), 1, 0.1, version=0))  # chunk 0's Gather 0 starts
+    assert not s.reads_ahead("fwd", 1, 0)  # read (stale) already: these rows are late
+    assert s.reads_ahead("bwd", 1, 0) and s.reads_ahead("fwd", 2, 0)
+    assert not s.reads_ahead("efwd", 1, 0)  # the evaluation pass's rows are not counted
+
+
+def _gathers(out):
+    return [i for i in out if isinstance(i, ev.RunGraph)]
+
+
+@pytest.mark.parametrize("rows_come", [True, False])
+def test_fresh_wait_holds_a_gather_for_the_peers_rows_of_its_epoch_until_they_come_or_the_wait_ends(rows_come):
+    s = Scheduler(rank=0, chunks=1, layers=1, epochs=3, mode="async", staleness=1, peers=(1,), peer_chunks=2,
+                  fresh_wait_s=0.05)
+    s.handle(ev.Tick(0.0))
+    assert _gathers(s.handle(ev.TaskResult(ev.TaskKey("fwd", True, 1, 0, 0), 1, 0.1, version=0))) == []
+    assert _gathers(s.handle(ev.RowsArrived("fwd", 1, 0, 1, 1))) == []  # one of the peer's two chunks
+    assert _gathers(s.handle(ev.Tick(0.14))) == []
+    out = s.handle(ev.RowsArrived("fwd", 1, 0, 1, 1)) if rows_come else s.handle(ev.Tick(0.16))
+    assert _gathers(out) == [ev.RunGraph("gather", 1, 0, 0)]
+    assert s.held == {}
+
+
+def test_without_fresh_wait_a_gather_reads_what_has_come():
+    s = Scheduler(rank=0, chunks=1, layers=1, epochs=3, mode="async", staleness=1, peers=(1,), peer_chunks=2)
+    s.handle(ev.Tick(0.0))
+    assert _gathers(s.handle(ev.TaskResult(ev.TaskKey("fwd", True, 1, 0, 0), 1, 0.1, version=0))) == [
+        ev.RunGraph("gather", 1, 0, 0)]

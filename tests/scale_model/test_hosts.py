@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dorylus_py import timescale
 from dorylus_py.config import TrainConfig
 from dorylus_py.errors import ConfigError
 from dorylus_py.hosts import Host, check_fit, job_hosts, lambda_vcpus, period_quota_us, place
+from dorylus_py.settings import AUTO
 
 
 def test_lambda_vcpus_follow_memory_as_on_aws():
@@ -51,6 +54,9 @@ def test_dilate_stretches_every_duration_and_slows_every_rate(monkeypatch):
     assert (d.lambda_latency_ms, d.lambda_bandwidth_mbps, d.hang_timeout_s) == (80.0, 50.0, 240.0)
     assert d.relaunch_min_s == 4 * cfg.relaunch_min_s and d.epochs == cfg.epochs
     assert timescale.dilate(cfg, 1.0) is cfg
+    assert timescale.dilate(cfg, 4.0).fresh_wait_ms is AUTO  # auto is the plan's to resolve, before dilate
+    planned = dataclasses.replace(cfg, fresh_wait_ms=50.0)  # as the CLI's plan resolves it in async mode
+    assert timescale.dilate(planned, 4.0).fresh_wait_ms == 200.0
 
 
 def test_one_setting_in_the_environment(monkeypatch):
