@@ -66,6 +66,7 @@ MODES = {"sync": ["--mode", "sync"], "async0": _async(0), "async1": _async(1), "
          "async1sb8": _async(1, 0.8, True), "async1sb5": _async(1, 0.5, True),
          **{f"async1sbw{ms}": _async(1, 0.95, True, wait=ms) for ms in (10, 50, 200)},
          **{f"async1bw{ms}": _async(1, 0, True, wait=ms) for ms in (10, 50, 200)},  # 50: --mode async's default
+         "async0bw50": _async(0, 0, True, wait=50), "async2bw50": _async(2, 0, True, wait=50),
          "async1l": _async(1, 0, False, "--stale-step", "inverse-lr"),
          "async1sd": _async(1, 0.95, False, "--stale-step", "inverse"),
          "async1sb": _async(1, 0.95, True),  # --mode async's default 2026-12-04 13:00-16:30 (issue 39)
@@ -83,6 +84,7 @@ LABEL = {"sync": "sync", "async0": "async S=0", "async1": "async S=1", "async2":
          "async1p": "async S=1, predicted weights",
          **{f"async1sbw{ms}": f"async S=1, smoothing 0.95 + local barrier + fresh wait {ms} ms" for ms in (10, 50, 200)},
          **{f"async1bw{ms}": f"async S=1, local barrier + fresh wait {ms} ms" for ms in (10, 50, 200)},
+         "async0bw50": "async S=0, local barrier + fresh wait 50 ms", "async2bw50": "async S=2, local barrier + fresh wait 50 ms",
          "async1sb8": "async S=1, smoothing 0.8 + local barrier", "async1sb5": "async S=1, smoothing 0.5 + local barrier",
          "async1sbp": "async S=1, smoothing 0.95 + local barrier + predicted weights"}
 
@@ -203,7 +205,7 @@ def parse_args() -> argparse.Namespace:
                     "--sync-epochs 1), async0sb, async2sb (S=0, S=2 with both), async1sb8, async1sb5 (async1sb with "
                     "smoothing 0.8, 0.5), async1p, async1sbp (async1, async1sb with --predict-weights), async1bwMS, "
                     "async1sbwMS (async1b, async1sb with --fresh-wait-ms MS: 10, 50 or 200; async1bw50 is --mode "
-                    "async's default); sync is needed for the target (default sync,async1,async2)")
+                    "async's default), async0bw50, async2bw50 (S=0, S=2 with the default's barrier and wait); sync is needed for the target (default sync,async1,async2)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     ap.add_argument("--epochs", type=int, default=200, help="epoch budget of every run (default 200)")
     ap.add_argument("--fraction", type=float, default=0.97, help="target = this x sync's best val_acc (default 0.97)")

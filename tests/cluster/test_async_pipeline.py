@@ -205,3 +205,29 @@ def test_a_driver_slower_than_its_servers_holds_them_within_driver_lag(parts, tm
     assert summary["epochs"] == epochs
     lead = max(t["epoch"] - max((e for at, e in recorded if at <= t["start"]), default=0) for t in tasks)
     assert 1 < lead <= DRIVER_LAG
+
+
+def peer_rows(run_dir) -> list[tuple[int, int]]:
+    """Per graph server: (peer messages in time for their epoch's read, late ones), from its end log line."""
+    out = []
+    for log in sorted((run_dir / "logs").glob("graph-server-*.log")):
+        end = next(line for line in log.read_text().splitlines() if " end {" in line)
+        fields = json.loads(end.split(" end ", 1)[1])
+        out.append((fields["peer_rows_fresh"], fields["peer_rows_late"]))
+    return out
+
+
+def test_fresh_wait_makes_every_read_of_the_peers_rows_of_its_own_epoch(parts, tmp_path):
+    """With a wait longer than any lag here, no graph stage reads a peer's rows before that peer's rows of
+    its epoch came: every message is in time (late is 0), and no Gather started before the peer's forward
+    of the same epoch and layer had even begun. Without it the same job counts the same messages."""
+    common = {"epochs": 4, "mode": "async", "staleness": 1, "lambdas": 4, "local_barrier": True, "stale_smoothing": 0.0}
+    summary, tasks = run(parts, tmp_path, "wait", fresh_wait_ms=5000.0, **common)
+    assert summary["epochs"] == 4
+    counts = peer_rows(tmp_path / "wait")
+    assert len(counts) == 2 and all(fresh > 0 and late == 0 for fresh, late in counts), counts
+    fwd = starts([t for t in tasks if t["kind"] == "fwd" and t["train"]], lambda t: (t["server"], t["epoch"], t["layer"]))
+    gathers = [t for t in tasks if t["kind"] == "gather" and t["train"]]
+    assert gathers and all(g["start"] >= fwd[(1 - g["server"], g["epoch"], g["layer"])][1] for g in gathers)
+    run(parts, tmp_path, "nowait", fresh_wait_ms=0.0, **common)
+    assert [sum(c) for c in peer_rows(tmp_path / "nowait")] == [sum(c) for c in counts]
