@@ -67,6 +67,7 @@ MODES = {"sync": ["--mode", "sync"], "async0": _async(0), "async1": _async(1), "
          **{f"async1sbw{ms}": _async(1, 0.95, True, wait=ms) for ms in (10, 50, 200)},
          **{f"async1bw{ms}": _async(1, 0, True, wait=ms) for ms in (10, 50, 200)},  # 50: --mode async's default
          "async0bw50": _async(0, 0, True, wait=50), "async2bw50": _async(2, 0, True, wait=50),
+         "async1sw": _async(1), "async1bw50sw": _async(1, 0, True, wait=50),  # + the switch (SWITCH below)
          "async1l": _async(1, 0, False, "--stale-step", "inverse-lr"),
          "async1sd": _async(1, 0.95, False, "--stale-step", "inverse"),
          "async1sb": _async(1, 0.95, True),  # --mode async's default 2026-12-04 13:00-16:30 (issue 39)
@@ -84,9 +85,14 @@ LABEL = {"sync": "sync", "async0": "async S=0", "async1": "async S=1", "async2":
          "async1p": "async S=1, predicted weights",
          **{f"async1sbw{ms}": f"async S=1, smoothing 0.95 + local barrier + fresh wait {ms} ms" for ms in (10, 50, 200)},
          **{f"async1bw{ms}": f"async S=1, local barrier + fresh wait {ms} ms" for ms in (10, 50, 200)},
+         "async1sw": "async S=1 + switch to sync 0.02 before sync's best",
+         "async1bw50sw": "async S=1, local barrier + fresh wait 50 ms + switch to sync 0.02 before sync's best",
          "async0bw50": "async S=0, local barrier + fresh wait 50 ms", "async2bw50": "async S=2, local barrier + fresh wait 50 ms",
          "async1sb8": "async S=1, smoothing 0.8 + local barrier", "async1sb5": "async S=1, smoothing 0.5 + local barrier",
          "async1sbp": "async S=1, smoothing 0.95 + local barrier + predicted weights"}
+
+
+SWITCH = {"async1sw": 0.02, "async1bw50sw": 0.02}  # --switch-threshold; --target-acc is the seed's sync best
 
 
 def steady_epoch_s(rows: list[dict]) -> float:
@@ -205,7 +211,9 @@ def parse_args() -> argparse.Namespace:
                     "--sync-epochs 1), async0sb, async2sb (S=0, S=2 with both), async1sb8, async1sb5 (async1sb with "
                     "smoothing 0.8, 0.5), async1p, async1sbp (async1, async1sb with --predict-weights), async1bwMS, "
                     "async1sbwMS (async1b, async1sb with --fresh-wait-ms MS: 10, 50 or 200; async1bw50 is --mode "
-                    "async's default), async0bw50, async2bw50 (S=0, S=2 with the default's barrier and wait); sync is needed for the target (default sync,async1,async2)")
+                    "async's default), async0bw50, async2bw50 (S=0, S=2 with the default's barrier and wait), async1sw, "
+                    "async1bw50sw (async1, async1bw50 with --switch-threshold 0.02 and --target-acc the seed's sync "
+                    "best: they stop there); sync is needed for the target (default sync,async1,async2)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     ap.add_argument("--epochs", type=int, default=200, help="epoch budget of every run (default 200)")
     ap.add_argument("--fraction", type=float, default=0.97, help="target = this x sync's best val_acc (default 0.97)")
@@ -290,11 +298,13 @@ def main() -> None:
                     for mode in modes:
                         run_dir = tmp / f"{graph}-{setting}-{mode}-seed{seed}"
                         ticks = cpu_ticks()
-                        rows = train(parts, run_dir, args, seed, mode, setting, lr)
+                        switch = () if mode not in SWITCH else (  # Dorylus: back to sync near the target
+                            "--target-acc", f"{best_sync:.4f}", "--switch-threshold", str(SWITCH[mode]))
+                        rows = train(parts, run_dir, args, seed, mode, setting, lr + switch)
                         busy = busy_share(ticks, cpu_ticks())
                         best = BestTracker.over(rows)
                         if mode == "sync":
-                            target = args.fraction * best.best_val_acc
+                            target, best_sync = args.fraction * best.best_val_acc, best.best_val_acc
                         run = {"tta": time_to_target(rows, target), "ett": epochs_to_target(rows, target),
                                "test_acc": best.test_acc_at_best_val,
                                "epoch_s": steady_epoch_s(rows), "busy": busy}

@@ -6,7 +6,8 @@ Each check is also run where it must come out the other way (sync mode, stalenes
 the switch), so that it cannot pass for a run that did not do what is claimed. Only the tasks' start
 times are compared: a tensor task pushes its result before its worker takes its end time, so a server
 may act on a result before that result's task "ended"; a start, though, is always before its result.
-All times are `time.time()` on this one machine.
+All times are `time.time()` on this one machine. The scheduling checks turn off the local barrier and
+the fresh wait (async's defaults), which hold graph stages back on purpose.
 """
 
 import json
@@ -88,7 +89,8 @@ def barrier_breaks(tasks: list[dict], server: int, epoch: int) -> int:
 
 
 def test_chunks_of_different_epochs_overlap_within_the_staleness_bound(parts, tmp_path):
-    _, tasks = run(parts, tmp_path, "s1", epochs=4, mode="async", staleness=1, local_barrier=False)
+    _, tasks = run(parts, tmp_path, "s1", epochs=4, mode="async", staleness=1, local_barrier=False,
+                   fresh_wait_ms=0.0)
     leads = epoch_leads(tasks)
     assert max(leads) > 0, f"no epoch began before the previous one's last task: {leads}"
     assert max_lead(tasks) == 1  # ran ahead, and never more than --staleness 1
@@ -97,7 +99,8 @@ def test_chunks_of_different_epochs_overlap_within_the_staleness_bound(parts, tm
 
 @pytest.mark.long
 def test_staleness_zero_and_sync_mode_never_overlap_epochs(parts, tmp_path):
-    _, s0 = run(parts, tmp_path, "s0", epochs=4, mode="async", staleness=0, local_barrier=False)
+    _, s0 = run(parts, tmp_path, "s0", epochs=4, mode="async", staleness=0, local_barrier=False,
+                fresh_wait_ms=0.0)
     _, sync = run(parts, tmp_path, "sync", epochs=4, mode="sync")
     for name, tasks in (("s0", s0), ("sync", sync)):
         assert max(epoch_leads(tasks)) < 0, (name, epoch_leads(tasks))
@@ -119,7 +122,8 @@ def test_local_barrier_makes_gathers_wait_for_the_servers_own_chunks(parts, tmp_
     """One emulated Lambda per server and 3 chunks: a chunk's forward comes back long before the server's
     last chunk's forward begins. Without the barrier its Gather runs at once, on that chunk's old rows;
     with it, only once every chunk of the server has its rows of the epoch."""
-    free, barrier = ({"epochs": 3, "mode": "async", "staleness": 0, "lambdas": 2, "local_barrier": b} for b in (False, True))
+    free, barrier = ({"epochs": 3, "mode": "async", "staleness": 0, "lambdas": 2, "local_barrier": b,
+                      "fresh_wait_ms": 0.0} for b in (False, True))
     _, without = run(parts, tmp_path, "free", **free)
     summary, with_barrier = run(parts, tmp_path, "barrier", **barrier)
     assert early_gathers(without) > 0
@@ -152,7 +156,7 @@ def test_switch_to_sync_runs_later_epochs_with_barriers(parts, tmp_path, monkeyp
 
     monkeypatch.setattr(DriverLink, "send", send_and_note)
     summary, tasks = run(parts, tmp_path, "switch", epochs=SWITCH_EPOCHS, mode="async", staleness=1, target_acc=0.99,
-                         switch_threshold=0.98, local_barrier=False)
+                         switch_threshold=0.98, local_barrier=False, fresh_wait_ms=0.0)
     at = summary["switched_to_sync_at"]
     assert at is not None and 2 <= at < SWITCH_EPOCHS, at  # epoch 1 began before any report
     assert len(asked) == 2  # one freeze to each server
@@ -170,7 +174,7 @@ def test_sync_epochs_run_with_barriers_and_compute_what_sync_mode_does(parts, tm
     """--sync-epochs 1 (Dorylus's first epoch): epoch 1 of an async job has a barrier after every stage and
     the loss and accuracies of sync mode's epoch 1; the epochs after it run without barriers."""
     summary, tasks = run(parts, tmp_path, "sync1", epochs=4, mode="async", staleness=1, sync_epochs=1,
-                         local_barrier=False)
+                         local_barrier=False, fresh_wait_ms=0.0)
     assert summary["epochs"] == 4
     assert not any(barrier_breaks(tasks, k, 1) for k in (0, 1))
     assert any(barrier_breaks(tasks, k, e) for k in (0, 1) for e in range(2, 5))
