@@ -17,7 +17,6 @@ and cgroup v1; run on a quiet machine.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from bench_tta import fail
 
 from dorylus_py.cgroups import JobGroups, unavailable
 from dorylus_py.hosts import Host
+from dorylus_py.settings import finite_float
 
 KERNEL = r"""
 import sys, time, warnings
@@ -57,11 +57,9 @@ def cpu_ms(kind: str, cores: float, dilation: float, iterations: int) -> float:
 
 
 def positive(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not number > 0 or math.isinf(number):
+    """A finite number above 0 (``settings.finite_float``, then the sign)."""
+    number = finite_float(value)
+    if number <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
     return number
 

@@ -168,7 +168,7 @@ def count_or_auto(value: str) -> int | Auto:
 
 
 def number_or_auto(value: str) -> float | Auto:
-    """``--stale-smoothing``: a number, or ``auto`` (the run plan's choice)."""
+    """``--stale-smoothing``, ``--fresh-wait-ms``: a number, or ``auto`` (the run plan's choice)."""
     return AUTO if value == "auto" else finite_float(value)
 
 

@@ -222,8 +222,8 @@ def _row_cache_of(mb: int) -> RowCache | None:
 def _pull_weights(event: TaskEvent, task: dict, session: Session, gate: Gate, context) -> tuple[int, dict[str, torch.Tensor]]:
     """The layer's tensors (by base name: ``W``, ``att_src``, ...) at one version, from every weight
     server holding a block of them: the lead first (it fixes the version), then the others at once."""
-    layer, key = event.task.key.layer, event.task.key
-    epoch = key.epoch if key.train else None  # a training task's weights may be predicted (--predict-weights)
+    key = event.task.key
+    layer, epoch = key.layer, key.epoch if key.train else None  # a training task's may be predicted (--predict-weights)
     lead, *others = [_socket(a, gate) for a in event.weight_servers]
 
     def ask(version):
