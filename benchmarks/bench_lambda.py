@@ -18,6 +18,10 @@ Groups of runs (``--only``):
 - ``stream``: async S = 1 with whole-chunk tasks against ``--stream-rows 6250`` and ``3125`` (4 and 8
   blocks of a 25 k-row chunk), unlimited and at 200 Mbps: what overlapping a task's downloads, compute
   and uploads buys;
+- ``link``: async S = 1 on 4 Lambdas with ``--chunks auto`` (2 chunks a server of 50 k rows), int8 and
+  float32 rows, unlimited and at 200 Mbps: whole chunks unfused, the fused last layer, streaming in 4
+  blocks (``--stream-rows 12500``), both, and the defaults (which fuse and stream only on the capped link):
+  how close a capped epoch comes to its unlimited one (issue 39, item 4);
 - ``remat``: sync with ``--remat`` against without: the graph servers' per-layer buffers and peak RSS,
   and what it costs in epoch time.
 
@@ -49,6 +53,10 @@ from dorylus_py.cost.server_logs import server_rows
 SYNC, ASYNC = ["--mode", "sync"], ["--mode", "async", "--staleness", "1"]
 LATENCY = ["--lambda-latency-ms", "20"]
 NO_CACHE = ["--row-cache-mb", "0"]
+CAPPED = ["--lambda-bandwidth-mbps", "200"]
+LINK_TASKS = {"whole, unfused": ["--fuse", "off", "--stream-rows", "0"], "fused": ["--fuse", "on", "--stream-rows", "0"],
+              "streamed": ["--fuse", "off", "--stream-rows", "12500"],
+              "fused + streamed": ["--fuse", "on", "--stream-rows", "12500"], "defaults": []}
 FUSE_MODES = {"sync": SYNC, "async": ASYNC, "sync 20 ms": [*SYNC, *LATENCY], "async 20 ms": [*ASYNC, *LATENCY]}
 GROUPS = {  # name -> rows of (label, flags)
     "fuse": [(f"{mode}, {label}", [*flags, "--fuse", fuse]) for mode, flags in FUSE_MODES.items()
@@ -56,13 +64,16 @@ GROUPS = {  # name -> rows of (label, flags)
     "pool": [(f"{ms} ms, {n} Lambdas", [*SYNC, "--lambdas", str(n), "--lambda-latency-ms", str(ms)])
              for ms in (0, 20) for n in (2, 4, 8, 16, "auto")],
     "bandwidth": [(f"async, {link}{label}", [*ASYNC, *flags, *cache]) for label, cache in (("", []), (", no cache", NO_CACHE))
-                  for link, flags in (("unlimited", []), ("200 Mbps", ["--lambda-bandwidth-mbps", "200"]))],
+                  for link, flags in (("unlimited", []), ("200 Mbps", CAPPED))],
     "scaleout": [(f"async, {link}, auto, 8 chunks", [*ASYNC, "--lambdas", "auto", "--chunks", "8", *flags])
-                 for link, flags in (("unlimited", []), ("200 Mbps", ["--lambda-bandwidth-mbps", "200"]))],
+                 for link, flags in (("unlimited", []), ("200 Mbps", CAPPED))],
     "remat": [("sync, buffers kept", SYNC), ("sync, --remat", [*SYNC, "--remat"])],
+    "link": [(f"{wire}, {link}, {label}", [*ASYNC, "--chunks", "auto", "--wire-dtype", wire, *flags, *tasks])
+             for wire in ("int8", "float32") for link, flags in (("unlimited", []), ("200 Mbps", CAPPED))
+             for label, tasks in LINK_TASKS.items()],
     "stream": [(f"async, {link}, {label}", [*ASYNC, *flags, *rows]) for link, flags in (
-        ("unlimited", []), ("200 Mbps", ["--lambda-bandwidth-mbps", "200"]))
-        for label, rows in (("whole chunks", []), ("--stream-rows 6250", ["--stream-rows", "6250"]),
+        ("unlimited", []), ("200 Mbps", CAPPED))
+        for label, rows in (("whole chunks", ["--stream-rows", "0"]), ("--stream-rows 6250", ["--stream-rows", "6250"]),
                             ("--stream-rows 3125", ["--stream-rows", "3125"]))],
 }
 
@@ -130,6 +141,12 @@ def targets(res: dict[str, dict]) -> list[str]:
     if free and capped:
         out.append(f"200 Mbps streamed (6250 rows) against unlimited whole chunks: {capped['epoch_s'] / free['epoch_s']:.2f}x "
                    "(target <= 1.3x)")
+    for wire in ("int8", "float32"):
+        ratios = [f"{label} {capped['epoch_s'] / free['epoch_s']:.2f}x" for label in LINK_TASKS
+                  if (free := res.get(f"{wire}, unlimited, {label}")) and (capped := res.get(f"{wire}, 200 Mbps, {label}"))]
+        if ratios:
+            out.append(f"link, {wire}: 200 Mbps epoch / the same run's unlimited one: {', '.join(ratios)} (target <= "
+                       f"{1.1 if wire == 'int8' else 1.3}x)")
     free = res.get("async, unlimited, no cache")
     if free and (capped := res.get("async, 200 Mbps")):
         out.append(f"200 Mbps with the row cache: async epoch {capped['epoch_s'] / free['epoch_s']:.2f}x unlimited "

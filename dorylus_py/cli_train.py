@@ -125,15 +125,16 @@ def last_layer_note(cfg) -> str:
     """Whether the run fuses its last layer, and why not (--fuse off, the backend, or the model)."""
     from dorylus_py.models.spec import fuses_last_layer
 
-    if fuses_last_layer(cfg.model, cfg.layers, cfg.fuse, cfg.backend, cfg.lambda_latency_ms):
+    if fuses_last_layer(cfg.model, cfg.layers, cfg.fuse, cfg.backend, cfg.lambda_latency_ms,
+                        cfg.lambda_bandwidth_mbps):
         return "last layer fused: one task per chunk does its forward, the loss and its first backward step"
     if cfg.fuse == "off":
         why = "--fuse off"
     elif not architecture(cfg.model).can_fuse(cfg.layers):
         why = f"fusion is gcn's with --layers >= 2, not --model {cfg.model} --layers {cfg.layers}"
     else:
-        why = ("--fuse auto fuses on lambda, and on local with --lambda-latency-ms above 0, where a task saved "
-               "is a round trip saved; --fuse on to fuse here")
+        why = ("--fuse auto fuses on lambda, and on local with --lambda-latency-ms or --lambda-bandwidth-mbps above "
+               "0, where a task saved is a round trip or link time saved; --fuse on to fuse here")
     return f"last layer unfused ({why}): forward, loss and backward tasks"
 
 
@@ -306,10 +307,15 @@ def run_train(args) -> tuple[dict, Path] | None:
         summary, source, norm = graph.summary(), graph.source, resolve_feature_norm(cfg, graph)
     if args.overwrite and cfg.data and not is_s3(cfg.data) and Path(cfg.data).resolve().is_relative_to(run_dir.resolve()):
         raise ConfigError(f"--data {cfg.data} lies inside {run_dir}, which --overwrite would delete")
-    if distributed and cfg.chunks is AUTO:  # the record keeps the count the run used: the run plan's
+    if distributed:  # the record keeps what the run used: the run plan's counts
+        auto_chunks, auto_stream = cfg.chunks is AUTO, cfg.stream_rows is AUTO
         cfg = plan(cfg, summary["features"], summary["classes"], summary["nodes"]).config
-        status(f"--chunks auto: {cfg.chunks} a graph server ({cfg.mode}, {cfg.backend}"
-               f"{', --lambdas ' + str(cfg.lambdas) if cfg.backend in ('local', 'lambda') else ''})")
+        if auto_chunks:
+            status(f"--chunks auto: {cfg.chunks} a graph server ({cfg.mode}, {cfg.backend}"
+                   f"{', --lambdas ' + str(cfg.lambdas) if cfg.backend in ('local', 'lambda') else ''})")
+        if auto_stream and cfg.stream_rows:
+            status(f"--stream-rows auto: tasks stream in blocks of {cfg.stream_rows:,} rows (links capped at "
+                   f"{cfg.lambda_bandwidth_mbps:g} Mbps)")
     config = cfg.to_dict() | {"feature_norm": norm, "graph": summary, "graph_source": source,
                               "sources": dataclasses.asdict(sources_of(args)), "cluster": args.cluster,
                               "no_data_copy": args.no_data_copy, "store": None if copy and args.no_data_copy else store}

@@ -2,8 +2,8 @@
 
 :func:`plan` takes the settings (:class:`~dorylus_py.config.TrainConfig`) and what is known of the data
 (the graph's counts, and each partition's vertex count once it is prepared) and resolves everything
-derived: the model's layer widths, ``--chunks auto`` and each graph server's chunk count, async mode's
-``--local-barrier``, ``--fresh-wait-ms`` and ``--stale-smoothing``, each graph
+derived: the model's layer widths, ``--chunks auto`` and each graph server's chunk count,
+``--stream-rows auto``, async mode's ``--local-barrier``, ``--fresh-wait-ms`` and ``--stale-smoothing``, each graph
 server's share of the Lambda pool, the server counts. The CLI (for the run record), the driver (for the
 servers' ``start``), the cost estimator and the reports ask it; nothing else works these values out.
 Only the standard library is imported here.
@@ -15,13 +15,15 @@ from dataclasses import dataclass, replace
 
 from dorylus_py.config import LAMBDA_BACKENDS, TrainConfig
 from dorylus_py.errors import DataError
-from dorylus_py.sections import ASYNC_CHUNKS, ASYNC_FRESH_WAIT_MS, ASYNC_SMOOTHING, AUTO_CHUNK_ROWS  # noqa: F401  (AUTO_CHUNK_ROWS: tests)
+from dorylus_py.models.architectures import architecture
+from dorylus_py.sections import (  # noqa: F401  (AUTO_CHUNK_ROWS: tests)
+    ASYNC_CHUNKS, ASYNC_FRESH_WAIT_MS, ASYNC_SMOOTHING, AUTO_CHUNK_ROWS, STREAM_BLOCKS)
 from dorylus_py.settings import AUTO
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    config: TrainConfig  # a distributed run's: --chunks a count; the barrier, fresh wait and smoothing decided
+    config: TrainConfig  # a distributed run's: --chunks and --stream-rows counts; the barrier, fresh wait and smoothing decided
     widths: list[int]  # layer widths: features, hidden..., classes
     graph_servers: int  # partitions (0: no graph servers: the reference trainer, the decentralised modes)
     weight_servers: int
@@ -51,9 +53,27 @@ def plan(cfg: TrainConfig, features: int, classes: int, nodes: int, parts: list[
         workers = share[0] if p.backend in LAMBDA_BACKENDS and cfg.pool.lambdas is not AUTO else None
         chunks = chunks_per_server(p.backend, p.mode, workers, -(-nodes // k))
     sizes = parts if parts is not None else [max(1, nodes // k)] * k
-    resolved = replace(cfg, chunks=chunks, **async_defaults(cfg))
-    return RunPlan(resolved, widths, k, weight_servers or p.weight_servers,
-                   [max(1, min(chunks, s)) for s in sizes], share)
+    counts = [max(1, min(chunks, s)) for s in sizes]
+    stream = stream_rows(cfg, max(-(-s // c) for s, c in zip(sizes, counts)))
+    resolved = replace(cfg, chunks=chunks, stream_rows=stream, **async_defaults(cfg))
+    return RunPlan(resolved, widths, k, weight_servers or p.weight_servers, counts, share)
+
+
+def stream_rows(cfg: TrainConfig, chunk_rows: int) -> int:
+    """``--stream-rows auto``: a chunk of ``chunk_rows`` (the largest) in :data:`STREAM_BLOCKS` blocks where
+    every task's transfers sit on a capped link (``local`` with ``--lambda-bandwidth-mbps``, a fixed pool),
+    else whole chunks (0). On such a link a whole-chunk task downloads, computes and uploads one after
+    the other, and the epoch is a chain of such tasks: on the 200 k graph at 200 Mbps (``local`` K=2, 4
+    Lambdas, async S=1, int8, medians of 3) streaming in 4 blocks with the fused last layer took the
+    epoch from 1.31x the unlimited one to 1.03x (docs/performance.md). A pool that grows
+    (``--lambdas auto``) hides the cap with more links instead, and there the blocks' messages cost
+    more CPU than they save; on ``lambda`` the gain is unmeasured (no real link here)."""
+    rows = cfg.pool.stream_rows
+    if rows is not AUTO:
+        return rows
+    capped = (cfg.pipeline.backend == "local" and cfg.pool.lambda_bandwidth_mbps > 0 and cfg.pool.lambdas is not AUTO
+              and architecture(cfg.gnn.model).streams)
+    return -(-chunk_rows // STREAM_BLOCKS) if capped and chunk_rows > 1 else 0
 
 
 def async_defaults(cfg: TrainConfig) -> dict:

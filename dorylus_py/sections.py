@@ -22,6 +22,7 @@ INPROC_BACKENDS = ("cpu", "gpu")  # tensor tasks in the graph servers' own threa
 AUTO_CHUNK_ROWS = 150_000  # --chunks auto: at most this many rows a chunk (a tensor task's memory grows with them)
 ASYNC_SMOOTHING = 0.95  # --stale-smoothing auto in async mode without a fresh wait: PipeGCN's gamma (issue 39)
 ASYNC_FRESH_WAIT_MS = 50.0  # --fresh-wait-ms auto in async mode (issue 39's measurements)
+STREAM_BLOCKS = 4  # --stream-rows auto on a capped link: blocks a chunk's task streams in
 ASYNC_CHUNKS = 4  # --chunks auto on an autotuned pool, or async cpu/gpu: chunks a server pipelines at least
 STALE_STEPS = ("none", "inverse", "inverse-lr")  # async: a stale gradient's weight in the update (weights/store.py)
 # Upper bounds (``most``): far beyond any real run, low enough that no count overflows an allocation, a
@@ -175,8 +176,9 @@ class PipelineSettings(Section):
                                     "(SpecTrain, PipeMare); its gradient is applied to the real ones. Default off")
     fuse: str = setting("auto", "gcn with --layers >= 2: one task per chunk computes the last layer's forward, the loss "
                         "and its gradient, and the first backward step, where unfused it takes three (forward, loss, "
-                        "backward). auto (default): fused where a task saved is a round trip saved, on lambda and on "
-                        "local with --lambda-latency-ms above 0; elsewhere fusing only widens the last layer's Gather. "
+                        "backward). auto (default): fused where a task saved is a round trip or bytes on a slow link "
+                        "saved: on lambda, and on local with --lambda-latency-ms or --lambda-bandwidth-mbps above 0; "
+                        "elsewhere fusing only widens the last layer's Gather. "
                         "gat, sage and a one-layer gcn always run unfused", choices=FUSE_CHOICES)
     remat: bool = setting(False, "sync: graph servers keep only what backward reads. The evaluation pass reuses the "
                           "training pass's buffers, Gather backward writes dZ over Z (dead once Gather ran), and the "
@@ -256,11 +258,15 @@ class PoolSettings(Section):
                                        "full it keeps what it holds); the graph server then does not send them to it "
                                        "again (default: a quarter of --lambda-memory-mb; 0: off; the cpu and gpu "
                                        "backends never cache)", metavar="MB")
-    stream_rows: int = setting(0, "stream each row-wise tensor task (GCN and GraphSAGE) in blocks of this many rows: the "
-                               "worker asks for every block at once, computes on each as it arrives and sends its rows "
-                               "of the result back at once, so its downloads, compute and uploads overlap; the graph "
-                               "server takes the result only when the last message is in (default 0: whole chunks)",
-                               metavar="ROWS", most=2**31 - 1)
+    stream_rows: int | Auto = setting(AUTO, "stream each row-wise tensor task (GCN and GraphSAGE) in blocks of this "
+                                      "many rows: the worker asks for every block at once, computes on each as it "
+                                      "arrives and sends its rows of the result back at once, so its downloads, compute "
+                                      "and uploads overlap; the graph server takes the result only when the last message "
+                                      "is in. auto (default): a chunk in "
+                                      f"{STREAM_BLOCKS} blocks where the links are capped (local with "
+                                      "--lambda-bandwidth-mbps and a fixed --lambdas pool: at 200 Mbps it brings the "
+                                      "epoch within a few per cent of the unlimited one, docs/performance.md), whole "
+                                      "chunks elsewhere; 0: whole chunks", metavar="ROWS|auto", most=2**31 - 1)
 
     def check(self) -> None:
         if self.lambdas is not AUTO:
@@ -280,7 +286,8 @@ class PoolSettings(Section):
             if self.row_cache_mb >= self.lambda_memory_mb:
                 raise ConfigError(f"--row-cache-mb {self.row_cache_mb} leaves no room in a Lambda of "
                                   f"--lambda-memory-mb {self.lambda_memory_mb}")
-        at_least("--stream-rows", self.stream_rows, 0)
+        if self.stream_rows is not AUTO:
+            at_least("--stream-rows", self.stream_rows, 0)
 
 
 @section

@@ -87,8 +87,9 @@ def test_fuse_flags_backends_and_models_without_fusion():
     assert parse(["train"]).fuse == "auto"
     assert last_layer_note(TrainConfig(backend="local", lambda_latency_ms=20)).startswith("last layer fused")
     assert last_layer_note(TrainConfig(backend="lambda")).startswith("last layer fused")
-    for unfused in (TrainConfig(backend="cpu"), TrainConfig(backend="local")):  # no round trip to save
-        assert "--fuse auto fuses on lambda, and on local with --lambda-latency-ms above 0" in last_layer_note(unfused)
+    assert last_layer_note(TrainConfig(backend="local", lambda_bandwidth_mbps=200)).startswith("last layer fused")
+    for unfused in (TrainConfig(backend="cpu"), TrainConfig(backend="local")):  # no round trip or link time to save
+        assert "on local with --lambda-latency-ms or --lambda-bandwidth-mbps above 0" in last_layer_note(unfused)
     assert last_layer_note(TrainConfig(backend="cpu", fuse="on")).startswith("last layer fused")
     assert "(--fuse off)" in last_layer_note(TrainConfig(backend="local", fuse="off"))
     assert "not --model sage" in last_layer_note(TrainConfig(backend="local", model="sage"))

@@ -132,3 +132,29 @@ def test_stream_rows_is_refused_where_nothing_streams(capsys):
     assert main(["train", "--backend", "cpu", "--stream-rows", "64", "--epochs", "1"]) == 2
     err = capsys.readouterr().err
     assert "--stream-rows" in err and "Traceback" not in err
+
+
+def test_stream_rows_auto_streams_where_the_links_are_capped(graph_npz, tmp_path):
+    from dorylus_py.plan import plan
+    from dorylus_py.settings import AUTO
+
+    def rows(**kw) -> int:
+        cfg = TrainConfig(**{"backend": "local", "lambdas": 4, "graph_servers": 2} | kw)
+        cfg.check()
+        return plan(cfg, 16, 4, 200_000, [100_001, 99_999]).config.stream_rows
+
+    assert TrainConfig().stream_rows is AUTO
+    # 4 Lambdas, 2 a server: 2 chunks of the larger part (50,001 rows), each in 4 blocks
+    assert rows(lambda_bandwidth_mbps=200) == 12_501
+    assert rows(lambda_bandwidth_mbps=200, chunks=5) == 5_001
+    assert rows(lambda_bandwidth_mbps=200, model="sage") == 12_501
+    for whole in ({}, {"lambda_bandwidth_mbps": 200, "lambdas": AUTO}, {"lambda_bandwidth_mbps": 200, "model": "gat"},
+                  {"backend": "cpu"}, {"lambda_latency_ms": 20}):
+        assert rows(**whole) == 0, whole
+    assert rows(lambda_bandwidth_mbps=200, stream_rows=0) == 0 and rows(stream_rows=64) == 64  # given: kept
+    run_dir = tmp_path / "run"  # a real job: the record holds the count it streamed with, and the epoch ran
+    assert main(["train", "--backend", "local", "--data", str(graph_npz), "-k", "2", "--lambdas", "2", "--epochs", "1",
+                 "--lambda-bandwidth-mbps", "1000", "--out", str(run_dir), "--quiet"]) == 0
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["chunks"] == 1 and config["stream_rows"] == -(-(config["graph"]["nodes"] // 2) // 4)
+    assert all(s["result_blocks"] >= 3 for s in end_stats(tmp_path, "run"))  # its tasks came back in blocks

@@ -37,7 +37,7 @@ def served(small_graph, tmp_path, driver, monkeypatch):  # noqa: F811
     def start(backend="local", **kw):
         prepare(small_graph, tmp_path / "p", 1)
         node = ServerNode("graph-server", 0, driver, KEY)
-        cfg = TrainConfig(backend=backend, chunks=2, lambdas=1, tensor_threads=1, **kw)
+        cfg = TrainConfig(backend=backend, chunks=2, lambdas=1, tensor_threads=1, **{"stream_rows": 0} | kw)  # planned
         spec = JobSpec(config=cfg, data_dir=str(tmp_path / "p"), feature_norm="row", dims=[16, 8, 4],
                        id_offsets=[0, small_graph.num_nodes], chunk_counts=[2], graph_servers=[node.address],
                        weight_servers=[])

@@ -23,7 +23,7 @@ from tests.graph_servers import TASK, Recorder, pull, served  # noqa: F401  (a f
 def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_path, driver):
     prepare(small_graph, tmp_path / "p", 1)
     node = ServerNode("graph-server", 0, driver, KEY)
-    spec = JobSpec(config=TrainConfig(backend="cpu", tensor_threads=1, chunks=2), data_dir=str(tmp_path / "p"),
+    spec = JobSpec(config=TrainConfig(backend="cpu", tensor_threads=1, chunks=2, stream_rows=0), data_dir=str(tmp_path / "p"),
                    feature_norm="none", dims=[16, 8, 4], id_offsets=[0, small_graph.num_nodes], chunk_counts=[2],
                    graph_servers=[node.address], weight_servers=[])
     gs = GraphServer(node, Message("start", {"spec": spec.to_wire()}))
