@@ -174,7 +174,7 @@ def main() -> None:
     subprocess.run([py, "-m", "dorylus_py", "synth", "--out", graph, "--nodes", str(args.nodes), "--edges",
                     str(args.edges), "--features", "128", "--classes", "10"], check=True, capture_output=True)
     subprocess.run([py, "-m", "dorylus_py", "prepare", graph, "-k", "2", "--out", parts], check=True, capture_output=True)
-    print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; K=2, 4 chunks per server, "
+    print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; K=2, 4 chunks per server (link: --chunks auto), "
           f"{args.epochs} epochs ({args.pool_epochs} in the pool group, {args.scaleout_epochs} in scaleout); medians of {args.repeats} run(s); servers priced as {args.as_instance}")
     print(f"{'run':<38}{'epoch s':>9}{'tasks/ep':>10}{'MB/ep':>9}{'MB/ep 2..':>10}{'GB-s/ep':>9}{'$/epoch':>11}"
           f"{'GS buffers MB':>15}{'GS peak MiB':>13}")

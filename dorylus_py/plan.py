@@ -65,7 +65,7 @@ def stream_rows(cfg: TrainConfig, chunk_rows: int) -> int:
     else whole chunks (0). On such a link a whole-chunk task downloads, computes and uploads one after
     the other, and the epoch is a chain of such tasks: on the 200 k graph at 200 Mbps (``local`` K=2, 4
     Lambdas, async S=1, int8, medians of 3) streaming in 4 blocks with the fused last layer took the
-    epoch from 1.31x the unlimited one to 1.03x (docs/performance.md). A pool that grows
+    epoch from 1.31-1.39x the unlimited one to 1.00-1.04x (docs/performance.md). A pool that grows
     (``--lambdas auto``) hides the cap with more links instead, and there the blocks' messages cost
     more CPU than they save; on ``lambda`` the gain is unmeasured (no real link here)."""
     rows = cfg.pool.stream_rows

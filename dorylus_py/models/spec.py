@@ -78,7 +78,7 @@ def fuses_last_layer(model: str, layers: int, fuse: str, backend: str, latency_m
     per chunk, so without a round trip or link time to save it does not pay: on the 200 k graph
     (``benchmarks/bench_lambda.py``, medians of 3) fused epochs took 1.01x (sync) and 1.08x (async) the
     unfused ones on ``local`` without latency, and 0.98x and 0.93x at 20 ms; at 200 Mbps a Lambda (async
-    S=1, int8 rows) 0.83x, its tasks moving 3.8 MB a chunk and epoch instead of 7.2 (docs/performance.md).
+    S=1, int8 rows) 0.83-0.88x, its tasks moving 3.8 MB a chunk and epoch instead of 7.2 (docs/performance.md).
     GAT and GraphSAGE (whose last layer has ApplyEdge tasks or a self term) and a one-layer GCN (whose
     input is the features, not a Gather's output) keep the separate loss task."""
     if not architecture(model).can_fuse(layers) or fuse == "off":
