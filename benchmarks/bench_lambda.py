@@ -33,7 +33,7 @@ billed), and the graph servers' largest per-layer buffers and peak RSS. Then the
 alternate with ``--repeats``; the table gives medians. A 2-core machine shared with other work is
 noisy: quote the load average printed at the start and end.
 
-    python benchmarks/bench_lambda.py [--only fuse pool bandwidth] [--epochs 6 --repeats 1]
+    python benchmarks/bench_lambda.py [--only fuse pool bandwidth] [--epochs 6 --repeats 1 --lambdas 4]
 """
 
 from __future__ import annotations
@@ -82,9 +82,9 @@ def load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def measure(parts: Path, out: Path, flags: list[str], epochs: int, prices: Prices, instance: str) -> dict:
+def measure(parts: Path, out: Path, flags: list[str], epochs: int, prices: Prices, instance: str, lambdas: int) -> dict:
     cmd = [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(out), "--backend", "local",
-           "--epochs", str(epochs), "--chunks", "4", "--feature-norm", "none", "--quiet", *flags]
+           "--epochs", str(epochs), "--chunks", "4", "--feature-norm", "none", "--quiet", "--lambdas", str(lambdas), *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr.strip()[-2000:]}")
@@ -163,6 +163,8 @@ def main() -> None:
     ap.add_argument("--scaleout-epochs", type=int, default=40, help="epochs of the scaleout group's runs (default 40)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per row, alternating within a group (default 1)")
     ap.add_argument("--only", nargs="+", choices=list(GROUPS), default=list(GROUPS), help="groups to run")
+    ap.add_argument("--lambdas", type=int, default=4, help="the pool of every run whose group does not choose its "
+                    "own (pool, scaleout); default 4")
     ap.add_argument("--as-instance", default="c5.2xlarge", help="EC2 type the servers are priced as")
     args = ap.parse_args()
     started, prices = time.perf_counter(), Prices.load()
@@ -175,6 +177,7 @@ def main() -> None:
                     str(args.edges), "--features", "128", "--classes", "10"], check=True, capture_output=True)
     subprocess.run([py, "-m", "dorylus_py", "prepare", graph, "-k", "2", "--out", parts], check=True, capture_output=True)
     print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; K=2, 4 chunks per server (link: --chunks auto), "
+          f"{args.lambdas} Lambdas (pool, scaleout: their own), "
           f"{args.epochs} epochs ({args.pool_epochs} in the pool group, {args.scaleout_epochs} in scaleout); medians of {args.repeats} run(s); servers priced as {args.as_instance}")
     print(f"{'run':<38}{'epoch s':>9}{'tasks/ep':>10}{'MB/ep':>9}{'MB/ep 2..':>10}{'GB-s/ep':>9}{'$/epoch':>11}"
           f"{'GS buffers MB':>15}{'GS peak MiB':>13}")
@@ -185,7 +188,8 @@ def main() -> None:
             for label, flags in (GROUPS[group] if r % 2 == 0 else GROUPS[group][::-1]):
                 out = tmp / f"{group}-{len(runs.get(label, []))}-{label.replace(' ', '_').replace(',', '')}"
                 epochs = {"pool": args.pool_epochs, "scaleout": args.scaleout_epochs}.get(group, args.epochs)
-                runs.setdefault(label, []).append(measure(parts, out, flags, epochs, prices, args.as_instance))
+                run = measure(parts, out, flags, epochs, prices, args.as_instance, args.lambdas)
+                runs.setdefault(label, []).append(run)
         for label, _ in GROUPS[group]:
             med = {k: statistics.median(m[k] for m in runs[label]) for k in runs[label][0]}
             res[label] = med
