@@ -289,12 +289,12 @@ def run_train(args) -> tuple[dict, Path] | None:
                    else (None, cfg.mode in DECENTRAL_MODES))  # copy: the run writes the data into its record
     done = (checkpoint_epoch(cfg, checkpoints, None if copy else store) if resumed is not None
             else None)  # before any write
-    graph = None
+    graph, sizes = None, None  # sizes: each partition's vertices, where the store is made already
     if distributed and not copy:  # the graph servers read the store; the driver needs only its manifest
         from dorylus_py.partition import PartitionStore
 
         manifest = PartitionStore.open(store).manifest
-        summary, source = manifest["summary"], cfg.data
+        summary, source, sizes = manifest["summary"], cfg.data, [p["nodes"] for p in manifest["parts"]]
         norm = feature_norm_for(cfg.feature_norm, manifest["features_nonnegative"], store)
     elif cfg.data is None:
         synth = SynthConfig()
@@ -309,7 +309,7 @@ def run_train(args) -> tuple[dict, Path] | None:
         raise ConfigError(f"--data {cfg.data} lies inside {run_dir}, which --overwrite would delete")
     if distributed:  # the record keeps what the run used: the run plan's counts
         auto_chunks, auto_stream = cfg.chunks is AUTO, cfg.stream_rows is AUTO
-        cfg = plan(cfg, summary["features"], summary["classes"], summary["nodes"]).config
+        cfg = plan(cfg, summary["features"], summary["classes"], summary["nodes"], sizes).config
         if auto_chunks:
             status(f"--chunks auto: {cfg.chunks} a graph server ({cfg.mode}, {cfg.backend}"
                    f"{', --lambdas ' + str(cfg.lambdas) if cfg.backend in ('local', 'lambda') else ''})")

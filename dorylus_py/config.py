@@ -135,10 +135,11 @@ class TrainConfig:
         if pool.row_cache_mb and p.backend not in LAMBDA_BACKENDS:
             raise ConfigError(f"--row-cache-mb is for Lambda containers (--backend local or lambda); --backend "
                               f"{p.backend} runs tensor tasks inside the graph server, which has the rows")
-        if pool.stream_rows is not AUTO and pool.stream_rows and p.backend not in LAMBDA_BACKENDS:
+        streams = pool.stream_rows is not AUTO and pool.stream_rows > 0  # given; auto streams only where it can
+        if streams and p.backend not in LAMBDA_BACKENDS:
             raise ConfigError(f"--stream-rows streams a Lambda's transfers (--backend local or lambda); --backend "
                               f"{p.backend} runs tensor tasks inside the graph server, which transfers nothing")
-        if pool.stream_rows is not AUTO and pool.stream_rows and not architecture(self.gnn.model).streams:
+        if streams and not architecture(self.gnn.model).streams:
             raise ConfigError(f"--stream-rows streams GCN and GraphSAGE tasks, not --model {self.gnn.model} (GAT's vertex "
                               "forward returns a bias row with the rows, which no block owns)")
         if len(devices := device_list(p.device)) > 1 and len(devices) != p.graph_servers:

@@ -152,9 +152,14 @@ def test_stream_rows_auto_streams_where_the_links_are_capped(graph_npz, tmp_path
                   {"backend": "cpu"}, {"lambda_latency_ms": 20}):
         assert rows(**whole) == 0, whole
     assert rows(lambda_bandwidth_mbps=200, stream_rows=0) == 0 and rows(stream_rows=64) == 64  # given: kept
-    run_dir = tmp_path / "run"  # a real job: the record holds the count it streamed with, and the epoch ran
-    assert main(["train", "--backend", "local", "--data", str(graph_npz), "-k", "2", "--lambdas", "2", "--epochs", "1",
+    # a real job on a prepared store: the record holds the count it streamed with, from the partitions'
+    # sizes (fennel's are uneven here, 307 and 293: the larger one's single chunk in 4 blocks of 77, where
+    # an even split's 75 would make a fifth block of 7 rows), and the epoch ran
+    store, run_dir = tmp_path / "store", tmp_path / "run"
+    assert main(["prepare", str(graph_npz), "-k", "2", "--partitioner", "fennel", "--out", str(store)]) == 0
+    largest = max(p["nodes"] for p in json.loads((store / "manifest.json").read_text())["parts"])
+    assert main(["train", "--backend", "local", "--data", str(store), "--lambdas", "2", "--epochs", "1",
                  "--lambda-bandwidth-mbps", "1000", "--out", str(run_dir), "--quiet"]) == 0
     config = json.loads((run_dir / "config.json").read_text())
-    assert config["chunks"] == 1 and config["stream_rows"] == -(-(config["graph"]["nodes"] // 2) // 4)
+    assert largest > config["graph"]["nodes"] // 2 and config["chunks"] == 1 and config["stream_rows"] == -(-largest // 4)
     assert all(s["result_blocks"] >= 3 for s in end_stats(tmp_path, "run"))  # its tasks came back in blocks
