@@ -180,6 +180,8 @@ class _Run:
         while len(addresses) < len(names):
             try:
                 name, msg = link.recv(max(0.1, deadline - time.monotonic()))
+            except ServerLost:
+                raise  # died before its hello: restarted, or the job stops, as after any other death
             except DorylusError:
                 missing = ", ".join(n for n in names if n not in addresses)
                 raise DorylusError(f"{missing} did not say hello within {wait_s:.0f} s" + (

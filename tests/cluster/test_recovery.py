@@ -181,3 +181,23 @@ def test_a_graph_server_dying_after_training_does_not_fail_the_job(parts, tmp_pa
     got = train_distributed(cfg, parts, RunRecord(tmp_path / "run", cfg.to_dict()), "none", show_progress=False)
     assert got.summary["restarts"] == 0 and [r["epoch"] for r in got.history] == [1, 2]
     assert (tmp_path / "run" / "weights.npz").exists()
+
+
+def test_a_server_dying_before_its_hello_is_restarted_like_any_other(parts, tmp_path, monkeypatch):
+    from dorylus_py.cluster.driver_link import DriverLink
+
+    spawn, killed = DriverLink.spawn, []
+
+    def spawn_then_kill(self, name, module, rank):  # the first graph-server-1 dies before it can say hello
+        spawn(self, name, module, rank)
+        if name == "graph-server-1" and not killed:
+            proc, _ = self.procs[name]
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            killed.append(proc.pid)
+
+    monkeypatch.setattr(DriverLink, "spawn", spawn_then_kill)
+    cfg = config(epochs=2)
+    got = train_distributed(cfg, parts, RunRecord(tmp_path / "run", cfg.to_dict()), "none", show_progress=False)
+    assert killed and got.summary["restarts"] == 1 and [r["epoch"] for r in got.history] == [1, 2]
+    assert not running_children()
