@@ -24,6 +24,7 @@ import zmq
 
 from dorylus_py.errors import DorylusError
 from dorylus_py.models import spec_of
+from dorylus_py.platforms.base import PoolLoad
 from dorylus_py.models.spec import fuses_last_layer
 from dorylus_py.partition.store import PartitionStore
 from dorylus_py.pipeline import events as ev
@@ -36,12 +37,15 @@ from dorylus_py.serving.job import JobSpec
 from dorylus_py.serving.node import ServerNode, peak_rss_mb
 from dorylus_py.serving.rejections import REJECTED
 from dorylus_py.weights.blocks import servers_of_layer, split, weight_blocks
-from graph_servers.direct import DirectLink
+from dorylus_py.pipeline.leases import Dispatcher, Lease
+from dorylus_py.timescale import scaled
+from dorylus_py.worker.event import TaskRef
+from graph_servers.direct import DIRECT
 from graph_servers.graph_state import FusedInput, GraphState
 from graph_servers.graph_thread import GraphThread
 from graph_servers.pool import AutoPool
 from graph_servers.received import ALL_CHUNKS
-from graph_servers.requests import Request, Requests
+from graph_servers.requests import Requests
 from graph_servers.staging import BlockStaging
 from graph_servers.task_io import (
     STATIC,
@@ -50,15 +54,18 @@ from graph_servers.task_io import (
     has_static,
     staging_cap,
     static_tokens,
-    streams,
-    task_block,
+    task_parts,
     task_rows,
 )
 from graph_servers.usage import Usage
-from graph_servers.wire import ghost_placement, held_tokens, task_event
+from graph_servers.wire import ghost_placement, lease_event
 from graph_servers.workers import make_platform, server_device
 
 log = logging.getLogger("dorylus.graph_server")
+
+LEASE_IDLE_S = 2.0  # a lease that has waited this long for a task leaves (and stops being billed)
+LEASE_DEPTH = 2  # tasks out on one lease at once: the next one's rows travel while it computes
+FLUSH_S = 5.0  # at the end, how long the server waits for its leases to end (their billing rows)
 
 # what the scheduler may tell the server to do, each carried out by the method ``_on_<its class name>``
 INSTRUCTIONS = (ev.Invoke, ev.Serve, ev.Cancel, ev.Accept, ev.SendRows, ev.ForwardGradient, ev.RunGraph,
@@ -100,8 +107,17 @@ class GraphServer(Requests):
         self.weight_servers = [self._dealer(a) for a in spec.weight_servers]
         self.blocks = weight_blocks(self.model.tensors(), len(spec.weight_servers))
         self.layer_servers = [servers_of_layer(self.blocks, l) for l in range(self.model.num_layers)]
-        self.platform = make_platform(spec, self.k, node, device)
-        self.direct: DirectLink | None = getattr(self.platform, "direct", None)
+        self.platform = make_platform(spec, self.k, node, device, self._lease_event(DIRECT, device))
+        self.direct = getattr(self.platform, "direct", None)  # the cpu/gpu backends' own threads
+        if self.direct is not None:  # one lease that never ends, as many tasks out as threads
+            self.dispatcher = Dispatcher(1, self.direct.threads)
+            self.dispatcher.started(DIRECT, time.time())
+            self.dispatcher.hello(DIRECT, self.direct, frozenset(), time.time())
+        else:
+            self.dispatcher = Dispatcher(self.platform.concurrency, LEASE_DEPTH)
+        self.copies: dict[tuple, ev.Invoke] = {}  # copies launched and not ended -> how (version, hold)
+        self.sent_at: dict[tuple, float] = {}  # copies sent to a lease -> when
+        self.leases_alive: dict[str, float] = {}  # leases invoked whose invocation has not ended -> when
         policy = RelaunchPolicy(cfg.relaunch_min_s, cfg.relaunch_factor, self.platform.startup_hint_s)
         self.scheduler = Scheduler(
             rank=self.k, chunks=self.state.chunks, layers=spec.layers, epochs=cfg.epochs, mode=spec.mode,
@@ -111,13 +127,13 @@ class GraphServer(Requests):
             sync_epochs=cfg.sync_epochs, fresh_wait_s=cfg.fresh_wait_ms / 1000 if spec.mode == "async" else 0.0)
         self.graph_thread = GraphThread(node.ctx, node.poller, self._graph_job)
         tasks_per_epoch = self.state.chunks * sum(s.task is not None for s in stages)
-        self.auto_pool = AutoPool.of(spec, self.platform, self.k, tasks_per_epoch)
+        self.auto_pool = AutoPool.of(spec, self, self.k, tasks_per_epoch)
         node.on_driver = self.on_driver
         self.loss_sum: dict[int, float] = {}
         self.correct: dict[int, np.ndarray] = {}
         self.epoch_start: dict[int, float] = {}
         self.task_rows: list[dict] = []  # the loop thread's alone
-        self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "blocks": 0,
+        self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "blocks": 0, "leases": 0,
                       "peer_rows_fresh": 0, "peer_rows_late": 0}  # async: peer messages in time for their epoch's read, or not
         self.gradients_sent: dict[tuple, int] = {}  # (epoch, layer, chunk) -> times forwarded (once)
         self.usage = Usage()
@@ -131,6 +147,11 @@ class GraphServer(Requests):
             "fused_last_layer": fused is not None, "remat": cfg.remat, "buffer_bytes": self.state.buffer_bytes,
             "device": device, "device_twin_bytes": self.state.dev.twin_bytes,
             "first_epoch": spec.first_epoch, "restart": spec.restart, "job": node.session.job.hex()}))
+
+    def _lease_event(self, lease: str, device: str = "cpu"):
+        cfg = self.spec.config
+        return lease_event(self.spec, self.k, self.node.address, self.node.gate, self.node.session.job, lease,
+                           int(scaled(LEASE_IDLE_S) * 1000), device)
 
     def _dealer(self, address: str) -> zmq.Socket:
         return self.node.dealer(address, answered=True)  # peers and weight servers answer every message
@@ -148,60 +169,132 @@ class GraphServer(Requests):
             self.feed(ev.Tick(time.time()))
             if self.auto_pool is not None:
                 self._tune_pool()
+            self._dispatch()
         self._flush_tasks()
         self.node.to_driver(Message("epoch_stats", {"rank": self.k, "finished": True}))
-        while True:  # serve late copies (they are told to stop) until the driver says stop
+        while True:  # answer late leases (they are released) until the driver says stop
             self._serve_once(200)
             self._read_acks()
             self._collect()
 
     def _serve_once(self, timeout_ms: int) -> None:
-        """Requests from the sockets, then from in-process workers (which wake the same poll)."""
+        """Messages from the sockets, then results of in-process workers (which wake the same poll)."""
         self.node.serve_once(self.handle, timeout_ms)
         if self.direct is not None:
             self.direct.serve(self.handle, REJECTED, lambda e: self.node.rejections.add("invalid", e))
 
-    def feed(self, event, request: Request | None = None, msg: Message | None = None) -> None:
-        """Give the scheduler an event and carry out its instructions; ``request`` and ``msg`` belong to
-        the worker request the event came from (the instructions that answer it need them)."""
+    def feed(self, event, to: tuple[Lease, tuple] | None = None, msg: Message | None = None) -> None:
+        """Give the scheduler an event and carry out its instructions; ``to``: the lease a copy is being
+        sent to and the copy, or ``msg``: the result the event came with (the instructions that act on
+        them need them)."""
         for inst in self.scheduler.handle(event):
-            self.carry_out[type(inst)](inst, request, msg)
+            self.carry_out[type(inst)](inst, to, msg)
+
+    # --- leases: copies to workers ------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Send waiting copies to leases with room, start the leases the waiting copies need, release those
+        beyond a shrunk pool (``pipeline/leases.py`` decides)."""
+        d, now = self.dispatcher, time.time()
+        d.forget(lambda key: not self.scheduler.tracker.is_running(key))
+        tokens = self.static_tokens
+        for lease, copy in d.assign(lambda key: tokens[key.chunk] if tokens and has_static(key) else None, now):
+            self.feed(ev.TaskPulled(copy[0], copy[1], now), (lease, copy), None)
+        for _ in range(d.to_start()):
+            lease = os.urandom(8).hex()
+            d.started(lease, now)
+            self.leases_alive[lease] = now
+            self.stats["leases"] += 1
+            self.platform.invoke(self._lease_event(lease))
+        for lease in d.to_release():
+            self._send_lease(lease, Message("release", {"lease": lease.id, "reason": "the pool shrank"}))
+            self._lease_ended(lease.id, "released")
+
+    def _send_lease(self, lease: Lease, msg: Message) -> None:
+        if lease.peer is self.direct:
+            lease.peer.send(msg)
+            return
+        self.usage.sent(msg)
+        self.node.reply(lease.peer, msg)
+
+    def _lease_ended(self, lease: str, why: str) -> None:
+        """A lease is over: the copies it still held failed (the scheduler relaunches them)."""
+        now = time.time()
+        for key, attempt in self.dispatcher.ended(lease):
+            self._copy_ended(lease, (key, attempt), now, False, why)
+
+    def _copy_ended(self, lease: str, copy: tuple, now: float, ok: bool, error: str) -> None:
+        """A copy's result came (``ok``), or it failed: its row in tasks.jsonl, and the scheduler told."""
+        key, attempt = copy
+        if not ok:
+            self.dispatcher.finished(lease, copy, None, now)
+        self.copies.pop(copy, None)
+        sent = self.sent_at.pop(copy, now)
+        self.stats["completed"] += 1
+        self.task_rows.append({"kind": key.kind, "train": key.train, "server": self.k, "chunk": key.chunk,
+                               "epoch": key.epoch, "layer": key.layer, "attempt": attempt, "where": self.platform.name,
+                               "start": sent, "end": now, "billed_ms": 0, "memory_mb": 0, "ok": ok, "error": error,
+                               "lease": lease})
+        if ok and self.auto_pool is not None:
+            self.auto_pool.finished(key, now - sent)
+        self.feed(ev.TaskEnded(key, attempt, ok, now, error))
+        self.staging.forget(key, attempt)
+
+    # --- the pool as the autotuner sees it (--lambdas auto) -------------------------------------------
+
+    resizable = property(lambda self: self.platform.resizable)
+
+    def load(self) -> PoolLoad:
+        return PoolLoad(*self.dispatcher.load())
+
+    def resize(self, size: int) -> None:
+        self.dispatcher.size = size
+        self.platform.resize(size)
 
     # --- the scheduler's instructions, each carried out by ``_on_<its name>`` ------------------------
 
-    def _on_Invoke(self, inst: ev.Invoke, request, msg) -> None:
+    def _on_Invoke(self, inst: ev.Invoke, to, msg) -> None:
+        """A copy to run: it waits for a lease with room (``_dispatch``)."""
         self.stats["invoked"] += 1
-        key = inst.key
+        self.copies[(inst.key, inst.attempt)] = inst
+        self.dispatcher.submit((inst.key, inst.attempt))
+        self.epoch_start.setdefault(inst.key.epoch, time.perf_counter())
+
+    def _on_Serve(self, inst: ev.Serve, to: tuple[Lease, tuple], msg) -> None:
+        """Send a copy to its lease: the task and its rows in one message (a streamed task: one per part)."""
+        lease, (key, attempt) = to
+        copy = self.copies[(key, attempt)]
         weighted = self.by_task[(key.kind, key.train, key.layer)].weights is not None
-        servers = [self.spec.weight_servers[w] for w in self.layer_servers[key.layer]] if weighted else []
-        self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.gate, self.node.session.job,
-                                        inst, servers, chunk_rows(self.state, key.chunk) if streams(self.state, key) else 0))
-        self.epoch_start.setdefault(key.epoch, time.perf_counter())
-
-    def _on_Serve(self, inst: ev.Serve, request: Request, msg: Message) -> None:
-        key = inst.key
         token = self.static_tokens[key.chunk] if self.static_tokens and has_static(key) else None
-        rows = task_rows(self.state, key, static_held=token is not None and token in held_tokens(msg.get("have")),
-                         span=task_block(self.state, key, msg))
         (a, b), ((lo, _), (glo, _)) = self.state.chunk(key.chunk), self.state.edge_runs(key.chunk)
-        fields = {"start": a, "stop": b, "id_start": self.spec.id_offsets[self.k] + a, "sent": time.time(),
-                  "edge_start": self.state.edge_offset + lo, "ghost_edge_start": self.state.edge_offset + glo}
-        self._answer(request, Message("rows", fields | ({"static": {STATIC: token}} if token else {}), rows,
-                                      wire=narrowed(rows, self.spec.config.wire_dtype)))
+        fields = {"lease": lease.id, "task": TaskRef(key, self.k, copy.version, copy.hold, attempt).to_wire(),
+                  "ws": list(self.layer_servers[key.layer]) if weighted else [], "start": a, "stop": b,
+                  "id_start": self.spec.id_offsets[self.k] + a, "edge_start": self.state.edge_offset + lo,
+                  "ghost_edge_start": self.state.edge_offset + glo} | ({"static": {STATIC: token}} if token else {})
+        self.sent_at[(key, attempt)] = time.time()
+        for span in task_parts(self.state, key, self.spec.config.stream_rows):
+            rows = task_rows(self.state, key, static_held=token is not None and token in lease.held, span=span)
+            part = {"part": list(span), "rows": b - a} if span is not None else {}
+            self._send_lease(lease, Message("task", fields | part | {"sent": time.time()}, rows,
+                                            wire=narrowed(rows, self.spec.config.wire_dtype)))
 
-    def _on_Cancel(self, inst: ev.Cancel, request: Request, msg) -> None:
-        self._answer(request, Message("duplicate" if request.op == "push_result" else "cancel", {"reason": inst.reason}))
+    def _on_Cancel(self, inst: ev.Cancel, to: tuple[Lease, tuple] | None, msg) -> None:
+        """A copy not wanted (its task is done, or not running): a waiting one is not sent; a result is
+        refused (a duplicate), and nothing answers it."""
+        if to is not None:  # not sent after all: its place on the lease is free again
+            lease, copy = to
+            self.dispatcher.finished(lease.id, copy, None, time.time())
+            self.copies.pop(copy, None)
 
-    def _on_Accept(self, inst: ev.Accept, request: Request, msg: Message) -> None:
+    def _on_Accept(self, inst: ev.Accept, to, msg: Message) -> None:
         key = inst.key
         apply_result(self.state, key, msg.tensors)
         if key.kind in ("loss", "fused"):
             self.loss_sum[key.epoch] = self.loss_sum.get(key.epoch, 0.0) + float(msg["loss_sum"])
         elif key.kind == "eval":
             self.correct[key.epoch] = self.correct.get(key.epoch, np.zeros(3, np.int64)) + np.array(msg["correct"], np.int64)
-        self._answer(request, Message("ok", {}))
 
-    def _on_SendRows(self, inst: ev.SendRows, request, msg) -> None:
+    def _on_SendRows(self, inst: ev.SendRows, to, msg) -> None:
         s, chunk = self.state, inst.chunk
         if inst.phase in ("fwd", "efwd"):
             parts = s.rows_for_peers(inst.phase == "fwd", inst.layer, inst.chunk)
@@ -218,7 +311,7 @@ class GraphServer(Requests):
             self._send(self.peers[p], Message("ghosts", fields | at, listed | tensors,
                                               wire=narrowed(tensors, self.spec.config.wire_dtype)))
 
-    def _on_ForwardGradient(self, inst: ev.ForwardGradient, request, msg: Message) -> None:
+    def _on_ForwardGradient(self, inst: ev.ForwardGradient, to, msg: Message) -> None:
         """An accepted backward task's gradients, cut into row blocks: to each weight server its blocks."""
         key = inst.key
         tensors = {t.name: msg.tensors[f"grad:{t.name}"] for t in self.model.layer_tensors(key.layer)}
@@ -230,24 +323,24 @@ class GraphServer(Requests):
             mine = {b.name: grads[b.name] for b in self.blocks if b.layer == key.layer and b.server == w}
             self._send(self.weight_servers[w], Message("push_grad", fields, mine))
 
-    def _on_RunGraph(self, inst: ev.RunGraph, request, msg) -> None:
+    def _on_RunGraph(self, inst: ev.RunGraph, to, msg) -> None:
         self.epoch_start.setdefault(inst.epoch, time.perf_counter())
         self.graph_thread.submit(inst)
 
-    def _on_SendProgress(self, inst: ev.SendProgress, request, msg) -> None:
+    def _on_SendProgress(self, inst: ev.SendProgress, to, msg) -> None:
         for sock in self.peers.values():
             self._send(sock, Message("progress", {"src": self.k, "min_epoch": inst.min_epoch}))
 
-    def _on_ReportEpoch(self, inst: ev.ReportEpoch, request, msg) -> None:
+    def _on_ReportEpoch(self, inst: ev.ReportEpoch, to, msg) -> None:
         self._report(inst.epoch)
 
-    def _on_Frozen(self, inst: ev.Frozen, request, msg) -> None:
+    def _on_Frozen(self, inst: ev.Frozen, to, msg) -> None:
         self.node.to_driver(Message("switch", {"rank": self.k, "frozen_at": inst.at_epoch}))
 
-    def _on_Finished(self, inst: ev.Finished, request, msg) -> None:
+    def _on_Finished(self, inst: ev.Finished, to, msg) -> None:
         self.finished = True
 
-    def _on_Stuck(self, inst: ev.Stuck, request, msg) -> None:
+    def _on_Stuck(self, inst: ev.Stuck, to, msg) -> None:
         raise DorylusError(f"graph server {self.k}: {inst.reason}")
 
     # --- peers and weight servers ------------------------------------------------------------------
@@ -267,18 +360,16 @@ class GraphServer(Requests):
     # --- platform completions and graph jobs -----------------------------------------------------
 
     def _collect(self) -> None:
+        """Leases whose invocation ended: the copies they held failed, and each is a billing row."""
         for c in self.platform.completions():
-            self.stats["completed"] += 1
-            t = c.task
-            self.task_rows.append({"kind": t["kind"], "train": t["train"], "server": self.k, "chunk": t["chunk"],
-                                   "epoch": t["epoch"], "layer": t["layer"], "attempt": t.get("attempt", 1),
+            lease = c.task.get("lease", "")
+            self.leases_alive.pop(lease, None)
+            self._lease_ended(lease, c.error or "the lease's invocation ended")
+            self.task_rows.append({"kind": "lease", "train": True, "server": self.k, "chunk": None,
+                                   "epoch": self.scheduler.pipe.min_epoch(), "layer": None, "attempt": 1,
                                    "where": c.where, "start": c.start, "end": c.end, "billed_ms": c.billed_ms,
-                                   "memory_mb": c.memory_mb, "ok": c.ok, "error": c.error})
-            if self.auto_pool is not None:
-                self.auto_pool.finished(c)
-            key = ev.TaskKey(t["kind"], t["train"], t["epoch"], t["layer"], t["chunk"])
-            self.feed(ev.TaskEnded(key, t.get("attempt", 1), c.ok, time.time(), c.error))
-            self.staging.forget(key, t.get("attempt", 1))
+                                   "memory_mb": c.memory_mb, "ok": c.ok, "error": c.error, "id": lease,
+                                   "tasks": (c.output or {}).get("tasks", 0)})
 
     def _graph_job(self, inst: ev.RunGraph) -> None:
         """Runs on the graph thread (``graph_thread.py``)."""
@@ -298,7 +389,7 @@ class GraphServer(Requests):
         row = self.auto_pool.tick(self.graph_thread.out > 0, self.scheduler.pipe.min_epoch())
         if row is not None:
             self.task_rows.append(row)
-            self.scheduler.tracker.workers = self.platform.concurrency
+            self.scheduler.tracker.workers = self.dispatcher.size
 
     # --- the driver --------------------------------------------------------------------------------
 
@@ -333,10 +424,15 @@ class GraphServer(Requests):
         self.task_rows = []
         self.node.to_driver(Message("tasks", {"rank": self.k}, {"jsonl": np.frombuffer(rows, np.uint8)}))
 
-    def _flush_tasks(self, timeout_s: float = 5.0) -> None:
-        """Wait (bounded) for the completions of every copy still out, so tasks.jsonl has them all."""
-        deadline = time.monotonic() + timeout_s
-        while self.stats["completed"] < self.stats["invoked"] and time.monotonic() < deadline:
+    def _flush_tasks(self) -> None:
+        """Release every lease and wait (bounded) for their invocations to end, so tasks.jsonl has every
+        lease's billing row; then send the rows."""
+        for lease in list(self.dispatcher.leases.values()):
+            if lease.peer is not None and lease.peer is not self.direct:
+                self._send_lease(lease, Message("release", {"lease": lease.id, "reason": "the job is done"}))
+            self.dispatcher.ended(lease.id)
+        deadline = time.monotonic() + scaled(FLUSH_S)
+        while self.leases_alive and time.monotonic() < deadline:
             self._serve_once(10)
             self._collect()
         self._send_task_rows()
@@ -346,6 +442,7 @@ class GraphServer(Requests):
         log.info("graph server %d end %s", self.k, json.dumps({
             "rank": self.k, "epochs": self.scheduler.reported - self.spec.first_epoch + 1, "tasks": self.stats["invoked"],
             "completed": self.stats["completed"], "result_blocks": self.stats["blocks"],
+            "leases": self.stats["leases"],
             "peer_rows_fresh": self.stats["peer_rows_fresh"], "peer_rows_late": self.stats["peer_rows_late"],
             "relaunches": t.relaunches, "duplicates": t.refused, **self._gradient_counts(),
             "bytes_sent": self.usage.totals["bytes_sent"],
@@ -356,7 +453,5 @@ class GraphServer(Requests):
         self._log_end()
         self.graph_thread.close()
         self.platform.close()
-        if self.direct is not None:
-            self.direct.close()
         for s in [*self.peers.values(), *self.weight_servers]:
             s.close(0)

@@ -46,7 +46,7 @@ from importlib import resources
 
 from dorylus_py.config import SECTION_OF, TrainConfig, row_cache_mb
 from dorylus_py.cost.gpu import GPUS, GpuSpeed, gpu_of, weight_server_type
-from dorylus_py.cost.model import Prices, read_record
+from dorylus_py.cost.model import Prices, invocations, read_record
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.plan import plan
 from dorylus_py.wire_forms import wire_bytes
@@ -195,10 +195,10 @@ class Calibration:
         epochs = len(rows)
         tasks = [t for t in tasks if t["epoch"] >= rows[0]["epoch"]]
         graph_s = sum(t["end"] - t["start"] for t in tasks if t["kind"] in GRAPH_KINDS) / (setup.graph_servers * epochs)
-        tensor = [t for t in tasks if t["kind"] not in GRAPH_KINDS]
+        tensor = [t for t in tasks if t["kind"] not in GRAPH_KINDS and t["kind"] != "lease"]
         task_s = _fixed_task_seconds(tensor, work)
         tensor_s = sum(t["end"] - t["start"] for t in tensor) / epochs - task_s * len(tensor) / epochs
-        billed = sum(t["billed_ms"] for t in tensor) / 1000.0
+        billed = sum(t["billed_ms"] for t in invocations(tasks)) / 1000.0  # leases: waiting included
         steady = statistics.median(m["epoch_s"] for m in rows)
         idle = _idle_seconds(tasks, rows, setup.graph_servers)
         cal = cls(graph_s / work.graph_units(setup.graph_servers), max(tensor_s, 0.0) / work.tensor_units(),

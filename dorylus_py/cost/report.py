@@ -69,6 +69,8 @@ def time_by_kind(tasks: list[dict]) -> dict[str, float]:
     """Seconds spent per task kind (tensor tasks split by train/eval), summed over tasks."""
     out: dict[str, float] = defaultdict(float)
     for t in tasks:
+        if t["kind"] == "lease":  # a Lambda's lease: billing, not work
+            continue
         kind = t["kind"] if t.get("train", True) or t["kind"] == "eval" else f"{t['kind']} (eval)"
         out[kind] += t["end"] - t["start"]
     return dict(out)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.lab
 
 SHAPED = [Link("d", h, rate_mbit=200, delay_ms=1) for h in "abc"] + [
     Link(x, y, rate_mbit=10_000, delay_ms=0.1) for x, y in ("ab", "ac", "bc")]
-OPS = ("pull_rows", "push_result", "pull_weights", "push_grad", "epoch_stats", "heartbeat", "hello", "ghosts")
+OPS = ("lease", "task", "result", "pull_weights", "push_grad", "epoch_stats", "heartbeat", "hello", "ghosts")
 
 
 def plaintext(lab_data) -> dict[str, bytes]:

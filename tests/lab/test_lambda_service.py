@@ -85,12 +85,12 @@ def test_invocations_through_aiobotocore_are_run_throttled_and_reported(service)
                                  base_delay_s=0.2, max_delay_s=1.0, max_attempts=20)
     try:
         for chunk in range(3):
-            platform.invoke(event_for("not an address", chunk=chunk))
+            platform.invoke(event_for("not an address", lease=f"l{chunk}"))
         done, deadline = [], time.monotonic() + 60
         while len(done) < 3:
             assert time.monotonic() < deadline, f"{len(done)} of 3 completions"
             done += platform.wait_completions(1.0)
-        assert sorted(c.task["chunk"] for c in done) == [0, 1, 2]
+        assert sorted(c.task["lease"] for c in done) == ["l0", "l1", "l2"]
         assert all(not c.ok and "Unhandled: " in c.error and "ZMQError" in c.error for c in done)
         assert all(c.billed_ms >= 1 and c.memory_mb == 1769 for c in done)
         assert platform.stats["throttled"] >= 2 and service.stats["throttled"] == platform.stats["throttled"]
