@@ -121,20 +121,21 @@ def with_deployed_memory(cfg, given: set[str]):
     return dataclasses.replace(cfg, lambda_memory_mb=mb)
 
 
-def last_layer_note(cfg) -> str:
-    """Whether the run fuses its last layer, and why not (--fuse off, the backend, or the model)."""
+def last_layer_note(cfg, asked: str) -> str:
+    """Whether the run fuses its last layer, and why not (--fuse off, the backend, the widths, the model);
+    ``cfg``: the planned configuration (``auto`` resolved), ``asked``: the ``--fuse`` given."""
     from dorylus_py.models.spec import fuses_last_layer
 
-    if fuses_last_layer(cfg.model, cfg.layers, cfg.fuse, cfg.backend, cfg.lambda_latency_ms,
-                        cfg.lambda_bandwidth_mbps):
+    if fuses_last_layer(cfg.model, cfg.layers, cfg.fuse):
         return "last layer fused: one task per chunk does its forward, the loss and its first backward step"
-    if cfg.fuse == "off":
-        why = "--fuse off"
-    elif not architecture(cfg.model).can_fuse(cfg.layers):
+    if not architecture(cfg.model).can_fuse(cfg.layers):
         why = f"fusion is gcn's with --layers >= 2, not --model {cfg.model} --layers {cfg.layers}"
+    elif asked == "off":
+        why = "--fuse off"
     else:
         why = ("--fuse auto fuses on lambda, and on local with --lambda-latency-ms or --lambda-bandwidth-mbps above "
-               "0, where a task saved is a round trip or link time saved; --fuse on to fuse here")
+               "0, where a task saved is a round trip or link time saved, and only where --hidden is at most twice "
+               "the classes (the fused layer gathers hidden-wide rows on the graph servers); --fuse on to fuse here")
     return f"last layer unfused ({why}): forward, loss and backward tasks"
 
 
@@ -308,7 +309,7 @@ def run_train(args) -> tuple[dict, Path] | None:
     if args.overwrite and cfg.data and not is_s3(cfg.data) and Path(cfg.data).resolve().is_relative_to(run_dir.resolve()):
         raise ConfigError(f"--data {cfg.data} lies inside {run_dir}, which --overwrite would delete")
     if distributed:  # the record keeps what the run used: the run plan's counts
-        auto_chunks, auto_stream = cfg.chunks is AUTO, cfg.stream_rows is AUTO
+        auto_chunks, auto_stream, asked_fuse = cfg.chunks is AUTO, cfg.stream_rows is AUTO, cfg.fuse
         cfg = plan(cfg, summary["features"], summary["classes"], summary["nodes"], sizes).config
         if auto_chunks:
             status(f"--chunks auto: {cfg.chunks} a graph server ({cfg.mode}, {cfg.backend}"
@@ -341,7 +342,7 @@ def run_train(args) -> tuple[dict, Path] | None:
             from dorylus_py.cluster.launcher import train_distributed
 
             record = RunRecord(run_dir, config, overwrite=args.overwrite, continue_after=done)
-            status(last_layer_note(cfg))
+            status(last_layer_note(cfg, asked_fuse))
             if copy:
                 partition_into(cfg, graph, Path(store))
             from dorylus_py.scale_model import scale_model

@@ -86,8 +86,7 @@ class GraphServer(Requests):
         store = PartitionStore.open(spec.data_dir)
         part = store.load(self.k)
         self.model = spec_of(cfg, spec.dims)
-        fused_last = fuses_last_layer(self.model.name, self.model.num_layers, cfg.fuse, cfg.backend,
-                                      cfg.lambda_latency_ms, cfg.lambda_bandwidth_mbps) and not spec.forward_only
+        fused_last = fuses_last_layer(self.model.name, self.model.num_layers, cfg.fuse) and not spec.forward_only
         stages = self.model.stages(fused_last)
         if spec.forward_only:  # dorylus predict: the evaluation forward and eval, no training pass
             stages = [s for s in stages if not s.train]

@@ -13,6 +13,7 @@ from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
 from dorylus_py.errors import ConfigError
 from dorylus_py.models.spec import fuses_last_layer
+from dorylus_py.plan import plan
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord, train_reference
 from tests.cluster import assert_gradients_once
@@ -85,19 +86,24 @@ def test_fuse_flags_backends_and_models_without_fusion():
     parse = build_parser().parse_args
     assert parse(["train", "--no-fuse"]).fuse == "off" and parse(["train", "--fuse", "on"]).fuse == "on"
     assert parse(["train"]).fuse == "auto"
-    assert last_layer_note(TrainConfig(backend="local", lambda_latency_ms=20)).startswith("last layer fused")
-    assert last_layer_note(TrainConfig(backend="lambda")).startswith("last layer fused")
-    assert last_layer_note(TrainConfig(backend="local", lambda_bandwidth_mbps=200)).startswith("last layer fused")
-    for unfused in (TrainConfig(backend="cpu"), TrainConfig(backend="local")):  # no round trip or link time to save
-        assert "on local with --lambda-latency-ms or --lambda-bandwidth-mbps above 0" in last_layer_note(unfused)
-    assert last_layer_note(TrainConfig(backend="cpu", fuse="on")).startswith("last layer fused")
-    assert "(--fuse off)" in last_layer_note(TrainConfig(backend="local", fuse="off"))
-    assert "not --model sage" in last_layer_note(TrainConfig(backend="local", model="sage"))
+    def note(**kw) -> str:  # on a graph of 16 features and 10 classes, hidden 16 unless given
+        cfg = TrainConfig(**kw)
+        return last_layer_note(plan(cfg, 16, 10, 1000).config, cfg.fuse)
+
+    assert note(backend="local", lambda_latency_ms=20).startswith("last layer fused")
+    assert note(backend="lambda").startswith("last layer fused")
+    assert note(backend="local", lambda_bandwidth_mbps=200).startswith("last layer fused")
+    for unfused in ({"backend": "cpu"}, {"backend": "local"}, {"backend": "lambda", "hidden": 21}):  # nothing to save,
+        assert "on local with --lambda-latency-ms or --lambda-bandwidth-mbps above 0" in note(**unfused)  # or wider
+    assert note(backend="lambda", hidden=20).startswith("last layer fused")  # twice the classes: still fused
+    assert note(backend="cpu", fuse="on").startswith("last layer fused")
+    assert "(--fuse off)" in note(backend="local", fuse="off")
+    assert "not --model sage" in note(backend="local", model="sage")
     with pytest.raises(ConfigError, match="--fuse must be one of auto, on, off"):
         TrainConfig(backend="local", fuse="yes").check()
     from dorylus_py.models import model_spec
 
     assert {s.task for s in model_spec("gcn", [8, 4, 2]).stages(fused=True)} >= {"fused"}
     for name, dims in (("gcn", [8, 2]), ("sage", [8, 4, 2]), ("gat", [8, 4, 2])):
-        assert not fuses_last_layer(name, len(dims) - 1, "on", "local")
+        assert not fuses_last_layer(name, len(dims) - 1, "on")
         assert model_spec(name, dims).stages(fused=True) == model_spec(name, dims).stages(fused=False)
