@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
-import sys
 
 from bench_tta import fail
 

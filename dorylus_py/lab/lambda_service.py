@@ -234,7 +234,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _signed_headers(self, length: int = 0) -> Pending | None:
         """The headers' part of the signature check (all of it, when the request declares its body's hash);
-        None if it failed: then answered with 403 and the connection closed, its body never read."""
+        None if it failed: then answered with 403 and the connection closed, its body never parsed."""
         path, _, query = self.path.partition("?")
         headers: dict[str, list[str]] = {}
         for name, value in self.headers.items():

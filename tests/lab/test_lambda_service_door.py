@@ -121,17 +121,13 @@ class SlowHeaders:
                 alive = []
                 for s in socks:
                     try:
-                        if s.recv(1, socket.MSG_PEEK) == b"":
-                            raise OSError
-                        raise OSError  # (an answer: the service dropped the request)
-                    except BlockingIOError:
-                        try:
+                        if _waiting(s):
                             s.send(f"X-Slow-{turns}: 1\r\n".encode())
                             alive.append(s)
-                        except OSError:
-                            s.close()
+                            continue
                     except OSError:
-                        s.close()
+                        pass
+                    s.close()
                 self.reopened += len(socks) - len(alive) if turns else 0
                 while len(alive) < self.per_source and not self._stop.is_set():
                     alive.append(self._open(source))
@@ -141,6 +137,17 @@ class SlowHeaders:
 
     def holding(self) -> int:
         return sum(map(len, self.held.values()))
+
+
+def _waiting(s: socket.socket) -> bool:
+    """The service holds ``s`` open and has not answered (an answer, or its end, means it let go)."""
+    try:
+        s.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    except OSError:
+        pass
+    return False
 
 
 def until(predicate, timeout_s: float = 20, what: str = "") -> None:
