@@ -25,13 +25,13 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import zmq
 
+from dorylus_py import children
 from dorylus_py.errors import DorylusError
 from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
@@ -92,10 +92,10 @@ class DriverLink:
 
     def spawn(self, name: str, module: str, rank: int) -> None:
         log_path = self.run_dir / "logs" / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **{KEY_ENV: self._key.hex(), PARENT_ENV: str(os.getpid())})
+        env = children.env(PYTHONUNBUFFERED="1", **{KEY_ENV: self._key.hex(), PARENT_ENV: str(os.getpid())})
         with open(log_path, "a") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", module, "--driver", self.address, "--rank", str(rank)],
+                children.module(module, "--driver", self.address, "--rank", rank),
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=preexec_for(name),
             )
         self.procs[name] = (proc, log_path)
