@@ -22,8 +22,8 @@ epoch has come already, so a copy of one is a duplicate.
   ``HISTORY`` accepted gradient norms are kept and the chunk's scale is their lower median (a majority
   of them must have grown before it grows, so one accepted large gradient does not lift the bound for
   the next); the block's scale is the largest chunk's (chunks differ by orders of magnitude, or are
-  exactly zero: Cora's 140 training vertices lie in one chunk of four, and a chunk without training
-  vertices sends a zero gradient for the last layer), floored at ``FLOOR`` x the layer's largest block
+  exactly zero: on 2 graph servers of 2 chunks, Cora's 140 training vertices all lie in 2 of the 4
+  chunks, and a chunk without training vertices sends a zero gradient for the last layer), floored at ``FLOOR`` x the layer's largest block
   scale (a block whose gradients were all zero, its units dead, may come back to life). A gradient
   above ``SCALE_FACTOR`` x that would blow Adam's second moment up as well: a step scales by
   ``1/sqrt(v)``, so one gradient ``r`` times the usual slows the steps after it about ``r / 30``-fold

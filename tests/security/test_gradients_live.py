@@ -15,26 +15,15 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dorylus_py.cli import main
-from dorylus_py.data import write_npz
 from dorylus_py.protocol import Message, Session
-from tests.security.test_wire_live import KEY, Job, dealer
+from tests.security.test_wire_live import KEY, Job, dealer, parts  # noqa: F401  (a fixture)
 
 EPOCHS = 30  # epoch 25 is one of the job's: its keys pass the check that names a task of this job
-
-
-@pytest.fixture(scope="module")
-def parts(tmp_path_factory, small_graph) -> Path:
-    where = tmp_path_factory.mktemp("grads")
-    write_npz(small_graph, where / "g.npz")
-    assert main(["prepare", str(where / "g.npz"), "-k", "2", "--out", str(where / "parts")]) == 0
-    return where / "parts"
 
 
 def pushes(epoch_running: int) -> list[tuple[list[int], str, dict]]:
