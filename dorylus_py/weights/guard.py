@@ -28,8 +28,8 @@ epoch has come already, so a copy of one is a duplicate.
   above ``SCALE_FACTOR`` x that would blow Adam's second moment up as well: a step scales by
   ``1/sqrt(v)``, so one gradient ``r`` times the usual slows the steps after it about ``r / 30``-fold
   for hundreds of steps. The rule applies once every chunk of the job has sent the layer a gradient in
-  this start (before that, only the finiteness of the step bounds one); measured on real runs
-  (docs/architecture.md, Security), genuine gradients stayed far inside the bound.
+  this start (before that, only the finiteness of the step bounds one). On 15 genuine runs (GCN, GAT,
+  GraphSAGE, sync and async; docs/architecture.md, Security) the largest gradient was 13.7x its scale.
 
 A refused key is *taken* with no effect (the store marks it come, so an epoch's update is not waited
 for forever, and adds nothing for it): :class:`GradientRefused`.

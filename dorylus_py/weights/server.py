@@ -24,11 +24,11 @@ of this server's blocks as tensors (``BLOCK:FIELD``), so no weight server reads 
 **Who may push** (issue 52). Every key holder can sign any message, so the key alone cannot say who
 sent a gradient. For each start the driver draws a sender id per graph server and sends it to that
 graph server and to the weight servers (``pushers``, in ``start``); a graph server signs its gradients
-with a session of that id (``ServerNode.dealer``). The id travels in the envelope of those pushes only,
-which go from graph server to weight server; a worker talks to neither side of that link, so it cannot
-learn it (the ids a worker sees are the graph server's own session and the weight server's). A push
-from any other sender, or for another graph server's keys, is refused and counted. Every refused push
-(sender, key, shape, values) is counted, and the driver puts the count in the run's summary.
+with a session of that id (``ServerNode.dealer``). The id travels only in the envelopes of those
+pushes, on the graph server's links to the weight servers, which no worker is on: the ids a worker
+sees are those of the sessions that answer it (the graph server's own, the weight server's). A push
+from any other sender, or for another graph server's keys, is refused. Every refused push (sender,
+key, shape, values) is counted, and the driver puts the count in the run's summary.
 
 Sharding (``weights/blocks.py``): every tensor is cut into row blocks dealt round-robin over the
 ``M`` servers, so ``M`` may exceed the layer count. A layer's blocks on one server are updated
