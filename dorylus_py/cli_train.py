@@ -9,6 +9,7 @@ Only the standard library is imported at the top, like the CLI's: the parser sta
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 
@@ -242,6 +243,11 @@ def _run_train(args) -> int:
             f"{s['epochs']} epochs in {s['wall_s']:.1f} s (median {1000 * s['median_epoch_s']:.1f} ms/epoch); "
             f"run record in {run_dir}"
         )
+        from dorylus_py.training.record import refusals
+
+        refused = refusals(s)
+        if refused:
+            print(f"warning: {refused}", file=sys.stderr)
     return 0
 
 

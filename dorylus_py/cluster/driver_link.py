@@ -93,7 +93,7 @@ class DriverLink:
     def spawn(self, name: str, module: str, rank: int) -> None:
         log_path = self.run_dir / "logs" / f"{name}.log"
         env = children.env(PYTHONUNBUFFERED="1", **{KEY_ENV: self._key.hex(), PARENT_ENV: str(os.getpid())})
-        with open(log_path, "a") as out:
+        with open_log(log_path) as out:
             proc = subprocess.Popen(
                 children.module(module, "--driver", self.address, "--rank", rank),
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=preexec_for(name),
@@ -300,3 +300,11 @@ class DriverLink:
 def _role_rank(name: str) -> tuple[str, int]:
     role, _, rank = name.rpartition("-")
     return role, int(rank)
+
+
+def open_log(path: Path):
+    """A server's log, for appending, readable by this user alone (0600, also when an earlier start or a
+    resumed run made it): what a server logs is no one else's to read (issue 52)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "a")

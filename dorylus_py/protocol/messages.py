@@ -30,7 +30,7 @@ OPS = frozenset(
         # decentralised worker <-> worker (dorylus_py/decentral; also ping and stop)
         "steal", "mix", "snapshot", "report", "dead", "row", "average",
         # replies
-        "batches", "params", "state", "ok", "rows", "weights", "duplicate", "cancel", "error",
+        "batches", "params", "state", "ok", "rows", "weights", "duplicate", "refused", "cancel", "error",
     }
 )  # fmt: skip
 

@@ -270,6 +270,21 @@ def epoch_summary(history: list[dict], best: "BestTracker") -> dict:
     }
 
 
+REFUSAL_FIELDS = ("refused_gradients", "duplicate_gradients", "refused_messages")  # a distributed run's
+
+
+def refusals(summary: dict) -> str | None:
+    """The line a run that refused or dropped anything ends with (issue 52: a frozen run said only
+    ``completed``, its one trace a counter); None when nothing was. A genuine run refuses nothing: a weight
+    server gets each gradient once, and every message a process refuses is forged or malformed."""
+    g, d, m = (summary.get(k) or 0 for k in REFUSAL_FIELDS)
+    if not (g or d or m):
+        return None
+    return (f"this run refused {g} gradient(s) and {m} message(s) in all, and dropped {d} duplicate gradient(s): a "
+            f"peer with the job key may have tried to steer it (summary.json {', '.join(REFUSAL_FIELDS)}; the "
+            "servers' logs in the run record say more)")
+
+
 def run_summary(history: list[dict], best: "BestTracker", job_s: float, **fields) -> dict:
     """What ``summary.json`` holds for any trainer: status, ``fields`` (backend, mode, backend-specific
     counts), the epoch fields and ``job_s``: the whole job, start-up and shutdown included."""

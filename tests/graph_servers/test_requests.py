@@ -16,7 +16,7 @@ from dorylus_py.serving.job import JobSpec
 from dorylus_py.serving.node import ServerNode
 from dorylus_py.worker.event import Stream
 from graph_servers.server import GraphServer
-from tests.clients import KEY, Client, authentic_but_bad, driver, unauthenticated  # noqa: F401  (a fixture)
+from tests.clients import KEY, PUSHER, Client, authentic_but_bad, driver, unauthenticated  # noqa: F401  (a fixture)
 from tests.graph_servers import TASK, Recorder, pull, served  # noqa: F401  (a fixture)
 
 
@@ -26,7 +26,7 @@ def test_graph_server_rejects_bad_messages_and_keeps_serving(small_graph, tmp_pa
     spec = JobSpec(config=TrainConfig(backend="cpu", tensor_threads=1, chunks=2, stream_rows=0), data_dir=str(tmp_path / "p"),
                    feature_norm="none", dims=[16, 8, 4], id_offsets=[0, small_graph.num_nodes], chunk_counts=[2],
                    graph_servers=[node.address], weight_servers=[])
-    gs = GraphServer(node, Message("start", {"spec": spec.to_wire()}))
+    gs = GraphServer(node, Message("start", {"spec": spec.to_wire(), "push_id": PUSHER}))
     gs.platform.close()
     gs.platform = Recorder()  # the tasks are played by this test
     client = Client(node)
