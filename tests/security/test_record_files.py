@@ -203,15 +203,10 @@ def test_predict_export_and_resume_refuse_a_hostile_config(record, tmp_path, cap
     assert not (tmp_path / "p.npy").exists() and not (tmp_path / "m.pt").exists()
 
 
-def test_the_real_cli_refuses_a_fifo_and_a_hostile_price_table(record, tmp_path):
-    """As a user runs it: a FIFO for config.json does not hang `dorylus report`; a price of 5,000 digits
-    is one line from `dorylus cost estimate`."""
+def test_the_real_cli_refuses_a_fifo(record):
+    """As a user runs it: a FIFO for config.json (nothing writes to it) does not hang `dorylus report`."""
     replace_with(record / "config.json", "fifo")
     refused(dorylus("report", record, timeout=60), "config.json: is a FIFO, not a regular file")
-    prices = tmp_path / "prices.json"
-    prices.write_bytes(dumps(region(ec2_hourly={"c5.2xlarge": Raw("9" * 5000)})))
-    refused(dorylus("cost", "estimate", "--prices", prices, "--nodes", 10, "--edges", 10, "--features", 2,
-                    "--classes", 2, timeout=60), "prices.json", "out of range")
 
 
 # --- seeded fuzz --------------------------------------------------------------------------------------
