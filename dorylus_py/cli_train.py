@@ -35,10 +35,10 @@ def resume_args(args, given: set[str]) -> dict:
     """``--resume RUN_DIR``: the run's flags and data from RUN_DIR/config.json (but RESUME_OVERRIDES given
     now) and --out RUN_DIR. Returns the recorded configuration."""
     from dorylus_py.config import DECENTRAL_MODES, SECTION_OF, TrainConfig
-    from dorylus_py.jsonfile import read_json
+    from dorylus_py.training.record_schema import read_config
 
     run_dir = Path(args.resume_dir)
-    old = read_json(run_dir / "config.json", ConfigError, "missing: --resume RUN_DIR wants the record of a distributed run")
+    old = read_config(run_dir, ConfigError, "missing: --resume RUN_DIR wants the record of a distributed run")
     if old.get("backend", "reference") == "reference" or old.get("mode") in DECENTRAL_MODES:
         raise ConfigError(f"--resume {run_dir}: only distributed runs (local, lambda, cpu, gpu) continue from a "
                           "checkpoint; train this one again with --overwrite")
