@@ -29,6 +29,8 @@ from pathlib import Path
 
 import psutil
 
+from dorylus_py import children
+
 HERE = Path(__file__).resolve().parent
 CORA = HERE.parents[1] / "shared" / "datasets" / "cora.npz"
 SLOW = ["--lambda-latency-ms", "600"]
@@ -63,7 +65,7 @@ def kill_when(proc: subprocess.Popen, metrics: Path, epoch: int, what: tuple[str
 
 
 def run(store: Path, out: Path, mode: str, epochs: int, flags: list[str], kill: tuple | None) -> dict:
-    cmd = [sys.executable, "-m", "dorylus_py", "train", "--data", str(store), "--backend", "local", "-k", "2",
+    cmd = [*children.module("dorylus_py"), "train", "--data", str(store), "--backend", "local", "-k", "2",
            "--lambdas", "4", "--mode", mode, "--epochs", str(epochs), "--checkpoint-every", str(max(1, epochs // 5)),
            "--out", str(out), "--quiet", *flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -104,7 +106,7 @@ def main() -> None:
     ap.add_argument("--only", help="comma-separated scenario names (default: all)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="dorylus-chaos-"))
-    py = sys.executable
+    py = children.module("dorylus_py")
     for graph in args.graphs.split(","):
         if graph == "cora":
             if not CORA.exists():
@@ -113,10 +115,10 @@ def main() -> None:
             source, epochs = CORA, args.epochs_cora
         else:
             source, epochs = tmp / "big.npz", args.epochs_big
-            subprocess.run([py, "-m", "dorylus_py", "synth", "--out", source, "--nodes", "200000", "--edges", "4000000",
+            subprocess.run([*py, "synth", "--out", source, "--nodes", "200000", "--edges", "4000000",
                             "--features", "128", "--classes", "10"], check=True, capture_output=True)
         store = tmp / f"{graph}-parts"
-        subprocess.run([py, "-m", "dorylus_py", "prepare", source, "-k", "2", "--out", store], check=True, capture_output=True)
+        subprocess.run([*py, "prepare", source, "-k", "2", "--out", store], check=True, capture_output=True)
         for mode in args.modes.split(","):
             results = {}
             for name, flags, kill, _ in SCENARIOS:

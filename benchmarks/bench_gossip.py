@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dorylus_py import children
+
 CONFIGS = {  # name: (workers, straggler, extra gossip flags, target ratio of the times to target)
     "w4-3x": (4, "1:3", [], 0.5),
     "w4-even": (4, "", [], 1.0),
@@ -48,7 +50,7 @@ def run(cmd: list[str]) -> None:
 
 
 def train(graph: Path, out: Path, mode: str, workers: int, straggler: str, extra: list[str], seed: int, args) -> dict:
-    cmd = [sys.executable, "-m", "dorylus_py", "train", "--data", str(graph), "--mode", mode, "--workers", str(workers),
+    cmd = [*children.module("dorylus_py"), "train", "--data", str(graph), "--mode", mode, "--workers", str(workers),
            "--epochs", str(args.epochs), "--clusters", str(args.clusters), "--clusters-per-batch", str(args.per_batch),
            "--seed", str(seed), "--out", str(out), "--quiet", *(["--straggler", straggler] if straggler else []), *extra]
     run(cmd)
@@ -82,7 +84,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         graph = tmp / "graph.npz"
-        run([sys.executable, "-m", "dorylus_py", "synth", "--out", str(graph), "--nodes", str(args.nodes), "--edges",
+        run([*children.module("dorylus_py"), "synth", "--out", str(graph), "--nodes", str(args.nodes), "--edges",
              str(args.edges), "--homophily", str(args.homophily), "--feature-signal", str(args.feature_signal)])
         print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges; {args.clusters} clusters, {args.per_batch} per "
               f"batch; target val acc {args.target}; medians of {args.repeats} seeds")

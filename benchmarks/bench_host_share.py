@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
-import sys
 
 from bench_tta import fail
 
+from dorylus_py import children
 from dorylus_py.cgroups import JobGroups, unavailable
 from dorylus_py.hosts import Host
 from dorylus_py.settings import finite_float
@@ -51,7 +51,7 @@ print((time.process_time() - start) / iterations * 1e3)
 def cpu_ms(kind: str, cores: float, dilation: float, iterations: int) -> float:
     with JobGroups(dilation) as groups:
         group = groups.add([Host("host", cores)])["host"]
-        out = subprocess.run([sys.executable, "-c", KERNEL, kind, str(iterations)], capture_output=True, text=True,
+        out = subprocess.run(children.python("-c", KERNEL, kind, iterations), capture_output=True, text=True,
                              preexec_fn=group.preexec(), check=True)
     return float(out.stdout)
 

@@ -33,6 +33,7 @@ import tempfile
 from itertools import combinations
 from pathlib import Path
 
+from dorylus_py import children
 from dorylus_py.lab.cluster import LabCluster, Placement
 from dorylus_py.lab.lambda_service import Function
 from dorylus_py.lab.shaping import Link
@@ -57,7 +58,7 @@ def record(out: Path) -> tuple[float, list[float]]:
 
 
 def emulator(parts: Path, out: Path, flags: list[str]) -> tuple[float, list[float]]:
-    cmd = [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(out), "--backend", "local",
+    cmd = [*children.module("dorylus_py"), "train", "--data", str(parts), "--out", str(out), "--backend", "local",
            "--quiet", *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
@@ -84,7 +85,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-lab-") as tmp:
         root = Path(tmp)
         parts = root / "cora-2"
-        subprocess.run([sys.executable, "-m", "dorylus_py", "prepare", str(DATASETS / "cora.npz"), "-k", "2", "--out",
+        subprocess.run([*children.module("dorylus_py"), "prepare", str(DATASETS / "cora.npz"), "-k", "2", "--out",
                         str(parts)], check=True, capture_output=True)
         print(load(), flush=True)
         caches = {"both": ["off", "on"], "off": ["off"], "on": ["on"]}[args.cache]

@@ -47,6 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dorylus_py import children
 from dorylus_py.cost.model import Prices, read_record, run_cost
 from dorylus_py.cost.server_logs import server_rows
 
@@ -83,7 +84,7 @@ def load() -> str:
 
 
 def measure(parts: Path, out: Path, flags: list[str], epochs: int, prices: Prices, instance: str, lambdas: int) -> dict:
-    cmd = [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(out), "--backend", "local",
+    cmd = [*children.module("dorylus_py"), "train", "--data", str(parts), "--out", str(out), "--backend", "local",
            "--epochs", str(epochs), "--chunks", "4", "--feature-norm", "none", "--quiet", "--lambdas", str(lambdas), *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -171,11 +172,11 @@ def main() -> None:
     prices.hourly(args.as_instance)  # an unknown instance type fails before any work
     print(f"start: {load()}")
     tmp = Path(tempfile.mkdtemp(prefix="dorylus-bench-lambda-"))
-    py = sys.executable
+    py = children.module("dorylus_py")
     graph, parts = tmp / "graph.npz", tmp / "parts"
-    subprocess.run([py, "-m", "dorylus_py", "synth", "--out", graph, "--nodes", str(args.nodes), "--edges",
+    subprocess.run([*py, "synth", "--out", graph, "--nodes", str(args.nodes), "--edges",
                     str(args.edges), "--features", "128", "--classes", "10"], check=True, capture_output=True)
-    subprocess.run([py, "-m", "dorylus_py", "prepare", graph, "-k", "2", "--out", parts], check=True, capture_output=True)
+    subprocess.run([*py, "prepare", graph, "-k", "2", "--out", parts], check=True, capture_output=True)
     print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; K=2, 4 chunks per server (link: --chunks auto), "
           f"{args.lambdas} Lambdas (pool, scaleout: their own), "
           f"{args.epochs} epochs ({args.pool_epochs} in the pool group, {args.scaleout_epochs} in scaleout); medians of {args.repeats} run(s); servers priced as {args.as_instance}")

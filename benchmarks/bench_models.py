@@ -27,6 +27,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_runtime import run_measured, synth_parts  # noqa: E402
 
+from dorylus_py import children  # noqa: E402
+
 SETTINGS = {  # the flags of `dorylus train` for each model
     "gat": ["--model", "gat", "--heads", "8", "--hidden", "8", "--out-heads", "1", "--dropout", "0.6", "--lr", "0.005"],
     "sage": ["--model", "sage", "--hidden", "16", "--dropout", "0.5"],
@@ -104,12 +106,12 @@ def main() -> None:
         return
 
     tmp = Path(tempfile.mkdtemp(prefix="dorylus-bench-"))
-    py = sys.executable
+    py = children.python()
     graph, parts = synth_parts(tmp, args.nodes, args.edges)
     print(f"graph: {args.nodes:,} vertices, {args.edges:,} edges, 128 features; {args.threads} threads; epoch = "
           f"training step + evaluation forward; median of epochs 2..{args.epochs}; {args.chunks} chunks per graph server")
     for model in args.models.split(","):
-        out, peaks = run_measured([py, __file__, "--worker", "--model", model, "--data", str(graph), "--epochs",
+        out, peaks = run_measured([*py, __file__, "--worker", "--model", model, "--data", str(graph), "--epochs",
                                    str(args.epochs), "--threads", str(args.threads)])
         times = json.loads(out)
         rows = [(f"PyG {'GATConv' if model == 'gat' else 'SAGEConv'}", statistics.median(times["pyg"][1:]), {}),
@@ -117,7 +119,7 @@ def main() -> None:
         rows[0][2]["PyG + reference"] = peaks["driver"]
         for name, backend in (("cpu K=2 sync", "cpu"), ("local K=2 sync", "local")):
             run_dir = tmp / f"{model}-{backend}"
-            _, peaks = run_measured([py, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(run_dir),
+            _, peaks = run_measured([*py, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(run_dir),
                                      "--epochs", str(args.epochs), "--quiet", "--feature-norm", "none", "-k", "2",
                                      "--lambdas", "4", "--chunks", str(args.chunks), "--backend", backend,
                                      *SETTINGS[model]])

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import psutil
 
+from dorylus_py import children
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -70,9 +72,9 @@ def synth_parts(tmp: Path, nodes: int, edges: int, k: int = 2, extra: list[str] 
     ``tmp``, and its store of ``k`` parts."""
     tmp.mkdir(parents=True, exist_ok=True)
     graph, parts = tmp / "graph.npz", tmp / "parts"
-    subprocess.run([sys.executable, "-m", "dorylus_py", "synth", "--out", graph, "--nodes", str(nodes), "--edges",
+    subprocess.run([*children.module("dorylus_py"), "synth", "--out", graph, "--nodes", str(nodes), "--edges",
                     str(edges), "--features", "128", "--classes", "10", *extra], check=True, capture_output=True)
-    subprocess.run([sys.executable, "-m", "dorylus_py", "prepare", graph, "-k", str(k), "--out", parts], check=True,
+    subprocess.run([*children.module("dorylus_py"), "prepare", graph, "-k", str(k), "--out", parts], check=True,
                    capture_output=True)
     return graph, parts
 
@@ -128,12 +130,12 @@ def main() -> None:
         return
 
     tmp = Path(tempfile.mkdtemp(prefix="dorylus-bench-"))
-    py = sys.executable
+    py = children.python()
     graph, parts = synth_parts(tmp, args.nodes, args.edges)
 
     rows = []
     for name in ("pyg", "reference"):
-        out, peaks = run_measured([py, __file__, "--worker", name, "--data", str(graph), "--epochs",
+        out, peaks = run_measured([*py, __file__, "--worker", name, "--data", str(graph), "--epochs",
                                    str(args.epochs), "--threads", str(args.threads)])
         rows.append(("PyG GCNConv" if name == "pyg" else "reference", statistics.median(json.loads(out)[args.warmup:]),
                      peaks))
@@ -146,7 +148,7 @@ def main() -> None:
     ]
     for name, flags in configs:
         run_dir = tmp / name.replace(" ", "_").replace("=", "").replace("+", "")
-        _, peaks = run_measured([py, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(run_dir),
+        _, peaks = run_measured([*py, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(run_dir),
                                  "--epochs", str(args.epochs), "--quiet", "--feature-norm", "none", "-k", "2",
                                  "--lambdas", "4", "--chunks", str(args.chunks), *flags])
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -27,12 +27,13 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import psutil
+
+from dorylus_py import children
 
 ROOT = Path(__file__).resolve().parents[1]
 GB = 2**30
@@ -138,7 +139,7 @@ def run(cmd: list[str], log: Path) -> dict:
 
 
 def dorylus(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dorylus_py", *args]
+    return children.module("dorylus_py", *args)
 
 
 def structure_per_edge(run_dir: Path) -> list[float]:

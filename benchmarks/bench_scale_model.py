@@ -59,6 +59,7 @@ from bench_tta import (  # noqa: E402
     time_to_target,
 )
 
+from dorylus_py import children  # noqa: E402
 from dorylus_py.cost.model import Prices, read_record  # noqa: E402
 from dorylus_py.cost.report import report_rows  # noqa: E402
 from dorylus_py.hosts import FIT, box_cores  # noqa: E402
@@ -119,7 +120,7 @@ def command(parts: Path, out: Path, args, seed: int, lambdas: int, mode: str) ->
     cpu = mode in CPU_ONLY
     backend = ["--backend", "cpu"] if cpu else ["--backend", "local", "--lambdas", str(lambdas), *LINK]
     model = ([] if args.lr is None else ["--lr", str(args.lr)]) + ["--hidden", str(args.hidden)]
-    return [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(out), "--quiet", "-k", "2",
+    return [*children.module("dorylus_py"), "train", "--data", str(parts), "--out", str(out), "--quiet", "-k", "2",
             "--epochs", str(args.epochs), "--seed", str(seed), *backend, *MODES["sync" if cpu else mode],
             *hosts_flags(args, lambdas, mode), *model, "--wire-dtype", args.wire_dtype]
 

@@ -26,10 +26,11 @@ import os
 import resource
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from dorylus_py import children
 
 PATCHES = {
     "unsigned": "from dorylus_py.protocol import session\nsession.Session._mac = lambda self, *args: bytes(32)\n",
@@ -66,7 +67,7 @@ def variant_env(tmp: Path, variant: str) -> dict:
 def epoch_seconds(parts: Path, run: Path, flags: list[str], epochs: int, env: dict) -> tuple[float, float]:
     """(median epoch seconds, CPU seconds of the whole job: every process, start-up included)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(run), "--epochs",
+    subprocess.run([*children.module("dorylus_py"), "train", "--data", str(parts), "--out", str(run), "--epochs",
                     str(epochs), "--quiet", "--feature-norm", "none", "-k", "2", "--chunks", "4", *flags],
                    check=True, capture_output=True, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -117,13 +118,13 @@ def main() -> None:
     if not configs:
         ap.error(f"--configs {args.configs}: no configuration is named so ({', '.join(n for n, _ in CONFIGS)})")
     tmp = Path(tempfile.mkdtemp(prefix="dorylus-bench-signing-"))
-    py = sys.executable
+    py = children.python()
     graph, parts = tmp / "graph.npz", tmp / "parts"
-    subprocess.run([py, "-m", "dorylus_py", "synth", "--out", graph, "--nodes", str(args.nodes), "--edges", str(args.edges),
+    subprocess.run([*py, "-m", "dorylus_py", "synth", "--out", graph, "--nodes", str(args.nodes), "--edges", str(args.edges),
                     "--features", "128", "--classes", "10"], check=True, capture_output=True)
-    subprocess.run([py, "-m", "dorylus_py", "prepare", graph, "-k", "2", "--out", parts], check=True, capture_output=True)
+    subprocess.run([*py, "-m", "dorylus_py", "prepare", graph, "-k", "2", "--out", parts], check=True, capture_output=True)
     load = [os.getloadavg()]
-    codec = {v: json.loads(subprocess.run([py, __file__, "--codec", v], check=True, capture_output=True, text=True,
+    codec = {v: json.loads(subprocess.run([*py, __file__, "--codec", v], check=True, capture_output=True, text=True,
                                           env=variant_env(tmp, "signed")).stdout) for v in variants}
     times: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for r in range(args.repeats):

@@ -41,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_runtime import synth_parts
 
+from dorylus_py import children
 from dorylus_py.training.record import BestTracker, read_lines
 
 DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or HERE.parents[1] / "shared" / "datasets")
@@ -240,7 +241,7 @@ def graph_parts(name: str, tmp: Path, args) -> Path:
         return synth_parts(tmp / name, SYNTHHUB["nodes"], SYNTHHUB["edges"],
                            extra=[f"--{k}={v}" for k, v in SYNTHHUB.items() if k not in ("nodes", "edges")])[1]
     parts = tmp / "cora-parts"
-    subprocess.run([sys.executable, "-m", "dorylus_py", "prepare", DATASETS / "cora.npz", "-k", "2", "--out", parts],
+    subprocess.run([*children.module("dorylus_py"), "prepare", DATASETS / "cora.npz", "-k", "2", "--out", parts],
                    check=True, capture_output=True)
     return parts
 
@@ -248,7 +249,7 @@ def graph_parts(name: str, tmp: Path, args) -> Path:
 def train(parts: Path, run_dir: Path, args, seed: int, mode: str, setting: str, extra: tuple = ()) -> list[dict]:
     """One `dorylus train` run (``extra``: more flags); its metrics rows. A failed run ends the benchmark
     with one line."""
-    cmd = [sys.executable, "-m", "dorylus_py", "train", "--data", str(parts), "--out", str(run_dir), "--quiet",
+    cmd = [*children.module("dorylus_py"), "train", "--data", str(parts), "--out", str(run_dir), "--quiet",
            "--backend", "local", "-k", "2", "--lambdas", str(args.lambdas), "--epochs", str(args.epochs),
            "--seed", str(seed), *MODES[mode], *SETTINGS[setting], *extra]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=max(600, 60 * args.epochs))

@@ -48,11 +48,14 @@ sys.path[:0] = [str(HERE), str(REPO)]  # the repository's code without an instal
 from bench_runtime import synth_parts  # noqa: E402
 from bench_tta import fail, report  # noqa: E402
 
+from dorylus_py import children  # noqa: E402
 from dorylus_py.training.record import read_lines  # noqa: E402
 
 CHECKS = ("reference", "speed", "straggler")
 MODELS = ("gcn", "gat", "sage")
 SLOW_RANK = 1
+# the children find this checkout as this process does, installed or not (-P keeps the working folder off their path)
+CHILD_ENV = children.env(PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
 
 
 @dataclass
@@ -144,7 +147,7 @@ def dorylus(args, *argv) -> str | None:
     """`python -m dorylus_py ARGV`; None, or why it failed in one line."""
     argv = [str(a) for a in argv]
     try:
-        proc = subprocess.run([sys.executable, "-m", "dorylus_py", *argv], capture_output=True, text=True,
+        proc = subprocess.run(children.module("dorylus_py", *argv), capture_output=True, text=True, env=CHILD_ENV,
                               timeout=args.run_timeout)
     except subprocess.TimeoutExpired:
         return f"`dorylus {argv[0]}` ran past --run-timeout {args.run_timeout} s"
@@ -205,10 +208,10 @@ def check_speed(args, tmp: Path) -> list[Verdict]:
 
 def pyg_epoch_s(args, graph: Path) -> float | str:
     """PyG's median epoch on --device, in bench_runtime.py's worker (the same model and epoch)."""
-    cmd = [sys.executable, str(HERE / "bench_runtime.py"), "--worker", "pyg", "--data", str(graph), "--epochs",
+    cmd = [*children.python(HERE / "bench_runtime.py"), "--worker", "pyg", "--data", str(graph), "--epochs",
            str(args.epochs), "--warmup", "0", "--threads", str(args.threads), "--device", args.device]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout, env=CHILD_ENV)
     except subprocess.TimeoutExpired:
         return f"PyG ran past --run-timeout {args.run_timeout} s"
     if proc.returncode != 0:

@@ -12,6 +12,7 @@ Imports nothing heavy at load: ``import dorylus_py`` stays as light as the CLI's
 from __future__ import annotations
 
 import os
+import warnings
 from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,9 @@ def train(config: "TrainConfig | None" = None, out: str | os.PathLike | None = N
     if ran is None:
         raise RuntimeError("this process is a torchrun rank that writes no run record")
     summary, run_dir = ran
+    refused = record.refusals(summary)
+    if refused:  # as the CLI's last line
+        warnings.warn(refused, RuntimeWarning, stacklevel=2)
     return TrainRun(Path(run_dir), summary, record.read_lines(Path(run_dir) / "metrics.jsonl"))
 
 

@@ -118,9 +118,11 @@ def _add_server(sub, role: str, help: str) -> None:
 def _run_server(args) -> int:
     """The role's own process takes over this one (``exec``: the same pid, for systemd and supervisors):
     the deployable units are started, never imported, by the library."""
+    from dorylus_py import children
     from dorylus_py.serving.process import MODULES
 
     argv = ["--cluster", args.cluster, "--rank", str(args.rank), "--jobs", str(args.jobs)] + (["--bind", args.bind] if args.bind else [])
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", MODULES[args.role], *argv])
+    child = children.module(MODULES[args.role], *argv)  # -P: nothing of the working folder runs in the server
+    os.execve(child[0], child, children.env())

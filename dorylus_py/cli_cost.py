@@ -42,7 +42,14 @@ def _run_report(args) -> int:
     prices = Prices.load(args.prices, args.region, args.arch)
     for instance in (args.as_instance, args.weight_instance or args.as_instance):
         prices.hourly(instance)  # an unknown instance type is an error before any work
-    rows = report_rows(args.runs, prices, args.as_instance, args.target_acc, args.weight_instance)
+    # every file is read and checked before anything is printed or written
+    timeline = TIMELINE_FIELDS if args.plots or args.html else ()
+    rows = report_rows(args.runs, prices, args.as_instance, args.target_acc, args.weight_instance, timeline)
+    servers = []
+    if args.servers:
+        from dorylus_py.cost.server_logs import server_rows, server_table
+
+        servers = [f"\nservers of {run}:\n{server_table(server_rows(run))}" for run in args.runs]
     print(text_table(rows))
     for row in rows:
         if row["_status"] != row["status"]:  # the failure's line did not fit in the table
@@ -50,11 +57,8 @@ def _run_report(args) -> int:
         if row["_dilation"] != 1.0:
             print(f"{row['run']}: a scale model at dilation {row['_dilation']:g}: its times and Lambda seconds are the "
                   f"model's (raw / {row['_dilation']:g}; docs/lab.md)")
-    if args.servers:
-        from dorylus_py.cost.server_logs import server_rows, server_table
-
-        for run in args.runs:
-            print(f"\nservers of {run}:\n{server_table(server_rows(run))}")
+    for table in servers:
+        print(table)
     with tempfile.TemporaryDirectory() as tmp:
         images = []
         if args.plots or args.html:
@@ -72,6 +76,9 @@ def _run_report(args) -> int:
     return 0
 
 
+TIMELINE_FIELDS = (("epoch", "server", "chunk"), "the timeline of --plots and --html draws it")  # of a task row
+
+
 def _report_plots(args, rows: list[dict], out: Path) -> list[Path]:
     from dorylus_py.cost.model import read_record
     from dorylus_py.cost.plots import accuracy_plots, timeline
@@ -79,7 +86,7 @@ def _report_plots(args, rows: list[dict], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     runs, written = [], []
     for d, row in zip(args.runs, rows):
-        _, metrics, tasks, _ = read_record(d)
+        _, metrics, tasks, _ = read_record(d, *TIMELINE_FIELDS)
         runs.append((row["run"], metrics, row["total $"] / max(row["wall s"], 1e-9)))
         shown = [t for t in tasks if t["epoch"] <= args.timeline_epochs]
         written.append(timeline(row["run"], shown, out / f"timeline_{row['run']}.png"))

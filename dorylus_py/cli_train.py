@@ -9,6 +9,7 @@ Only the standard library is imported at the top, like the CLI's: the parser sta
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 
@@ -34,10 +35,10 @@ def resume_args(args, given: set[str]) -> dict:
     """``--resume RUN_DIR``: the run's flags and data from RUN_DIR/config.json (but RESUME_OVERRIDES given
     now) and --out RUN_DIR. Returns the recorded configuration."""
     from dorylus_py.config import DECENTRAL_MODES, SECTION_OF, TrainConfig
-    from dorylus_py.jsonfile import read_json
+    from dorylus_py.training.record_schema import read_config
 
     run_dir = Path(args.resume_dir)
-    old = read_json(run_dir / "config.json", ConfigError, "missing: --resume RUN_DIR wants the record of a distributed run")
+    old = read_config(run_dir, ConfigError, "missing: --resume RUN_DIR wants the record of a distributed run")
     if old.get("backend", "reference") == "reference" or old.get("mode") in DECENTRAL_MODES:
         raise ConfigError(f"--resume {run_dir}: only distributed runs (local, lambda, cpu, gpu) continue from a "
                           "checkpoint; train this one again with --overwrite")
@@ -243,6 +244,11 @@ def _run_train(args) -> int:
             f"{s['epochs']} epochs in {s['wall_s']:.1f} s (median {1000 * s['median_epoch_s']:.1f} ms/epoch); "
             f"run record in {run_dir}"
         )
+        from dorylus_py.training.record import refusals
+
+        refused = refusals(s)
+        if refused:
+            print(f"warning: {refused}", file=sys.stderr)
     return 0
 
 

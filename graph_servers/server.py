@@ -34,7 +34,7 @@ from dorylus_py.pipeline.tasks import RelaunchPolicy
 from dorylus_py.protocol import Message
 from dorylus_py.protocol.quantize import narrowed
 from dorylus_py.serving.job import JobSpec
-from dorylus_py.serving.node import ServerNode, peak_rss_mb
+from dorylus_py.serving.node import ServerNode, hex16, peak_rss_mb
 from dorylus_py.serving.rejections import REJECTED
 from dorylus_py.weights.blocks import servers_of_layer, split, weight_blocks
 from dorylus_py.pipeline.leases import Dispatcher, Lease
@@ -103,7 +103,8 @@ class GraphServer(Requests):
         self.static_tokens = static_tokens(self.state, json.dumps([features, part.feature_dtype, self.k])) \
             if cfg.resolved_row_cache_mb() else None
         self.peers = {p: self._dealer(a) for p, a in enumerate(spec.graph_servers) if p != self.k}
-        self.weight_servers = [self._dealer(a) for a in spec.weight_servers]
+        push = node.session.sibling(hex16(start.get("push_id"), "start: push_id"))  # our gradients' sender (weights/server.py)
+        self.weight_servers = [node.dealer(a, answered=True, session=push) for a in spec.weight_servers]
         self.blocks = weight_blocks(self.model.tensors(), len(spec.weight_servers))
         self.layer_servers = [servers_of_layer(self.blocks, l) for l in range(self.model.num_layers)]
         self.platform = make_platform(spec, self.k, node, device, self._lease_event(DIRECT, device))
@@ -145,7 +146,7 @@ class GraphServer(Requests):
             "peers": len(self.peers), "chunks": self.state.chunks, "platform": self.platform.name,
             "fused_last_layer": fused is not None, "remat": cfg.remat, "buffer_bytes": self.state.buffer_bytes,
             "device": device, "device_twin_bytes": self.state.dev.twin_bytes,
-            "first_epoch": spec.first_epoch, "restart": spec.restart, "job": node.session.job.hex()}))
+            "first_epoch": spec.first_epoch, "restart": spec.restart}))
 
     def _lease_event(self, lease: str, device: str = "cpu"):
         cfg = self.spec.config
@@ -401,7 +402,8 @@ class GraphServer(Requests):
             "correct": self.correct.pop(epoch, np.zeros(3, np.int64)).tolist(),
             "counts": self.state.masks.sum(axis=1).tolist(),
             "epoch_s": time.perf_counter() - self.epoch_start.pop(epoch, time.perf_counter()),
-            "relaunches": t.relaunches, "duplicates": t.refused, **self._gradient_counts(), "usage": self.usage.epoch()}))
+            "relaunches": t.relaunches, "duplicates": t.refused, **self._gradient_counts(),
+            "refused_messages": self.node.rejections.unexpected, "usage": self.usage.epoch()}))
         self._send_task_rows()
 
     def _send_outputs(self) -> None:

@@ -12,6 +12,7 @@ from dorylus_py.protocol.transport import Plain, dealer, router
 from tests.protocol.forge import signed
 
 KEY = b"k" * 32
+PUSHER = "ab" * 16  # the gradient sender id a driver draws for a graph server (weights/server.py), in its start
 
 
 @pytest.fixture()
@@ -25,8 +26,11 @@ def driver():
 class Client:
     """A tensor worker's side: one DEALER and a session with the job key."""
 
-    def __init__(self, node, key=KEY):
+    def __init__(self, node, key=KEY, sender: bytes | None = None):
+        """``sender``: the session's id (a graph server's gradient sender, ``PUSHER``), else a random one."""
         self.node, self.session = node, Session(key)
+        if sender is not None:
+            self.session.id = sender
         self.sock = dealer(zmq.Context.instance(), node.address, Plain.of_job(KEY))  # the gate's; signed with ``key``
 
     def frames(self, msg: Message) -> list:

@@ -27,14 +27,15 @@ DRIVER_GROWTH_MB = 16  # from 2 k to 200 k vertices: the driver reads the manife
 GRAPH_SERVER_MB = 580  # the largest graph server's peak at 200 k vertices
 
 
-def probe(tmp_path, block: int, *argv) -> dict:
-    """Run ``dorylus ARGV`` through the probe; its exit code and peaks (MB). The probe is a module of the
-    tests, which are not installed: the repository goes on the child's path (the cwd is the test's folder)."""
+def probe(tmp_path, block: int, *argv, code: int = 0, timeout: float = 600) -> dict:
+    """Run ``dorylus ARGV`` through the probe, which must exit with ``code``; its exit code, peaks (MB) and
+    ``stderr``. The probe is a module of the tests, which are not installed: the repository goes on the
+    child's path (the cwd is the test's folder)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
     proc = subprocess.run([sys.executable, "-m", "tests.memory_probe", str(block), *map(str, argv)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == code, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]) | {"stderr": proc.stderr}
 
 
 def test_streamed_synth_and_prepare_hold_a_block_of_edges_not_the_graph(tmp_path):

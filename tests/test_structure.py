@@ -178,3 +178,19 @@ def test_no_source_file_grows_past_450_lines():
     """Files stay under about 400 lines (one concept each); past 450, one has grown two."""
     long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > 450}
     assert long == {}
+
+
+def starts_python_itself(source: str) -> list[int]:
+    """The lines of ``source`` that read ``sys.executable``: a Python started without ``children.py``."""
+    return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)
+            and node.attr == "executable" and isinstance(node.value, ast.Name) and node.value.id == "sys"]
+
+
+def test_every_python_the_project_starts_goes_through_children():
+    """``children.py`` alone names the interpreter (issue 52): every other spawn site gets ``-P`` and
+    ``PYTHONSAFEPATH`` from it, so that nothing in the working folder runs in a child."""
+    sources = [*MODULES.values(), *(REPO / "benchmarks").glob("*.py")]
+    found = {str(p.relative_to(REPO)): lines for p in sources
+             if p != REPO / "dorylus_py" / "children.py" and (lines := starts_python_itself(p.read_text()))}
+    assert found == {}
+    assert starts_python_itself("import subprocess, sys\nsubprocess.run([sys.executable, '-m', 'x'])\n") == [2]

@@ -25,13 +25,13 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import zmq
 
+from dorylus_py import children
 from dorylus_py.errors import DorylusError
 from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
@@ -92,10 +92,10 @@ class DriverLink:
 
     def spawn(self, name: str, module: str, rank: int) -> None:
         log_path = self.run_dir / "logs" / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **{KEY_ENV: self._key.hex(), PARENT_ENV: str(os.getpid())})
-        with open(log_path, "a") as out:
+        env = children.env(PYTHONUNBUFFERED="1", **{KEY_ENV: self._key.hex(), PARENT_ENV: str(os.getpid())})
+        with open_log(log_path) as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", module, "--driver", self.address, "--rank", str(rank)],
+                children.module(module, "--driver", self.address, "--rank", rank),
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=preexec_for(name),
             )
         self.procs[name] = (proc, log_path)
@@ -300,3 +300,11 @@ class DriverLink:
 def _role_rank(name: str) -> tuple[str, int]:
     role, _, rank = name.rpartition("-")
     return role, int(rank)
+
+
+def open_log(path: Path):
+    """A server's log, for appending, readable by this user alone (0600, also when an earlier start or a
+    resumed run made it): what a server logs is no one else's to read (issue 52)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "a")

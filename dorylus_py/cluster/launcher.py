@@ -20,6 +20,7 @@ error (a restart would only repeat it), with one line saying why.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,8 +47,9 @@ from dorylus_py.weights.store import STATE_FIELDS
 
 log = logging.getLogger(__name__)
 # the graph servers' running totals in every epoch_stats, summed into summary.json: copies relaunched,
-# duplicate results refused, weight gradients forwarded and forwards of a key already sent (exactly once: 0)
-COUNTS = ("relaunches", "duplicates", "gradients_sent", "gradients_resent")
+# duplicate results refused, weight gradients forwarded, forwards of a key already sent (exactly once: 0)
+# and messages refused (stale ones at a start aside)
+COUNTS = ("relaunches", "duplicates", "gradients_sent", "gradients_resent", "refused_messages")
 
 
 @dataclass(frozen=True)
@@ -194,11 +196,12 @@ class _Run:
         spec = replace(self.plan.spec, first_epoch=first, restart=self.restarts, mode="sync" if sync_now else self.cfg.mode,
                        graph_servers=[addresses[f"graph-server-{k}"] for k in range(self.plan.graph_servers)],
                        weight_servers=[addresses[f"weight-server-{w}"] for w in range(self.plan.weight_servers)])
+        pushers = [secrets.token_hex(16) for _ in range(self.plan.graph_servers)]  # weights/server.py: who may push
         for w in range(self.plan.weight_servers):
             state = {} if self.checkpoint is None else self.block_state([b for b in self.plan.blocks if b.server == w])
-            link.send(f"weight-server-{w}", Message("start", {"spec": spec.to_wire(), "job": job}, state))
+            link.send(f"weight-server-{w}", Message("start", {"spec": spec.to_wire(), "job": job, "pushers": pushers}, state))
         for k in range(self.plan.graph_servers):
-            link.send(f"graph-server-{k}", Message("start", {"spec": spec.to_wire(), "job": job}))
+            link.send(f"graph-server-{k}", Message("start", {"spec": spec.to_wire(), "job": job, "push_id": pushers[k]}))
         self.spec = spec
 
     def restart(self, link: DriverLink, why: ServerLost) -> None:
@@ -351,8 +354,11 @@ class _Run:
         self.record.save_weights("weights.npz", self.weights(link, last))
         if self.cfg.checkpoint_interval() and (self.checkpoint is None or int(self.checkpoint["epoch"]) != last):
             self.take_checkpoint(link, last)
-        replies = [link.ask(a, Message("ping"), "statistics") for a in self.spec.weight_servers]
-        return {**{c: self.counts[c] + self.current[c] for c in COUNTS},
-                "weight_updates": sum(r["updates"] for r in replies),
+        replies = [reports.weight_server_counts(link.ask(a, Message("ping"), "statistics")) for a in self.spec.weight_servers]
+        counts = {c: self.counts[c] + self.current[c] for c in COUNTS}
+        return {**counts, "weight_updates": sum(r["updates"] for r in replies),
                 "duplicate_gradients": sum(r["duplicates"] for r in replies),
+                "refused_gradients": sum(r["refused"] for r in replies),
+                "refused_messages": counts["refused_messages"] + sum(r["refused_messages"] for r in replies)
+                + link.rejections.unexpected,
                 "switched_to_sync_at": self.switched, "restarts": self.restarts}

@@ -38,12 +38,19 @@ def epoch_stats(msg: Message, rank: int, epochs: int) -> dict:
            "loss_sum": _finite(msg.get("loss_sum"), "loss_sum"), "correct": _counts(msg.get("correct"), "correct"),
            "counts": _counts(msg.get("counts"), "counts"), "epoch_s": _finite(msg.get("epoch_s"), "epoch_s"),
            **{name: integer(msg.get(name), name) for name in ("relaunches", "duplicates", "gradients_sent",
-                                                              "gradients_resent")}}
+                                                              "gradients_resent", "refused_messages")}}
     usage = msg.get("usage", {})
     if not isinstance(usage, dict) or len(usage) > 16:
         raise ProtocolError("epoch_stats: usage must be an object of at most 16 numbers")
     out["usage"] = {str(k)[:32]: _finite(v, f"usage {str(k)[:32]}") for k, v in usage.items()}
     return out
+
+
+def weight_server_counts(msg: Message) -> dict:
+    """A weight server's answer to the driver's closing ``ping``: its updates, the duplicate and refused
+    gradients it dropped and the messages it refused, each a count."""
+    return {name: integer(msg.get(name), f"a weight server's {name}")
+            for name in ("updates", "duplicates", "refused", "refused_messages")}
 
 
 def frozen_at(msg: Message, epochs: int) -> int:

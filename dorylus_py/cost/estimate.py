@@ -44,15 +44,17 @@ import statistics
 from dataclasses import asdict, dataclass
 from importlib import resources
 
-from dorylus_py.config import SECTION_OF, TrainConfig, row_cache_mb
+from dorylus_py.config import DECENTRAL_MODES, TrainConfig, row_cache_mb
 from dorylus_py.cost.gpu import GPUS, GpuSpeed, gpu_of, weight_server_type
 from dorylus_py.cost.model import Prices, invocations, read_record
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.plan import plan
+from dorylus_py.training.record_schema import record_settings
 from dorylus_py.wire_forms import wire_bytes
 from dorylus_py.settings import AUTO
 
 FULL_CPU_MB = 1769  # AWS: one full vCPU at this memory size
+CALIBRATION_TASK_FIELDS = ("epoch", "server", "chunk", "layer", "billed_ms")  # what from_record reads of a task
 GRAPH_KINDS = ("gather", "gather_bwd", "attn_grad", "activate", "activate_bwd")  # graph work in tasks.jsonl
 # (attn_grad: GAT's SDDMM; activate, activate_bwd: the fused last layer's input and its backward)
 
@@ -182,11 +184,20 @@ class Calibration:
 
     @classmethod
     def from_record(cls, run_dir: str, instance: str) -> "Calibration":
-        config, metrics, tasks, _ = read_record(run_dir)
-        if config.get("backend") not in ("local", "lambda", "cpu", "gpu") or not tasks or not metrics:
-            raise DataError(f"{run_dir}: a calibration needs a run of a distributed backend (with tasks.jsonl and epochs)")
+        config, metrics, tasks, _ = read_record(run_dir, CALIBRATION_TASK_FIELDS, "a calibration reads it")
+        why = "a calibration needs a run of a distributed backend (with tasks.jsonl and epochs)"
+        if config.get("backend") not in ("local", "lambda", "cpu", "gpu") or config.get("mode") in DECENTRAL_MODES:
+            raise DataError(f"{run_dir}: {why}; its config.json says --backend {config.get('backend', 'reference')} "
+                            f"--mode {config.get('mode', 'sync')}")
+        for name, rows in (("metrics.jsonl", metrics), ("tasks.jsonl", tasks)):
+            if not rows:
+                raise DataError(f"{run_dir}/{name}: no rows; {why}")
         setup = setup_of(config, instance)
         work = workload_of(config)
+        layer = next((t["layer"] for t in tasks if t["layer"] is None or t["layer"] >= len(work.dims) - 1), -1)
+        if layer != -1:  # its work is counted from the layer's widths
+            raise DataError(f"{run_dir}: tasks.jsonl has a task of layer {layer}, not one of the {len(work.dims) - 1} "
+                            "layers of config.json's model")
         # a gpu record's rates are its GPU's: its threads share the one GPU, which does their summed work
         own_gpu = GpuSpeed(base=float(setup.tensor_threads), scaled=False, source=str(run_dir), gather_speedup=1.0)
         # Rates come from the steady epochs: the first one also carries start-up (process launch, first
@@ -244,11 +255,12 @@ class Calibration:
             requests = self.tasks_per_server_chunk * setup.graph_servers * setup.chunks * setup.epochs
             lambda_usd = gb_s * prices.lambda_gb_second + requests * prices.lambda_per_request
         total = server_usd + lambda_usd
+        hour_usd = wall / 3600.0 * total  # 0 for a configuration of no cost or time
         return {"backend": setup.backend, "graph servers": setup.graph_servers, "instance": setup.instance,
                 "lambdas": setup.lambdas if setup.backend in ("local", "lambda") else 0,
                 "server GB/epoch": setup.bytes_per_server(work) / 1e9, "epoch s": epoch_s,
                 "wall s": wall, "GB-s": gb_s, "requests": int(round(requests)), "servers $": server_usd,
-                "lambda $": lambda_usd, "total $": total, "value": 1.0 / ((wall / 3600.0) * total) if total else float("nan")}
+                "lambda $": lambda_usd, "total $": total, "value": 1.0 / hour_usd if hour_usd > 0 else float("nan")}
 
 
 def chunks_for(chunks: int | str, backend: str, graph_servers: int, lambdas: int | str, nodes: int,
@@ -273,19 +285,16 @@ def setup_of(config: dict, instance: str) -> Setup:
 
 def config_of(config: dict) -> TrainConfig:
     """The settings of a record's ``config.json`` (its other fields, such as the graph's counts, left out)."""
-    try:
-        return TrainConfig.from_dict({k: v for k, v in config.items() if k in SECTION_OF})
-    except ConfigError as e:
-        raise DataError(f"config.json: {e}") from None
+    return record_settings(config)
 
 
 def workload_of(config: dict) -> Workload:
+    """The graph a record's ``config.json`` says its run trained on (its counts checked by the record's
+    schema, here only that an estimate can scale from them)."""
     g = config.get("graph") or {}
-    try:
-        widths = config_of(config).widths(int(g["features"]), int(g["classes"]))
-        return Workload(int(g["nodes"]), int(g["edges"]), widths)
-    except (KeyError, TypeError, ValueError):
-        raise DataError("config.json lacks the graph's counts (nodes, edges, features, classes)") from None
+    if not all(isinstance(g.get(k), int) and g[k] >= 1 for k in ("nodes", "edges", "features", "classes")):
+        raise DataError("config.json lacks the graph's counts (nodes, edges, features, classes: each at least 1)")
+    return Workload(g["nodes"], g["edges"], config_of(config).widths(g["features"], g["classes"]))
 
 
 def search(cal: Calibration, work: Workload, base: Setup, prices: Prices, instances: list[str],

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -20,7 +20,16 @@ from dorylus_py.config import DECENTRAL_MODES
 from dorylus_py.cost.gpu import weight_server_type
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.jsonfile import read_json
+from dorylus_py.schema import Field, check_object
 from dorylus_py.timescale import model_view
+
+
+PRICE = Field("float", 0, 1e6)  # USD an hour, a GB-second or a request: a number, not negative
+LAMBDA_PRICE_FIELDS = {"x86_gb_second": PRICE, "arm_gb_second": PRICE, "per_request": replace(PRICE, required=True)}
+REGION_FIELDS = {"ec2_hourly": Field("object", required=True, each=PRICE),
+                 "lambda": Field("object", required=True, fields=LAMBDA_PRICE_FIELDS)}
+PRICE_FIELDS = {"source": Field("str"), "date": Field("str"),
+                "regions": Field("object", required=True, each=Field("object", fields=REGION_FIELDS))}
 
 
 @dataclass(frozen=True)
@@ -34,24 +43,34 @@ class Prices:
 
     @classmethod
     def load(cls, path: str | Path | None = None, region: str = "us-east-1", arch: str = "x86") -> "Prices":
+        """The table at ``path`` (default: the built-in one), checked against :data:`PRICE_FIELDS`, for
+        ``region`` and the Lambda ``arch``."""
         if path is None:
+            where = "the built-in prices.json"
             raw = json.loads(resources.files("dorylus_py.cost").joinpath("prices.json").read_text())
         else:
+            where = str(path)
             raw = read_json(path, ConfigError, "price file not found")
-        try:
-            table = raw["regions"][region]
-            lam = table["lambda"]
-            return cls(region, dict(table["ec2_hourly"]), float(lam[f"{arch}_gb_second"]), float(lam["per_request"]),
-                       raw.get("source", "?"), raw.get("date", "?"))
-        except KeyError as e:
-            raise ConfigError(f"price table has no {e.args[0]!r} (regions: {', '.join(raw.get('regions', {}))})") from None
+        regions = check_object(raw, PRICE_FIELDS, where, ConfigError)["regions"]
+        if region not in regions:
+            raise ConfigError(f"{where}: the price table has no {region!r} (regions: {_listed(regions)})")
+        table, key = regions[region], f"{arch}_gb_second"
+        if key not in table["lambda"]:
+            raise ConfigError(f"{where}: regions.{region}.lambda has no {key}")
+        return cls(region, dict(table["ec2_hourly"]), float(table["lambda"][key]), float(table["lambda"]["per_request"]),
+                   raw.get("source", "?"), raw.get("date", "?"))
 
     def hourly(self, instance: str) -> float:
         try:
             return self.ec2_hourly[instance]
         except KeyError:
             raise ConfigError(f"no price for instance type {instance!r} in {self.region}; "
-                              f"known: {', '.join(sorted(self.ec2_hourly))}") from None
+                              f"known: {_listed(sorted(self.ec2_hourly))}") from None
+
+
+def _listed(names, most: int = 30) -> str:
+    names = [n[:40] for n in names]
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 @dataclass(frozen=True)
@@ -71,7 +90,8 @@ class RunCost:
     @property
     def value(self) -> float:
         """1 / (time x cost), in 1 / (hour x USD)."""
-        return 1.0 / ((self.wall_s / 3600.0) * self.total_usd) if self.total_usd > 0 and self.wall_s > 0 else float("nan")
+        hour_usd = (self.wall_s / 3600.0) * self.total_usd  # 0 for a run of no cost or time (or of 1e-320 s)
+        return 1.0 / hour_usd if hour_usd > 0 else float("nan")
 
 
 def servers_of(config: dict) -> int:
@@ -111,21 +131,25 @@ def invocations(tasks: list[dict]) -> list[dict]:
     return [t for t in tasks if str(t.get("where", "")).endswith("lambda") and "lease" not in t]
 
 
-def read_record(run_dir: str | Path) -> tuple[dict, list[dict], list[dict], dict]:
-    """``config``, ``metrics`` rows, ``tasks`` rows, ``summary`` of a run record; clear errors if broken.
-    A record whose process was killed before it could write ``summary.json`` gets one from its epochs."""
-    from dorylus_py.training.record import read_lines, summary_of_epochs
+def read_record(run_dir: str | Path, task_fields: tuple[str, ...] = (),
+                why: str = "") -> tuple[dict, list[dict], list[dict], dict]:
+    """``config``, ``metrics`` rows, ``tasks`` rows, ``summary`` of a run record, each file checked against
+    its schema (``training/record_schema.py``; every task row with ``task_fields`` too, which the caller
+    needs for ``why``): one line naming the file and field if not. A record whose process was killed
+    before it could write ``summary.json`` gets one from its epochs."""
+    from dorylus_py.training.record import summary_of_epochs
+    from dorylus_py.training.record_schema import read_config, read_metrics, read_summary, read_tasks
 
     run_dir = Path(run_dir)
     not_a_record = f"missing; is {run_dir} a run record (dorylus train --out)?"
-    config = read_json(run_dir / "config.json", DataError, not_a_record)
+    config = read_config(run_dir, DataError, not_a_record)
     if not (run_dir / "metrics.jsonl").exists():
         raise DataError(f"{run_dir / 'metrics.jsonl'}: {not_a_record}")
-    metrics = read_lines(run_dir / "metrics.jsonl")
-    tasks = read_lines(run_dir / "tasks.jsonl") if (run_dir / "tasks.jsonl").exists() else []
-    tasks = [t for t in tasks if t.get("kind") != "resize"]  # the autotuner's decisions (--lambdas auto) are no work
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    tasks = read_tasks(run_dir / "tasks.jsonl", task_fields, why) if (run_dir / "tasks.jsonl").exists() else []
+    tasks = [t for t in tasks if t["kind"] != "resize"]  # the autotuner's decisions (--lambdas auto) are no work
     if (run_dir / "summary.json").exists():
-        summary = read_json(run_dir / "summary.json", DataError)
+        summary = read_summary(run_dir / "summary.json")
     else:
         summary = summary_of_epochs(metrics, "unknown: no summary.json (was the run killed?)")
     metrics, tasks, summary = model_view(dilation_of(config), metrics, tasks, summary)  # a scale model's times

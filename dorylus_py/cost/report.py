@@ -42,10 +42,11 @@ def model_label(config: dict, run_dir: str) -> str:
 
 
 def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: float | None,
-                weight_instance: str = "") -> list[dict]:
+                weight_instance: str = "", task_fields: tuple = ()) -> list[dict]:
+    """One row per run record; ``task_fields``: (fields, why) every task row must also have (``read_record``)."""
     rows = []
     for d in run_dirs:
-        config, metrics, tasks, summary = read_record(d)
+        config, metrics, tasks, summary = read_record(d, *task_fields)
         wall = summary.get("wall_s", metrics[-1]["wall_s"] if metrics else 0.0)  # the last epoch's, as the CLI says
         cost = run_cost(config, wall, tasks, prices, instance, weight_instance)
         reached = [m["wall_s"] for m in metrics if target_acc is not None and m["val_acc"] >= target_acc]

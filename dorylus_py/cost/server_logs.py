@@ -4,15 +4,17 @@ Every graph and weight server writes one ``start {json}`` line when it has loade
 and one ``end {json}`` line when it stops (``RUN_DIR/logs/NAME.log``); a restarted job appends a new
 pair. The table shows each server's last start and end: partition size and ghosts, peers, its Lambda
 pool, epochs, tasks, relaunches, bytes sent and received, a graph server's per-layer buffers (what
-``--remat`` lowers), peak memory.
+``--remat`` lowers), peak memory. A log is read a line at a time, and what the table shows of those
+lines is checked (:data:`START_FIELDS`, :data:`END_FIELDS`): a record's logs are input like its files.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from dorylus_py.errors import DataError
+from dorylus_py.jsonfile import MAX_LINE_BYTES, bounded_lines, open_regular, parse_json
+from dorylus_py.schema import Field, check_object
 
 COLUMNS = [
     ("server", "{}"), ("vertices", "{:,}"), ("edges", "{:,}"), ("ghosts", "{:,}"), ("peers", "{}"), ("tensor work", "{}"),
@@ -21,15 +23,29 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-def _last(lines: list[str], tag: str) -> dict:
-    for line in reversed(lines):
-        head, sep, rest = line.partition(f" {tag} {{")
-        if sep:
-            try:
-                return json.loads("{" + rest)
-            except json.JSONDecodeError:
-                return {}
-    return {}
+COUNT, BYTES = Field("int", 0, 2**53), Field("float", 0)
+START_FIELDS = {"vertices": COUNT, "edges": COUNT, "ghosts": COUNT, "peers": COUNT, "platform": Field("str"),
+                "restart": COUNT, "buffer_bytes": BYTES}  # what the table shows of the start line
+END_FIELDS = {"epochs": COUNT, "tasks": COUNT, "relaunches": COUNT, "updates": COUNT, "bytes_sent": BYTES,
+              "bytes_received": BYTES, "peak_rss_mb": BYTES}
+TAGS = {b" start {": START_FIELDS, b" end {": END_FIELDS}
+
+
+def last_start_and_end(path: Path) -> tuple[dict, dict]:
+    """The last ``start`` and ``end`` lines of a server's log, each checked against its fields ({} if
+    none). Read a line at a time; lines over ``MAX_LINE_BYTES`` are no such line."""
+    found: dict[bytes, tuple[int, bytes]] = {}
+    with open_regular(path) as f:
+        for i, line in enumerate(bounded_lines(f, MAX_LINE_BYTES), 1):
+            for tag in TAGS:
+                if line is not None and tag in line:
+                    found[tag] = i, line
+    out = [{}, {}]
+    for k, (tag, fields) in enumerate(TAGS.items()):
+        if tag in found:
+            i, line = found[tag]
+            out[k] = check_object(parse_json(b"{" + line.partition(tag)[2], f"{path}:{i}"), fields, f"{path}:{i}")
+    return out[0], out[1]
 
 
 def server_rows(run_dir: str | Path) -> list[dict]:
@@ -39,8 +55,7 @@ def server_rows(run_dir: str | Path) -> list[dict]:
         raise DataError(f"{run_dir}: no server logs (logs/*-server-*.log): was it a distributed run?")
     rows = []
     for path in logs:
-        lines = path.read_text(errors="replace").splitlines()
-        start, end = _last(lines, "start"), _last(lines, "end")
+        start, end = last_start_and_end(path)
         rows.append({
             "server": path.stem, "vertices": start.get("vertices"), "edges": start.get("edges"),
             "ghosts": start.get("ghosts"), "peers": start.get("peers"), "tensor work": start.get("platform"),

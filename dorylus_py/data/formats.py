@@ -25,8 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from dorylus_py.atomic import atomic_file
-from dorylus_py.data.graph import SPLITS, Graph, random_split
+from dorylus_py.data.graph import SPLITS, Graph, class_count, random_split
+from dorylus_py.data.npystream import NpyMember, npz_members
 from dorylus_py.data.ogb import OgbFolder, is_ogb_folder
+from dorylus_py.data.textblocks import line_blocks, parse_pairs
 from dorylus_py.errors import DataError
 from dorylus_py.settings import check_split
 
@@ -56,6 +58,8 @@ def load_graph(path: str | os.PathLike, sources: Sources = Sources()) -> Graph:
         raise DataError(f"{path}: a folder made by `dorylus prepare`; read it with partition.load_dataset")
     if not p.exists():
         raise DataError(f"{p}: no such file or folder")
+    if not p.is_dir() and not p.is_file():  # a FIFO would hang the read
+        raise DataError(f"{p}: not a regular file or folder")
     if p.is_dir():
         if (p / "graph.bsnap").exists():
             return read_bsnap(p, sources)
@@ -75,10 +79,14 @@ def load_graph(path: str | os.PathLike, sources: Sources = Sources()) -> Graph:
 # --- npz -------------------------------------------------------------------------------------------
 
 
+NPZ_ARRAYS = ("src", "dst", "features", "labels", "train_mask", "val_mask", "test_mask", "num_classes")
+
+
 def read_npz(path: Path, sources: Sources = Sources()) -> Graph:
+    names = npz_members(path, NPZ_ARRAYS)  # headers checked against the zip before any array is made
     try:
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+            arrays = {k: z[k] for k in names}
     except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
         raise DataError(f"{path}: not a readable .npz file ({_reason(e)})") from None
     missing = [k for k in ("src", "dst", "features", "labels") if k not in arrays]
@@ -91,7 +99,7 @@ def read_npz(path: Path, sources: Sources = Sources()) -> Graph:
         arrays["features"],
         arrays["labels"],
         *masks,
-        num_classes=int(arrays["num_classes"]) if "num_classes" in arrays else None,
+        num_classes=class_count(arrays["num_classes"], str(path)) if "num_classes" in arrays else None,
         source=str(path),
     )
 
@@ -119,16 +127,16 @@ def write_npz(graph: Graph, path: str | os.PathLike) -> None:
 
 
 def read_edge_list(path: Path, sources: Sources = Sources()) -> Graph:
+    """``src dst`` per line, read in bounded blocks (``data/textblocks.py``)."""
     if sources.features is None or sources.labels is None:
         raise DataError(f"{path}: an edge list needs --features FILE.npy and --labels FILE.npy")
     try:
-        edges = np.loadtxt(path, dtype=np.int64, comments="#", ndmin=2)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: not an edge list of 'src dst' integer pairs ({_reason(e)})") from None
-    if edges.size == 0:
-        edges = edges.reshape(0, 2)
-    if edges.shape[1] != 2:
-        raise DataError(f"{path}: expected 2 columns (src dst) per line, found {edges.shape[1]}")
+        with open(path, "rb") as f:
+            blocks = [parse_pairs(text, path, line) for line, text in line_blocks(f, path)]
+    except OSError as e:
+        raise DataError(f"{path}: not readable ({_reason(e)})") from None
+    edges = np.concatenate(blocks) if blocks else np.zeros((0, 2), np.int64)
+    del blocks
     features = _load_npy(sources.features, "features")
     labels = _load_npy(sources.labels, "labels")
     masks = masks_from({}, path, labels, sources)
@@ -276,10 +284,14 @@ def masks_from(arrays: dict, path, labels, sources: Sources):
 
 
 def _load_npy(path: str, what: str) -> np.ndarray:
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"{path}: {what} file not found")
+    if not p.is_file():  # a FIFO would hang the read
+        raise DataError(f"{path}: not a regular file (the {what} must be an .npy file)")
     try:
-        return np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise DataError(f"{path}: {what} file not found") from None
+        NpyMember(lambda: open(p, "rb"), path, p.stat().st_size)  # its header's shape against its size, first
+        return np.load(p, allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
         raise DataError(f"{path}: not a readable .npy {what} file ({_reason(e)})") from None
 

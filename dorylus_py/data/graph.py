@@ -20,6 +20,18 @@ from dorylus_py.settings import check_split
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
+# A class is a column of every output layer and of the logits (N x C floats): 65,536 is 2 orders of magnitude
+# above the largest single-label node-classification benchmarks (ogbn-papers100M 172, ogbn-mag 349 classes)
+# and already 710 MB of logits on Cora's 2,708 vertices. A label or class count beyond it is a bad file.
+MAX_CLASSES = 1 << 16
+# The largest feature magnitude float32 training survives with room to spare. float32 ends at 3.4e38, so
+# Adam's second moment (a gradient squared, the largest number training makes) overflows once a gradient
+# passes 1.8e19. A first-layer activation or gradient is a feature times at most sqrt(degree) from the
+# normalised adjacency's row sum (4.6e4 at 2^31 vertices) and sqrt(6F) from a Glorot-initialised product
+# (2.5e3 at a million features): 1.2e8 in all. Features up to 1e9 keep that square below 1.4e34, 2.4e4
+# under float32's end for the rest (widths of later layers, the classes). Measured on Cora (GCN, GAT, SAGE,
+# 20 epochs, --feature-norm none): finite and the same accuracy up to 1e20, collapsing from 1e22.
+MAX_FEATURE = 1e9
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,7 +113,7 @@ class Graph:
             train_mask=_as_mask(train_mask, "train_mask", source),
             val_mask=_as_mask(val_mask, "val_mask", source),
             test_mask=_as_mask(test_mask, "test_mask", source),
-            num_classes=-1 if num_classes is None else int(num_classes),
+            num_classes=-1 if num_classes is None else class_count(num_classes, source),
             source=source,
         )
         if num_classes is None:
@@ -120,9 +132,8 @@ class Graph:
             raise DataError(f"{s}: features have {self.features.shape[0]} rows but the graph has {n} vertices")
         if self.features.shape[1] < 1:
             raise DataError(f"{s}: features have no columns")
-        if not _all_finite(self.features):
-            row = int(np.nonzero(~np.isfinite(self.features).all(axis=1))[0][0])
-            raise DataError(f"{s}: features contain NaN or infinity (first at vertex {row})")
+        for start in range(0, n, 1 << 16):  # blockwise: no full-size temporaries
+            check_features(self.features[start : start + (1 << 16)], s, start)
         validate_vertices(self.labels, (self.train_mask, self.val_mask, self.test_mask), self.num_classes, n, s)
 
     def summary(self) -> dict:
@@ -148,6 +159,8 @@ def validate_vertices(labels: np.ndarray, masks: tuple, num_classes: int, n: int
         raise DataError(f"{source}: {len(labels)} labels but the graph has {n} vertices")
     if num_classes < 2:
         raise DataError(f"{source}: need at least 2 classes, found {num_classes}")
+    if num_classes > MAX_CLASSES:
+        raise DataError(f"{source}: {num_classes:,} classes, more than the {MAX_CLASSES:,} a model is trained for")
     bad = (labels < -1) | (labels >= num_classes)
     if bad.any():
         v = int(np.nonzero(bad)[0][0])
@@ -195,9 +208,31 @@ def row_normalized(x: np.ndarray) -> np.ndarray:
     return (x / sums).astype(np.float32)
 
 
-def _all_finite(x: np.ndarray, block: int = 1 << 16) -> bool:
-    # Blockwise, so a 1 M x 128 matrix never needs a full-size boolean temporary.
-    return all(np.isfinite(x[i : i + block]).all() for i in range(0, x.shape[0], block))
+def check_features(x: np.ndarray, source: str, first_row: int = 0) -> None:
+    """Every feature of the rows ``x`` (vertices ``first_row`` on) is finite and within ``MAX_FEATURE``: one
+    vectorised pass, so the streamed blocks of ``prepare`` and a whole graph are checked alike."""
+    ok = np.abs(x) <= MAX_FEATURE  # NaN compares False
+    if ok.all():
+        return
+    row = int(np.flatnonzero(~ok.all(axis=1))[0])
+    value = x[row][~ok[row]][0]
+    if not np.isfinite(value):
+        raise DataError(f"{source}: features contain NaN or infinity (first at vertex {first_row + row})")
+    raise DataError(f"{source}: feature {value:.3g} of vertex {first_row + row} is beyond ±{MAX_FEATURE:,.0f}, more "
+                    "than float32 training survives (squared gradients overflow); scale or standardise the features")
+
+
+def class_count(value, source: str) -> int:
+    """A class count that came with the data (an npz's ``num_classes``) as an int: one finite integer."""
+    a = np.asarray(value)
+    if a.size != 1 or a.ndim > 1:
+        raise DataError(f"{source}: num_classes must be one integer, got an array of shape {a.shape}")
+    if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+        raise DataError(f"{source}: num_classes must be one integer, got an array of dtype {a.dtype}")
+    v = a.reshape(()).item()
+    if not np.isfinite(v) or v != int(v):
+        raise DataError(f"{source}: num_classes must be an integer, got {v}")
+    return int(v)
 
 
 def _as_features(x, source: str) -> np.ndarray:
@@ -221,6 +256,10 @@ def _as_ids(x, what: str, source: str) -> np.ndarray:
 def _inferred_classes(labels: np.ndarray, source: str) -> int:
     """The class count of labels given without one: every class in ``[0, max]`` must have a vertex, or a
     stray label (99 among 0..6) would silently make 100 classes, 93 of them empty."""
+    if len(labels) and labels.max() >= MAX_CLASSES:  # before any array of that size
+        v = int(np.argmax(labels >= MAX_CLASSES))
+        raise DataError(f"{source}: label {labels[v]} of vertex {v} is beyond the {MAX_CLASSES:,} classes a model is "
+                        "trained for")
     used = np.unique(labels[labels >= 0])
     if len(used) and len(used) != used[-1] + 1:
         missing = np.setdiff1d(np.arange(used[-1] + 1), used)

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from dorylus_py.data.textblocks import DEFLATE_MAX_RATIO
 from dorylus_py.errors import DataError
+
+MAX_MEMBERS = 1024
 
 
 class NpyWriter:
@@ -87,12 +91,20 @@ class NpzWriter:
 
 
 class NpyMember:
-    """One array of an ``.npz`` (or one ``.npy`` file) read in row blocks without loading it whole."""
+    """One array of an ``.npz`` (or one ``.npy`` file) read in row blocks without loading it whole. With
+    ``size`` (its bytes, from the zip's directory or the file system) the header must account for exactly
+    those bytes, so that no shape it claims is believed beyond what is there."""
 
-    def __init__(self, opener, where: str):
+    def __init__(self, opener, where: str, size: int | None = None):
         self.opener, self.where = opener, where
         with self.opener() as f:
             self.shape, self.dtype = _read_header(f, where)
+            header = f.tell()
+        if size is not None:
+            data = math.prod(self.shape) * self.dtype.itemsize
+            if header + data != size:
+                raise DataError(f"{where}: truncated or corrupt: its header claims shape {self.shape[:4]} of "
+                                f"{self.dtype} ({data:,} bytes), but it holds {size - header:,}")
 
     def __len__(self) -> int:
         return self.shape[0] if self.shape else 1
@@ -118,13 +130,23 @@ class NpyMember:
         return parts[0].reshape(self.shape) if parts else np.zeros(self.shape, self.dtype)
 
 
-def npz_members(path: Path) -> dict[str, NpyMember]:
-    """The arrays of an ``.npz``, by name (``features`` for ``features.npy``), readable in blocks."""
+def npz_members(path: Path, wanted=None) -> dict[str, NpyMember]:
+    """The arrays of an ``.npz`` (those ``wanted``, by default all), by name (``features`` for
+    ``features.npy``), readable in blocks; each member's header checked against its size in the zip, and that
+    size against what its compressed bytes can hold."""
     try:
         with zipfile.ZipFile(path) as z:
-            names = [i.filename for i in z.infolist() if i.filename.endswith(".npy")]
-    except (zipfile.BadZipFile, OSError) as e:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
         raise DataError(f"{path}: not a readable .npz file ({e})") from None
+    if len(infos) > MAX_MEMBERS:
+        raise DataError(f"{path}: {len(infos):,} members; a dataset has a few arrays (at most {MAX_MEMBERS})")
+    infos = {i.filename: i for i in infos if i.filename.endswith(".npy")
+             and (wanted is None or i.filename[: -len(".npy")] in wanted)}
+    for i in infos.values():
+        if i.file_size > max(i.compress_size, 1) * DEFLATE_MAX_RATIO:
+            raise DataError(f"{path}:{i.filename}: claims {i.file_size:,} bytes from {i.compress_size:,} compressed, "
+                            "more than deflate makes")
 
     def opener(member: str):
         def open_member():
@@ -132,7 +154,8 @@ def npz_members(path: Path) -> dict[str, NpyMember]:
             return _Closing(z.open(member), z)
         return open_member
 
-    return {name[: -len(".npy")]: NpyMember(opener(name), f"{path}:{name}") for name in names}
+    return {name[: -len(".npy")]: NpyMember(opener(name), f"{path}:{name}", info.file_size)
+            for name, info in infos.items()}
 
 
 class _Closing:
@@ -143,6 +166,9 @@ class _Closing:
 
     def read(self, n: int = -1) -> bytes:
         return self.f.read(n)
+
+    def tell(self) -> int:
+        return self.f.tell()
 
     def __enter__(self):
         return self

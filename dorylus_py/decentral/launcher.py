@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from dorylus_py import children
 from dorylus_py.config import SECTION_OF, TrainConfig
 from dorylus_py.data.formats import write_npz
 from dorylus_py.data.graph import Graph
@@ -89,8 +90,8 @@ def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict,
     key = new_key()
     store = StoreServer(key, cfg.workers)
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.workers)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
-               **{KEY_ENV: key.hex(), PARENT_ENV: str(os.getpid())})  # the key never on a command line
+    env = children.env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
+                       **{KEY_ENV: key.hex(), PARENT_ENV: str(os.getpid())})  # the key never on a command line
     procs: list[subprocess.Popen] = []
     bar = progress_bar(total=cfg.epochs, desc=f"train ({cfg.mode}, {cfg.workers} workers)", unit="epoch",
                        enabled=show_progress)
@@ -98,8 +99,8 @@ def train_decentral(cfg: TrainConfig, graph: Graph, run_dir: Path, config: dict,
         for r in range(cfg.workers):
             with open(run_dir / "logs" / f"worker-{r}.log", "w") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "dorylus_py.decentral", "--run-dir", str(run_dir), "--rank", str(r),
-                     "--world", str(cfg.workers), "--store", f"127.0.0.1:{store.port}"],
+                    children.module("dorylus_py.decentral", "--run-dir", run_dir, "--rank", r,
+                                    "--world", cfg.workers, "--store", f"127.0.0.1:{store.port}"),
                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         _watch(cfg, procs, run_dir, bar)
         if store.refused:

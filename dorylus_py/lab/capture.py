@@ -21,6 +21,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from dorylus_py import children
+
 ETH_P_ALL = 0x0003
 SOL_PACKET, PACKET_ADD_MEMBERSHIP, PACKET_STATISTICS, PACKET_MR_PROMISC = 263, 1, 6, 1
 SNAPLEN = 262_144  # a GSO frame on a veth bridge is up to 64 KB; more than enough
@@ -102,9 +104,9 @@ def found(streams: dict[tuple, bytes], needles: dict[str, bytes]) -> set[str]:
 def capture_on(argv_in_namespace, iface: str, out: Path, log: Path):
     """Record on ``iface`` while the block runs. ``argv_in_namespace(argv)``: how to run a command in
     the namespace that has ``iface`` (``Network.argv``). The recorder has begun when the block starts."""
-    cmd = argv_in_namespace([sys.executable, "-m", "dorylus_py.lab.capture", "--iface", iface, "--out", str(out)])
+    cmd = argv_in_namespace(children.module("dorylus_py.lab.capture", "--iface", iface, "--out", out))
     with open(log, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=children.env())
     try:
         started = select.select([proc.stdout], [], [], 60)[0]
         if not started or proc.stdout.readline().strip() != b"recording":

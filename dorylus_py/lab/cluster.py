@@ -20,13 +20,13 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dorylus_py import children
 from dorylus_py.keygen import JOB, SECRET, generate
 from dorylus_py.lab.lambda_service import Function
 from dorylus_py.lab.network import LabError, Network, clean_leftovers
@@ -143,7 +143,7 @@ class LabCluster:
     def env(self) -> dict[str, str]:
         """What every host's processes get: the job key, the lab's AWS key pair, and nothing of this
         machine's AWS settings."""
-        env = {k: v for k, v in os.environ.items() if k not in _AWS_CHAIN}
+        env = children.env({k: v for k, v in os.environ.items() if k not in _AWS_CHAIN})
         return env | self._aws | {"DORYLUS_KEY": self.job_key, "AWS_DEFAULT_REGION": REGION, "AWS_CONFIG_FILE": "/dev/null",
                                   "AWS_SHARED_CREDENTIALS_FILE": "/dev/null", "AWS_EC2_METADATA_DISABLED": "true",
                                   "PYTHONUNBUFFERED": "1"}
@@ -152,11 +152,11 @@ class LabCluster:
         kind, _, rank = role.rpartition("-")
         if role == "lambda-service":
             f = self.function
-            return [sys.executable, "-m", "dorylus_py.lab.lambda_service", "--listen", self.address(role), "--function",
-                    f.name, "--region", REGION, "--concurrency", str(f.concurrency), "--memory-mb", str(f.memory_mb),
-                    "--timeout-s", str(scaled(f.timeout_s)), "--latency-ms", str(scaled(f.latency_ms)),
-                    "--cold-start-ms", str(scaled(f.cold_start_ms)), "--fail-rate", str(f.fail_rate)]
-        return [sys.executable, "-m", "dorylus_py", kind, "--cluster", str(self.cluster_file), "--rank", rank]
+            return children.module("dorylus_py.lab.lambda_service", "--listen", self.address(role), "--function",
+                                   f.name, "--region", REGION, "--concurrency", f.concurrency, "--memory-mb", f.memory_mb,
+                                   "--timeout-s", scaled(f.timeout_s), "--latency-ms", scaled(f.latency_ms),
+                                   "--cold-start-ms", scaled(f.cold_start_ms), "--fail-rate", f.fail_rate)
+        return children.module("dorylus_py", kind, "--cluster", self.cluster_file, "--rank", rank)
 
     def preexec(self, host: str):
         """What puts a process started on ``host`` into the host's CPU group (None: no groups)."""
@@ -167,8 +167,8 @@ class LabCluster:
 
     def start(self, role: str) -> None:
         """Start ``role`` on its host under a supervisor (as systemd starts it at boot)."""
-        argv = [sys.executable, "-m", "dorylus_py.lab.supervisor", "--name", role, "--restart-s",
-                str(scaled(self.restart_s)), "--", *self.command(role)]
+        argv = children.module("dorylus_py.lab.supervisor", "--name", role, "--restart-s", scaled(self.restart_s), "--",
+                               *self.command(role))
         with open(self.workdir / "logs" / f"{role}.log", "ab") as out:
             self.supervisors[role] = self.net.popen(self.host_of(role), argv, env=self.env(), stdout=out,
                                                     stderr=subprocess.STDOUT, start_new_session=True,
@@ -272,8 +272,8 @@ class LabCluster:
         return ["--backend", "lambda", "--lambda-endpoint", f"http://{self.address('lambda-service')}"]
 
     def train_argv(self, data: str | Path, out: str | Path, flags: list[str]) -> list[str]:
-        return [sys.executable, "-m", "dorylus_py", "train", "--cluster", str(self.cluster_file), "--data", str(data),
-                "--out", str(out), "--quiet", *flags]
+        return children.module("dorylus_py", "train", "--cluster", self.cluster_file, "--data", data, "--out", out,
+                               "--quiet", *flags)
 
     def start_train(self, data, out, flags: list[str], **popen) -> subprocess.Popen:
         """``dorylus train --cluster ...`` on the driver's host; output to ``WORKDIR/logs/driver.log``

@@ -15,7 +15,9 @@ the two calls ``--backend lambda`` makes (``platforms/aws.py``, through aiobotoc
 
 Every request must carry a valid AWS Signature Version 4 made with the access key pair in this
 service's environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``; ``sigv4.py``), else it is
-refused with 403 before its body is looked at. The workers get the job key from the service's
+refused with 403: on its headers, before its body is read (its signature too, when it declares the body's
+hash), or else once the body is in, which must come within the request deadline; a connection's deadlines
+and the caps per address are ``connections.py``'s. The workers get the job key from the service's
 environment (``DORYLUS_KEY``, or the secret named by ``DORYLUS_KEY_SECRET``), as a function reads its
 own; the events carry none. Plain HTTP: see docs/lab.md for what that exposes.
 """
@@ -33,11 +35,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote
 
 from dorylus_py.errors import ConfigError
-from dorylus_py.lab.sigv4 import Credentials, SignatureError, verify
+from dorylus_py.lab.connections import IDLE_S, GuardedServer
+from dorylus_py.lab.sigv4 import Credentials, Pending, SignatureError, check_headers
 from dorylus_py.platforms.base import Completion
 from dorylus_py.platforms.local import KILL_GRACE_S, LocalLambdaPlatform
 from dorylus_py.timescale import scaled
@@ -47,6 +50,7 @@ from dorylus_py.worker.event import LeaseEvent
 log = logging.getLogger(__name__)
 API = "/2015-03-31/functions/"
 MAX_PAYLOAD = 6 * 2**20  # Lambda's limit for a synchronous invocation's event
+DRAIN_BYTES = 64 * 2**10  # of a refused request's body, read (and dropped) before the connection is closed
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ class LambdaService:
         self._collector = threading.Thread(target=self._collect, name="completions", daemon=True)
         self._collector.start()
         try:
-            self.httpd = _Server(listen, _Handler)
+            self.httpd = GuardedServer(listen, _Handler)
         except OSError as e:
             self.pool.close()
             raise ConfigError(f"cannot listen on {listen[0]}:{listen[1]} ({e.strerror})") from None
@@ -157,50 +161,42 @@ class LambdaService:
         self.pool.close()
 
 
-class _Server(ThreadingHTTPServer):
-    """A thread per connection, at most ``PER_PEER`` from one address and ``MAX_CONNECTIONS`` in all: a
-    peer that opens connections by the thousand (and sends nothing) finds the rest closed at once, and
-    the callers' connections still find room (a graph server keeps about ten open)."""
-
-    MAX_CONNECTIONS, PER_PEER = 512, 64
-    request_queue_size = 128  # the listen backlog (socketserver's 5 made a burst of connects wait a second each)
-    daemon_threads = True
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.connections: dict = {}  # those being served -> their peer's address
-        self._count = threading.Lock()
-
-    def verify_request(self, request, client_address) -> bool:
-        peer = client_address[0]
-        with self._count:
-            if (len(self.connections) >= self.MAX_CONNECTIONS
-                    or sum(p == peer for p in self.connections.values()) >= self.PER_PEER):
-                return False
-            self.connections[request] = peer
-            return True
-
-    def shutdown_request(self, request) -> None:
-        super().shutdown_request(request)
-        with self._count:
-            self.connections.pop(request, None)
-
-
 class _Handler(BaseHTTPRequestHandler):
+    """One connection's thread: its requests, each checked for its signature before its body is read (when
+    the request declares the body's hash; else before anything but the body), under the deadlines and caps
+    of ``connections.py``."""
+
     protocol_version = "HTTP/1.1"  # keep-alive: aiobotocore reuses its connections
-    timeout = 60  # an idle connection (and the thread serving it) goes after a minute; a client reconnects
     server_version = "dorylus-lambda-service"
 
     @property
     def service(self) -> LambdaService:
         return self.server.service
 
+    def setup(self) -> None:
+        self.timeout = scaled(IDLE_S)  # per read: what bounds a caller's wait between requests (the server bounds a request)
+        super().setup()
+
     def log_message(self, *args) -> None:  # one line per refusal is logged elsewhere; not every request
         pass
 
+    def handle_one_request(self) -> None:
+        """Wait for the next request's first byte, then start its clock: the whole request must be in within
+        the deadline, or the server cuts the connection."""
+        try:
+            started = self.rfile.peek(1)
+        except TimeoutError:
+            started = b""
+        if not started:
+            self.close_connection = True
+            return
+        self.server.held.clock(self.request, time.monotonic())
+        super().handle_one_request()
+        self.server.held.pause(self.request)
+
     def do_GET(self) -> None:  # noqa: N802
-        body = self._checked(b"")
-        if body is None:
+        pending = self._signed_headers()
+        if pending is None or not self._signed_body(pending, b""):
             return
         if self._route("configuration"):
             self._json(200, self.service.function.configuration(self.service.creds.region))
@@ -208,12 +204,19 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         length = self.headers.get("Content-Length", "")
         if not length.isdigit():
+            self.close_connection = True  # (where its body ends is unknown)
             return self._error(411, "InvalidRequestContentException", "Content-Length required")
         if int(length) > MAX_PAYLOAD:
             self.close_connection = True
             return self._error(413, "RequestTooLargeException", f"Request must be smaller than {MAX_PAYLOAD} bytes")
-        body = self._checked(self.rfile.read(int(length)))
-        if body is None or not self._route("invocations"):
+        pending = self._signed_headers(int(length))
+        if pending is None:
+            return
+        body = self.rfile.read(int(length))
+        if len(body) < int(length):  # cut at the deadline, or the peer gave up
+            self.close_connection = True
+            return
+        if not self._signed_body(pending, body) or not self._route("invocations"):
             return
         if self.headers.get("X-Amz-Invocation-Type", "RequestResponse") != "RequestResponse":
             return self._error(400, "InvalidParameterValueException", "only RequestResponse invocations are served")
@@ -221,25 +224,45 @@ class _Handler(BaseHTTPRequestHandler):
             event = json.loads(body)
         except ValueError:
             return self._error(400, "InvalidRequestContentException", "Could not parse request body into json")
+        self.server.held.pause(self.request)  # the function's run is not the caller's to hurry
         done = self.service.invoke(event)
+        self.server.held.clock(self.request, time.monotonic())  # its answer goes out within the deadline
         if done is None:
             return self._error(429, "TooManyRequestsException", "Rate Exceeded.",
                                {"Reason": "ReservedFunctionConcurrentInvocationLimitExceeded"})
         self._answer(done)
 
-    def _checked(self, body: bytes) -> bytes | None:
-        """``body`` if the request is signed with the service's credentials; else answered with 403."""
+    def _signed_headers(self, length: int = 0) -> Pending | None:
+        """The headers' part of the signature check (all of it, when the request declares its body's hash);
+        None if it failed: then answered with 403 and the connection closed, its body never parsed."""
         path, _, query = self.path.partition("?")
         headers: dict[str, list[str]] = {}
         for name, value in self.headers.items():
             headers.setdefault(name.lower(), []).append(value)
         try:
-            verify(self.service.creds, self.command, path, query, headers, body)
+            return check_headers(self.service.creds, self.command, path, query, headers)
         except SignatureError as e:
-            self.service.refused(e, self.client_address[0])
-            self._error(403, e.code, str(e))
+            self._refuse(e, length)
             return None
-        return body
+
+    def _signed_body(self, pending: Pending, body: bytes) -> bool:
+        """Whether ``body`` completes a valid signature (the connection is then a caller's); else answered with 403."""
+        try:
+            pending.check_body(body)
+        except SignatureError as e:
+            self._refuse(e, 0)
+            return False
+        self.server.held.signed(self.request)
+        return True
+
+    def _refuse(self, why: SignatureError, unread: int) -> None:
+        """403, and the connection closed. Up to ``DRAIN_BYTES`` of an unread body are read and dropped first
+        (unparsed): closing on unread bytes resets the connection, which can lose the answer on its way."""
+        self.service.refused(why, self.client_address[0])
+        self.close_connection = True
+        if unread <= DRAIN_BYTES:
+            self.rfile.read(unread)
+        self._error(403, why.code, str(why))
 
     def _route(self, call: str) -> bool:
         """Whether the path is ``call`` on this service's function; else answered with 404."""
@@ -273,6 +296,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj, headers: dict | None = None) -> None:
         body = json.dumps(obj).encode()
         self.send_response(status)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         for name, value in ({"Content-Type": "application/json"} | (headers or {})).items():
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
@@ -329,7 +354,10 @@ def _serve(args) -> None:
             pass
     finally:
         service.close()
-        print(f"lambda service: {', '.join(f'{v} {k}' for k, v in service.stats.items())}", file=sys.stderr, flush=True)
+        ended = service.httpd.ended.counts
+        print(f"lambda service: {', '.join(f'{v} {k}' for k, v in service.stats.items())}"
+              + (f"; connections ended early: {', '.join(f'{v} {k}' for k, v in ended.items())}" if ended else ""),
+              file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

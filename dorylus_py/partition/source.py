@@ -15,12 +15,14 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from dorylus_py.data.formats import Sources, load_graph, masks_from
+from dorylus_py.data.formats import NPZ_ARRAYS, Sources, load_graph, masks_from
 from dorylus_py.data.graph import (
     Graph,
     _as_labels,
     _as_mask,
     _inferred_classes,
+    check_features,
+    class_count,
     validate_vertices,
 )
 from dorylus_py.data.npystream import npz_members
@@ -86,7 +88,7 @@ def graph_source(graph: Graph) -> GraphSource:
 
 def npz_source(path: Path, sources: Sources = Sources()) -> GraphSource:
     """An ``.npz`` of ``src``, ``dst``, ``features``, ``labels`` [+ masks, ``num_classes``], streamed."""
-    arrays = npz_members(path)
+    arrays = npz_members(path, NPZ_ARRAYS)
     missing = [k for k in ("src", "dst", "features", "labels") if k not in arrays]
     if missing:
         raise DataError(f"{path}: missing array(s) {', '.join(missing)} (expected src, dst, features, labels)")
@@ -107,11 +109,19 @@ def npz_source(path: Path, sources: Sources = Sources()) -> GraphSource:
             raise DataError(f"{path}: {name} must be integers, got dtype {a.dtype}")
     if len(src) != len(dst):
         raise DataError(f"{path}: {len(src)} source ids but {len(dst)} destination ids")
+    for name in ("labels", "train_mask", "val_mask", "test_mask"):  # per-vertex: n of them, before any is read
+        shape = arrays[name].shape if name in arrays else (n,)
+        if len(shape) != 1:
+            raise DataError(f"{path}: {name} must be a 1-D array, got shape {shape}")
+        if shape[0] != n:
+            count = f"{shape[0]} labels" if name == "labels" else f"{name} has {shape[0]} entries"
+            raise DataError(f"{path}: {count} but the graph has {n} vertices (feature rows)")
     labels = _as_labels(arrays["labels"].read(), str(path))
     small = {k: arrays[k].read() for k in ("train_mask", "val_mask", "test_mask") if k in arrays}
     masks = tuple(_as_mask(m, name, str(path)) for m, name in
                   zip(masks_from(small, path, labels, sources), ("train_mask", "val_mask", "test_mask")))
-    classes = int(arrays["num_classes"].read()) if "num_classes" in arrays else _inferred_classes(labels, str(path))
+    classes = (npz_class_count(arrays["num_classes"], path) if "num_classes" in arrays
+               else _inferred_classes(labels, str(path)))
     validate_vertices(labels, masks, classes, n, str(path))
 
     def edge_blocks(size: int) -> EdgeBlocks:
@@ -122,13 +132,18 @@ def npz_source(path: Path, sources: Sources = Sources()) -> GraphSource:
         start = 0
         for block in feats.blocks(size):
             x = np.asarray(block, dtype=np.float32)
-            bad = ~np.isfinite(x).all(axis=1)
-            if bad.any():
-                raise DataError(f"{path}: features contain NaN or infinity (first at vertex {start + int(np.argmax(bad))})")
+            check_features(x, str(path), start)
             start += len(x)
             yield x
 
     return GraphSource(str(path), n, f, classes, len(src), labels, masks, edge_blocks, feature_blocks)
+
+
+def npz_class_count(member, path) -> int:
+    """An npz's ``num_classes``: one number (its header says so before it is read), an integer."""
+    if int(np.prod(member.shape, dtype=np.float64)) != 1:
+        raise DataError(f"{path}: num_classes must be one integer, got an array of shape {member.shape}")
+    return class_count(member.read(), str(path))
 
 
 def check_ids(ids: np.ndarray, n: int, what: str, path) -> np.ndarray:

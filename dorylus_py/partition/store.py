@@ -27,7 +27,7 @@ import numpy as np
 from dorylus_py import s3
 from dorylus_py.atomic import Owned, atomic_dir, check_replaceable, remove_owned
 from dorylus_py.checksum import sha256_file
-from dorylus_py.data.graph import Graph
+from dorylus_py.data.graph import MAX_CLASSES, Graph
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.jsonfile import read_json
 from dorylus_py.partition.build import LayoutWriter
@@ -208,6 +208,9 @@ class PartitionStore:
         if manifest.get("version") != VERSION:
             raise DataError(f"{path}: format version {manifest.get('version')} is not supported (need {VERSION}); "
                             f"prepare the dataset again with this dorylus (`dorylus prepare`)")
+        classes = manifest.get("classes")  # sizes every output layer: a count no labels could make is refused
+        if type(classes) is not int or not 2 <= classes <= MAX_CLASSES:
+            raise DataError(f"{path}: classes {str(classes)[:40]} is not a class count in [2, {MAX_CLASSES:,}]")
         if len(manifest.get("parts", [])) != manifest.get("partitions"):
             raise DataError(f"{path}: lists {len(manifest.get('parts', []))} parts, expected {manifest.get('partitions')}")
         return cls(root, manifest)

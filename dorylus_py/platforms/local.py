@@ -114,7 +114,9 @@ def _worker_context():
     start), not from this process: no zmq contexts or torch thread pools are forked, and a new worker is
     ready in milliseconds instead of the second of CPU an import of torch takes, which a growing pool
     (``--lambdas auto``) would take from the job on the same cores. A container's cold start is
-    ``cold_start_ms``, not this machine's import time."""
+    ``cold_start_ms``, not this machine's import time. The fork server starts with ``-c`` and the workers
+    take this process's ``sys.path``: neither holds the working folder because this process was started
+    through ``children.py`` (``-P`` and ``PYTHONSAFEPATH=1``, which multiprocessing passes on)."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "dorylus_py.worker.handler"])
     return ctx

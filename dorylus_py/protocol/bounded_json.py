@@ -3,12 +3,17 @@
 Checked here: size (before anything), nesting depth (a vectorised pre-scan, before ``json.loads``
 recurses), numbers (finite, integers of at most 2**53 in magnitude, so ``int(x)`` downstream cannot
 overflow or allocate), and that the result is an object. ``NaN``/``Infinity`` are refused.
+Files (``jsonfile.py``) are parsed by the same code with :data:`FILE_NUMBERS`: a run record holds a
+diverged run's NaN loss, so there the constants pass and only integers are bounded (2**63; a file's
+schema bounds each field it uses: ``schema.py``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -17,6 +22,50 @@ from dorylus_py.protocol.messages import ProtocolError
 MAX_HEADER_BYTES = 64 * 1024
 MAX_DEPTH = 16
 MAX_NUMBER = 2**53  # exact in a float64, ample for epochs, counts, versions and loss sums
+
+
+@dataclass(frozen=True)
+class Numbers:
+    """What numbers a parse takes: integers up to ``max_int`` in magnitude (a longer text is never given
+    to ``int()``); floats up to ``max_float`` and, unless ``finite``, ``NaN`` and the infinities."""
+
+    max_int: int = MAX_NUMBER
+    max_float: float = MAX_NUMBER
+    finite: bool = True
+
+    @cached_property
+    def decoder(self) -> json.JSONDecoder:
+        """A decoder with these checks, made once (``json.loads`` with hooks builds one per call); a check
+        that bounds nothing is left out, so that a file of many numbers is parsed at C speed."""
+        bounded = self.finite or self.max_float < math.inf
+        return json.JSONDecoder(parse_int=self._int, parse_float=self._float if bounded else None,
+                                parse_constant=self._constant if self.finite else None)
+
+    @cached_property
+    def _max_chars(self) -> int:
+        return len(str(self.max_int)) + 1  # its digits and a sign
+
+    def _int(self, text: str) -> int:
+        # a longer text is out of range, and never converted
+        if len(text) > self._max_chars or abs(value := int(text)) > self.max_int:
+            raise ProtocolError(f"number {text[:20]}{'...' if len(text) > 20 else ''} is out of range "
+                                f"(|x| <= 2**{self.max_int.bit_length() - 1})")
+        return value
+
+    def _float(self, text: str) -> float:
+        value = float(text[:400])
+        if not math.isfinite(value) and self.finite or abs(value) > self.max_float:
+            raise ProtocolError(f"number {text[:20]} is not finite or out of range (|x| <= {self.max_float:.4g})")
+        return value
+
+    def _constant(self, name: str) -> float:
+        if self.finite:
+            raise ProtocolError(f"holds {name}; numbers must be finite")
+        return float(name)
+
+
+HEADER_NUMBERS = Numbers()
+FILE_NUMBERS = Numbers(max_int=2**63, max_float=math.inf, finite=False)
 
 _STEP = np.zeros(256, np.int8)
 _STEP[[ord("["), ord("{")]] = 1
@@ -39,26 +88,6 @@ def nesting_depth(raw: bytes) -> int:
     return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
 
 
-def _int(text: str) -> int:
-    if len(text) > 17:  # 2**53 has 16 digits; anything longer is out of range, and never converted
-        raise ProtocolError(f"header number {text[:20]}... is out of range")
-    value = int(text)
-    if abs(value) > MAX_NUMBER:
-        raise ProtocolError(f"header number {value} is out of range (|x| <= 2**53)")
-    return value
-
-
-def _float(text: str) -> float:
-    value = float(text[:400])
-    if not math.isfinite(value) or abs(value) > MAX_NUMBER:
-        raise ProtocolError(f"header number {text[:20]} is not finite or out of range (|x| <= 2**53)")
-    return value
-
-
-def _constant(name: str):
-    raise ProtocolError(f"header holds {name}; numbers must be finite")
-
-
 def parse_header(raw: bytes) -> dict:
     """The JSON object in ``raw``, or :class:`ProtocolError` naming what is wrong with it."""
     header = parse(raw, MAX_HEADER_BYTES, "header")
@@ -67,16 +96,22 @@ def parse_header(raw: bytes) -> dict:
     return header
 
 
-def parse(raw: bytes, max_bytes: int, what: str = "JSON") -> object:
-    """The JSON value in ``raw`` (at most ``max_bytes``; nesting and numbers within the limits above),
-    or :class:`ProtocolError` naming ``what`` is wrong."""
+def parse(raw: bytes, max_bytes: int, what: str = "JSON", numbers: Numbers = HEADER_NUMBERS) -> object:
+    """The JSON value in ``raw`` (at most ``max_bytes``; nesting within :data:`MAX_DEPTH`, numbers within
+    ``numbers``), or :class:`ProtocolError` naming ``what`` is wrong."""
     if len(raw) > max_bytes:
-        raise ProtocolError(f"{what} of {len(raw)} bytes exceeds {max_bytes}")
+        raise ProtocolError(f"{what}: {len(raw)} bytes exceed {max_bytes}")
     # Every opening bracket bounds the depth from above: most values have a few and skip the scan.
     depth = raw.count(b"[") + raw.count(b"{")
     if depth > MAX_DEPTH and (depth := nesting_depth(raw)) > MAX_DEPTH:
-        raise ProtocolError(f"{what} nested {depth} deep (at most {MAX_DEPTH})")
+        raise ProtocolError(f"{what}: nested {depth} deep (at most {MAX_DEPTH})")
     try:
-        return json.loads(raw, parse_int=_int, parse_float=_float, parse_constant=_constant)
-    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ProtocolError(f"{what} is not valid JSON") from None
+        return numbers.decoder.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))  # as json.loads
+    except ProtocolError as e:  # a number out of bounds
+        raise ProtocolError(f"{what}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ProtocolError(f"{what}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except UnicodeDecodeError:
+        raise ProtocolError(f"{what}: not valid JSON (not UTF-8 text)") from None
+    except (ValueError, RecursionError):
+        raise ProtocolError(f"{what}: not valid JSON") from None

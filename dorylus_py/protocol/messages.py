@@ -30,7 +30,7 @@ OPS = frozenset(
         # decentralised worker <-> worker (dorylus_py/decentral; also ping and stop)
         "steal", "mix", "snapshot", "report", "dead", "row", "average",
         # replies
-        "batches", "params", "state", "ok", "weights", "duplicate", "error",
+        "batches", "params", "state", "ok", "weights", "duplicate", "refused", "error",
     }
 )  # fmt: skip
 

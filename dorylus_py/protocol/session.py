@@ -108,9 +108,13 @@ class Session:
     def __repr__(self) -> str:  # never the key
         return f"Session(id={self.id.hex()})"
 
-    def sibling(self) -> "Session":
-        """Another party with the same key and job (a worker thread of this process), without exposing the key."""
-        return Session(self._key, self.limits, job=self.job)
+    def sibling(self, sender: bytes | None = None) -> "Session":
+        """Another party with the same key and job (a worker thread of this process), without exposing the
+        key; ``sender``: its id (one the driver drew for a graph server's gradients) instead of a random one."""
+        other = Session(self._key, self.limits, job=self.job)
+        if sender is not None:
+            other.id = sender
+        return other
 
     def curve_client_keys(self) -> tuple[bytes, bytes]:
         """The job's CurveZMQ client key pair, derived from the key (``zap.py``), without exposing the key."""

@@ -14,7 +14,6 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 from packaging.tags import compatible_tags, cpython_tags
 from packaging.utils import parse_wheel_filename
 
+from dorylus_py import children
 from dorylus_py.errors import ConfigError
 
 # base image -> (what it is, glibc minor version (2.N), its Python or "" for an OS-only image)
@@ -114,10 +114,10 @@ def resolve(image: Image, install: Install, glibc: int | None = None, timeout_s:
     install, "") or ([], pip's error)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        argv = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed", "--report",
-                str(report), "--target", str(Path(tmp) / "t"), "--only-binary=:all:", "--python-version", image.python,
-                "--implementation", "cp", "--abi", f"cp{image.python.replace('.', '')}", "--timeout", "15",
-                "--retries", "1", "--disable-pip-version-check"]
+        argv = children.module("pip", "install", "--dry-run", "--quiet", "--ignore-installed", "--report", report,
+                               "--target", Path(tmp) / "t", "--only-binary=:all:", "--python-version", image.python,
+                               "--implementation", "cp", "--abi", f"cp{image.python.replace('.', '')}", "--timeout", "15",
+                               "--retries", "1", "--disable-pip-version-check")
         argv += [a for p in platforms(image.glibc if glibc is None else glibc) for a in ("--platform", p)]
         argv += ["--index-url", install.index_url] if install.index_url else []
         proc = subprocess.run(argv + list(install.pins), capture_output=True, text=True, timeout=timeout_s, check=False)

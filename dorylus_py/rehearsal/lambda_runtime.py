@@ -19,9 +19,10 @@ import math
 import queue
 import re
 import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from dorylus_py import children
 
 # The runtime's entry point: folders first on sys.path, import the handler once, then one event per
 # line on stdin, one answer per line on stdout. Its first line says what it loaded, and from where.
@@ -54,9 +55,8 @@ class Runtime:
 
     def __init__(self, paths: list[str], env: dict[str, str], timeout_s: float):
         self.timeout_s = timeout_s
-        self.proc = subprocess.Popen([sys.executable, "-S", "-I", "-c", BOOTSTRAP, json.dumps(paths),
-                                      str(int(timeout_s * 1000))], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env=env, text=True)
+        self.proc = subprocess.Popen(children.python("-S", "-I", "-c", BOOTSTRAP, json.dumps(paths), int(timeout_s * 1000)),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
         self.loaded = json.loads(self._line() or "{}")  # the cold start
 
     def _line(self) -> str:

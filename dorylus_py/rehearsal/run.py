@@ -19,11 +19,11 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dorylus_py import children
 from dorylus_py.errors import ConfigError, DorylusError
 from dorylus_py.rehearsal import audit
 from dorylus_py.rehearsal.moto_aws import ACCOUNT, MotoAws
@@ -210,34 +210,34 @@ class Rehearsal:
             else:
                 shutil.copy2(REPO / name, src / name)
         self._step("pip wheel --no-deps -w dist .", lambda: _run(
-            [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", "dist", "."],
+            children.module("pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", "dist", "."),
             src, os.environ | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}, self.work / "pip.log"))
         return next((src / "dist").glob("dorylus_py-*.whl"))
 
     def _synth(self) -> Path:
         graph = self.work / "graph.npz"
-        _run([sys.executable, "-m", "dorylus_py", "synth", "--out", graph, "--nodes", "600", "--edges", "6000",
-              "--features", "16", "--classes", "4", "--seed", "3"], self.work, self._operator_env(), self.work / "synth.log")
+        _run(children.module("dorylus_py", "synth", "--out", graph, "--nodes", "600", "--edges", "6000", "--features",
+                             "16", "--classes", "4", "--seed", "3"), self.work, self._operator_env(), self.work / "synth.log")
         return graph
 
     def _operator_env(self) -> dict[str, str]:
         return self.operator | {"PYTHONPATH": str(REPO), "DORYLUS_CACHE": str(self.work / "operator-cache")}
 
     def _as_operator(self, docs: str, *args) -> None:
-        self._step(docs, lambda: _run([sys.executable, "-m", "dorylus_py", *args], self.work, self._operator_env(),
+        self._step(docs, lambda: _run(children.module("dorylus_py", *args), self.work, self._operator_env(),
                                       self.work / "operator.log"))
 
     def _start_reference(self, graph: Path):
         """The same job on ``--backend local``, from the same prepared partitions, run while Terraform works."""
         env = {k: v for k, v in self._operator_env().items() if not k.startswith("AWS_")}
         store = self.work / "local-store"
-        _run([sys.executable, "-m", "dorylus_py", "prepare", graph, "--partitions", "2", "--out", store], self.work, env,
+        _run(children.module("dorylus_py", "prepare", graph, "--partitions", "2", "--out", store), self.work, env,
              self.work / "local.log")
         args = [a.format(epochs=self.epochs) for a in TRAINING]
         out = self.work / "local-run"
         with open(self.work / "local.log", "ab") as log:  # the child keeps its own copy of the file
-            proc = subprocess.Popen([sys.executable, "-m", "dorylus_py", "train", "--backend", "local", "--data",
-                                     str(store), *args, "--out", str(out)], cwd=self.work, env=env, stdout=log, stderr=log)
+            proc = subprocess.Popen(children.module("dorylus_py", "train", "--backend", "local", "--data", store, *args,
+                                                    "--out", out), cwd=self.work, env=children.env(env), stdout=log, stderr=log)
         return proc, out
 
     def _check_function(self, outputs: dict) -> dict:
@@ -315,8 +315,8 @@ class Rehearsal:
             raise DorylusError(f"s3://{bucket}/{key}: not the wheel whose hash the user data holds")
         (wheels / "requirements.txt").write_text(f"{local} --hash=sha256:{want}\n")
         install = self.work / "opt" / "dorylus"
-        _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--require-hashes", "--target", install,
-              "-r", wheels / "requirements.txt"], self.work, os.environ | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        _run(children.module("pip", "install", "--quiet", "--no-deps", "--require-hashes", "--target", install,
+                             "-r", wheels / "requirements.txt"), self.work, os.environ | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"},
              self.work / "pip.log")
         return install
 
@@ -369,7 +369,7 @@ def _run(argv: list, cwd: Path, env: dict, log: Path, timeout_s: float = 600) ->
         out.write(f"\n$ {' '.join(map(str, argv))}\n".encode())
         out.flush()
         try:
-            code = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, stdout=out, stderr=out, timeout=timeout_s,
+            code = subprocess.run([str(a) for a in argv], cwd=cwd, env=children.env(env), stdout=out, stderr=out, timeout=timeout_s,
                                   check=False).returncode
         except subprocess.TimeoutExpired:
             raise DorylusError(f"{what}: still running after {timeout_s:.0f} s; see {log}") from None

@@ -125,6 +125,7 @@ class ServerNode:
         self.address = f"tcp://{host}:{port}"
         self.driver_address = driver
         self._audience: dict[zmq.Socket, str] = {}
+        self._sessions: dict[zmq.Socket, Session] = {}  # links that sign with a session of their own
         self._unanswered: dict[zmq.Socket, _Unanswered] = {}  # request/reply links
         self.parent = parent_pid()
         self.poller = zmq.Poller()
@@ -142,6 +143,7 @@ class ServerNode:
             self.poller.unregister(self.driver)
             self.driver.close(0)
         self._audience = {sock: a for sock, a in self._audience.items() if not sock.closed}  # the last job's are
+        self._sessions = {sock: s for sock, s in self._sessions.items() if not sock.closed}
         self._unanswered = {sock: q for sock, q in self._unanswered.items() if not sock.closed}
         # a short queue: of the hellos said while no driver listens, few wait to be refused as stale when one
         # comes (ZMQ_IMMEDIATE would queue none, but lost the driver's last messages: its stop, 1 job in 3)
@@ -158,13 +160,18 @@ class ServerNode:
     def send_timeout_ms(self) -> int:
         return max(1, int(self.hang_timeout_s * 1000))
 
-    def dealer(self, address: str, linger_ms: int = 0, queue: int = 1000, answered: bool = False) -> zmq.Socket:
+    def dealer(self, address: str, linger_ms: int = 0, queue: int = 1000, answered: bool = False,
+               session: Session | None = None) -> zmq.Socket:
         """A DEALER to ``address`` (a peer, a weight server, the driver); what it sends is signed for it.
         ``answered``: the peer answers every message (peers, weight servers): the tensor bytes sent and
-        not yet answered are counted, and more than ``PEER_CAP_BYTES`` of them is :class:`PeerStuck`."""
+        not yet answered are counted, and more than ``PEER_CAP_BYTES`` of them is :class:`PeerStuck`.
+        ``session``: sign with that one instead of this node's (a graph server's gradients go with a
+        sender id the driver drew, which only the weight servers learn: ``weights/server.py``)."""
         sock = dealer(self.ctx, address, self.gate, linger_ms=linger_ms, queue=queue)
         sock.setsockopt(zmq.SNDTIMEO, self.send_timeout_ms)
         self._audience[sock] = address
+        if session is not None:
+            self._sessions[sock] = session
         if answered:
             self._unanswered[sock] = _Unanswered()
         return sock
@@ -190,11 +197,12 @@ class ServerNode:
             if self.driver.poll(200):
                 msg = self._from_driver()
                 if msg is not None and msg.op == "start":
-                    job = msg.get("job")
-                    if not (isinstance(job, str) and len(job) == 32 and _is_hex(job)):
-                        self.rejections.add("invalid", ProtocolError("start without a 16-byte job nonce"))
+                    try:
+                        job = hex16(msg.get("job"), "start: the job nonce")
+                    except ProtocolError as e:
+                        self.rejections.add("invalid", e)
                         continue
-                    self.session = self.session.for_job(bytes.fromhex(job))
+                    self.session = self.session.for_job(job)
                     return msg
                 if msg is not None and msg.op == "stop":
                     raise Stopped()
@@ -215,15 +223,16 @@ class ServerNode:
                                 f"messages of {out.total} bytes")
             out.sent(size)
         try:
-            sock.send_multipart(self.session.encode(msg, self._audience[sock]), copy=False)
+            sock.send_multipart(self._sessions.get(sock, self.session).encode(msg, self._audience[sock]), copy=False)
         except zmq.Again:
             raise PeerStuck(f"{self.role} {self.rank}: {self._audience[sock]} has not read a {msg.op} for "
                             f"{self.send_timeout_ms / 1000:.0f} s") from None
 
     def receive(self, sock: zmq.Socket) -> Message | None:
         """The next message on one of this process's DEALERs, checked; None (counted) if it is refused."""
+        session = self._sessions.get(sock, self.session)
         try:
-            return self.session.decode(receive(sock, self.session.limits), self.session.id)
+            return session.decode(receive(sock, session.limits), session.id)
         except ProtocolError as e:  # over the cap (read and let go as it came), forged, or malformed
             self.rejections.add("unauthenticated" if isinstance(e, AuthError) else "invalid", e)
             return None
@@ -334,5 +343,8 @@ class PeerStuck(DorylusError):
     """A peer has not taken what this process sends it for the send timeout: this process cannot go on."""
 
 
-def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
+def hex16(value, name: str) -> bytes:
+    """16 bytes the driver drew, sent as 32 hex digits (a job nonce, a sender id), checked."""
+    if not (isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)):
+        raise ProtocolError(f"{name} must be 16 bytes as 32 hex digits")
+    return bytes.fromhex(value)

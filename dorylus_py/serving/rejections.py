@@ -29,11 +29,18 @@ class Rejections:
 
     def __init__(self, who: str):
         self.who, self.counts = who, {"unauthenticated": 0, "invalid": 0, "bugs": 0}
+        self.stale = 0  # of them, messages older than the session: expected at a start
+
+    @property
+    def unexpected(self) -> int:
+        """Refusals a run reports (its summary, a line at the end): all but the stale ones."""
+        return sum(self.counts.values()) - self.stale
 
     def add(self, kind: str, error: Exception) -> None:
         self.counts[kind] += 1
         n = self.counts[kind]
         if isinstance(error, StaleMessage):  # counted; expected at a start (hellos said before a driver listened)
+            self.stale += 1
             log.debug("%s: %s message #%d refused: %s", self.who, kind, n, error)
         elif n <= 5 or n % 1000 == 0:
             log.warning("%s: %s message #%d refused: %s", self.who, kind, n, error)

@@ -26,8 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from dorylus_py.atomic import Owned, atomic_file, check_replaceable, remove_owned
-from dorylus_py.errors import ConfigError, DataError, DorylusError, interrupted_by_user
+from dorylus_py.errors import ConfigError, DorylusError, interrupted_by_user
+from dorylus_py.jsonfile import read_json_lines
 from dorylus_py.timescale import model_times
+from dorylus_py.training.record_schema import read_metrics, read_tasks
 
 RECORD_FILES = ("config.json", "metrics.jsonl", "tasks.jsonl", "summary.json", "weights.npz", "best_weights.npz",
                 "graph.npz", "clusters.npy")  # clusters and graph: what gossip / all-reduce workers read
@@ -76,13 +78,14 @@ class RunRecord:
 
     def _reopen(self, after: int) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        old = read_lines(self.dir / "metrics.jsonl") if (self.dir / "metrics.jsonl").exists() else []
+        old = read_metrics(self.dir / "metrics.jsonl") if (self.dir / "metrics.jsonl").exists() else []
         for row in (r for r in old if r["epoch"] <= after):
             self.history.append(row)
             self.best.update(row["epoch"], row["val_acc"], row["test_acc"])
         self._rewrite_lines("metrics.jsonl", self.history)
         if (self.dir / "tasks.jsonl").exists():
-            self._rewrite_lines("tasks.jsonl", [t for t in read_lines(self.dir / "tasks.jsonl") if t["epoch"] <= after])
+            tasks = read_tasks(self.dir / "tasks.jsonl", ("epoch",), "--resume keeps the rows of the epochs it keeps")
+            self._rewrite_lines("tasks.jsonl", [t for t in tasks if t["epoch"] <= after])
         try:
             old_best = json.loads((self.dir / "summary.json").read_text()).get("best_epoch")
         except (OSError, ValueError):
@@ -240,15 +243,10 @@ def end_status(error: BaseException) -> str:
     return f"failed: {line}" if isinstance(error, DorylusError) else f"failed: {type(error).__name__}: {line}"
 
 
-def read_lines(path: Path) -> list[dict]:
-    """The rows of a ``.jsonl`` file of a run record; a broken line is a one-line error."""
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise DataError(f"{path}:{i}: not a JSON line (truncated file?)") from None
-    return rows
+def read_lines(path: Path) -> list:
+    """The rows of a ``.jsonl`` file, read within bounds (``jsonfile.py``); a broken line is a one-line
+    error. Unchecked: a record's readers use ``record_schema.py``'s, which check each row's fields."""
+    return [row for _, row in read_json_lines(path)]
 
 
 def summary_of_epochs(history: list[dict], status: str) -> dict:
@@ -268,6 +266,21 @@ def epoch_summary(history: list[dict], best: "BestTracker") -> dict:
         "best_epoch": best.best_epoch, "test_acc_at_best_val": best.test_acc_at_best_val, "wall_s": row["wall_s"],
         "median_epoch_s": float(np.median([r["epoch_s"] for r in history])),
     }
+
+
+REFUSAL_FIELDS = ("refused_gradients", "duplicate_gradients", "refused_messages")  # a distributed run's
+
+
+def refusals(summary: dict) -> str | None:
+    """The line a run that refused or dropped anything ends with (issue 52: a frozen run said only
+    ``completed``, its one trace a counter); None when nothing was. A genuine run refuses nothing: a weight
+    server gets each gradient once, and every message a process refuses is forged or malformed."""
+    g, d, m = (summary.get(k) or 0 for k in REFUSAL_FIELDS)
+    if not (g or d or m):
+        return None
+    return (f"this run refused {g} gradient(s) and {m} message(s) in all, and dropped {d} duplicate gradient(s): a "
+            f"peer with the job key may have tried to steer it (summary.json {', '.join(REFUSAL_FIELDS)}; the "
+            "servers' logs in the run record say more)")
 
 
 def run_summary(history: list[dict], best: "BestTracker", job_s: float, **fields) -> dict:

@@ -7,9 +7,10 @@ Requests (``protocol/messages.py``); tensors are named by block (``W0.1``: rows 
   until an update makes it: at most ``MAX_WAITING`` pulls of at most ``MAX_WAITING_BYTES`` in all.
   ``hold`` is a task key of this job whose gradient has not come yet; a sender holds at most
   ``holds_per_sender`` of them at once, so no peer can pin versions without end.
-- ``push_grad {layer, version, key}`` + one gradient per block of the layer here -> ``ok`` or ``duplicate``;
-  ``key`` is ``[epoch, server, chunk]`` of a task of this job (an epoch it runs, a graph server and
-  chunk it has).
+- ``push_grad {layer, version, key}`` + one gradient per block of the layer here -> ``ok``, ``duplicate``
+  or ``refused`` (its values, ``guard.py``: the key counts as come, the gradient adds nothing);
+  ``key`` is ``[epoch, server, chunk]`` of a task of this job (a graph server and chunk it has, an epoch
+  within the key window of ``guard.py``), and the push must come from that graph server (below).
 - Pulls carry no tensors.
 - ``pull_state {version|null}`` -> ``state`` + ``BLOCK:FIELD`` for every block here and each of
   ``W``, ``adam_m``, ``adam_v``, ``adam_step``, ``version``: what a checkpoint keeps, every layer at
@@ -19,6 +20,15 @@ Requests (``protocol/messages.py``); tensors are named by block (``W0.1``: rows 
 
 The ``start`` message carries the job spec and, when the job resumes from a checkpoint, the state
 of this server's blocks as tensors (``BLOCK:FIELD``), so no weight server reads a checkpoint.
+
+**Who may push** (issue 52). Every key holder can sign any message, so the key alone cannot say who
+sent a gradient. For each start the driver draws a sender id per graph server and sends it to that
+graph server and to the weight servers (``pushers``, in ``start``); a graph server signs its gradients
+with a session of that id (``ServerNode.dealer``). The id travels only in the envelopes of those
+pushes, on the graph server's links to the weight servers, which no worker is on: the ids a worker
+sees are those of the sessions that answer it (the graph server's own, the weight server's). A push
+from any other sender, or for another graph server's keys, is refused. Every refused push (sender,
+key, shape, values) is counted, and the driver puts the count in the run's summary.
 
 Sharding (``weights/blocks.py``): every tensor is cut into row blocks dealt round-robin over the
 ``M`` servers, so ``M`` may exceed the layer count. A layer's blocks on one server are updated
@@ -37,11 +47,12 @@ import torch
 from dorylus_py.models import ModelSpec, build_module, spec_of
 from dorylus_py.protocol import Message, ProtocolError, integer, require
 from dorylus_py.serving.job import JobSpec
-from dorylus_py.serving.node import Peer, ServerNode, peak_rss_mb
+from dorylus_py.serving.node import Peer, ServerNode, hex16, peak_rss_mb
 from dorylus_py.serving.process import serve_process
 from dorylus_py.serving.rejections import REJECTED
 from dorylus_py.weights.blocks import split, weight_blocks
-from dorylus_py.weights.store import STATE_FIELDS, WeightError, WeightStore
+from dorylus_py.weights.guard import GradientRefused, WindowSpec
+from dorylus_py.weights.store import STATE_FIELDS, VersionFreed, WeightError, WeightStore
 
 MAX_WAITING = 4096  # deferred pulls: far more than tasks in flight
 MAX_WAITING_BYTES = 64 * 2**20  # and the bytes they came in (a pull is a header of at most 64 KB)
@@ -74,7 +85,9 @@ class WeightServer:
             keep=cfg.staleness + 4,  # epoch snapshots: the driver reads one while training runs ahead
             stale_step=cfg.stale_step if spec.mode == "async" else "none",
             predict=spec.mode == "async" and cfg.predict_weights,
+            window=WindowSpec(tuple(spec.chunk_counts), spec.first_epoch, cfg.staleness if spec.mode == "async" else 0),
         )
+        self.pushers = pushers(start.get("pushers"), len(spec.chunk_counts))  # sender id -> graph server
         if start.tensors:  # continue from a checkpoint (the driver sends the state of our blocks)
             for layer in self.layers:
                 self.store.restore(layer, {f"{b.name}:{f}": start.tensors[f"{b.name}:{f}"] for b in mine if b.layer == layer
@@ -85,6 +98,8 @@ class WeightServer:
         self.holds: dict[bytes, set[tuple[int, tuple]]] = {}  # sender -> (layer, key) it holds
         self.holds_per_sender = spec.total_chunks * (cfg.staleness + 2)  # every chunk's tasks in flight, and more
         self.duplicates = 0
+        self.refused = 0  # gradients refused, whatever the reason
+        self.late_pulls = 0  # pulls of a version freed since (store.VersionFreed)
         self.bytes = {"sent": 0, "received": 0}
         node.on_driver = self.on_driver
         log.info("weight server %d start %s", node.rank, json.dumps({
@@ -103,18 +118,18 @@ class WeightServer:
                 raise ProtocolError(f"epoch {msg['epoch']} names no epoch of this job")
             if msg.get("hold") is not None:
                 self._hold(msg.sender, msg["layer"], self._key(msg["hold"], "hold"))
-            if not self._try_pull(identity, msg):
-                self._wait(identity, msg)
+            try:
+                if not self._try_pull(identity, msg):
+                    self._wait(identity, msg)
+            except VersionFreed:
+                self.late_pulls += 1  # refused like any other, but not reported as a refusal (store.py)
+                raise
         elif msg.op == "push_grad":
-            require(msg, "layer", "version", "key")
-            _check_gradient(msg)
-            key = self._key(msg["key"], "key")
-            layer, version = integer(msg["layer"], "layer"), _version(msg["version"])
-            applied = self.store.push(layer, version, key, dict(msg.tensors))
-            self.duplicates += not applied
-            self.node.reply(identity, Message("ok" if applied else "duplicate", {"req": msg.get("req")}))
-            if applied and self.waiting:
-                self._retry_waiting()
+            try:
+                self._push(identity, msg)
+            except REJECTED:
+                self.refused += 1
+                raise
         elif msg.op == "pull_state":
             require(msg, "version")
             _version(msg["version"], optional=True)
@@ -122,9 +137,34 @@ class WeightServer:
                 self._wait(identity, msg)
         elif msg.op == "ping":
             self.node.reply(identity, Message("ok", {"updates": self.store.updates, "duplicates": self.duplicates,
+                                                     "refused": self.refused,
+                                                     "refused_messages": self.node.rejections.unexpected - self.late_pulls,
                                                      "req": msg.get("req")}))
         else:
             raise ProtocolError(f"op {msg.op} is not served by a weight server")
+
+    def _push(self, identity: Peer, msg: Message) -> None:
+        """A gradient: from the graph server whose key it carries, of a key in the window, then its values."""
+        require(msg, "layer", "version", "key")
+        key = self._key(msg["key"], "key")
+        if self.pushers.get(msg.sender) != key[1]:
+            raise ProtocolError(f"push_grad for graph server {key[1]}'s key {list(key)} from a sender that is not "
+                                "its gradient link in this job")
+        _check_gradient(msg)
+        layer, version = integer(msg["layer"], "layer"), _version(msg["version"])
+        try:
+            applied = self.store.push(layer, version, key, dict(msg.tensors))
+        except GradientRefused as e:  # the key counts as come: the graph server goes on, the run reports it
+            self.refused += 1
+            if self.refused <= 5 or self.refused % 1000 == 0:
+                log.warning("weight server %d refused a gradient of key %s (#%d): %s", self.node.rank, list(key),
+                            self.refused, e)
+            self.node.reply(identity, Message("refused", {"reason": str(e)[:300], "req": msg.get("req")}))
+            return
+        self.duplicates += not applied
+        self.node.reply(identity, Message("ok" if applied else "duplicate", {"req": msg.get("req")}))
+        if applied and self.waiting:
+            self._retry_waiting()
 
     def on_driver(self, msg: Message) -> None:
         if msg.op != "release":
@@ -138,7 +178,9 @@ class WeightServer:
     def close(self) -> None:
         log.info("weight server %d end %s", self.node.rank, json.dumps({
             "rank": self.node.rank, "updates": self.store.updates, "predicted": self.store.predicted,
-            "duplicates": self.duplicates,
+            "duplicates": self.duplicates, "refused": self.refused, "late_pulls": self.late_pulls,
+            "furthest_key_ahead": max((st.window.furthest for st in self.store.layers.values()), default=0),
+            "largest_over_scale": round(max((st.scale.worst for st in self.store.layers.values()), default=0.0), 3),
             "bytes_sent": self.bytes["sent"], "bytes_received": self.bytes["received"], "peak_rss_mb": peak_rss_mb()}))
 
     def _reply(self, identity: bytes, msg: Message) -> None:
@@ -203,6 +245,17 @@ class WeightServer:
         v, arrays = got
         self._reply(identity, Message("weights", {"layer": layer, "version": v, "req": msg.get("req")}, arrays))
         return True
+
+
+def pushers(value, graph_servers: int) -> dict[bytes, int]:
+    """``start``'s ``pushers``: the sender id each graph server signs its gradients with, by rank (the
+    driver draws them per start), as id -> rank."""
+    if not (isinstance(value, list) and len(value) == graph_servers):
+        raise ProtocolError(f"start: pushers must list the {graph_servers} graph servers' gradient senders")
+    ids = {hex16(v, "start: a pusher"): rank for rank, v in enumerate(value)}
+    if len(ids) < graph_servers:
+        raise ProtocolError("start: two graph servers with the same gradient sender")
+    return ids
 
 
 def _version(value, optional: bool = False) -> int | None:

@@ -10,7 +10,10 @@ from different epochs, and the step is taken as soon as the last one arrives, wi
 it got under a task key; the chunk's backward pulls that same version, and its gradient push releases
 the hold; versions older than the newest are freed once no chunk holds them. Every gradient carries a
 key ``(epoch, server, chunk)``; a key seen before is a duplicate (a relaunched task) and is ignored,
-so no gradient is ever applied twice.
+so no gradient is ever applied twice. A new key must lie in its layer's window, and its values must pass
+the scale rules (``guard.py``): a key outside is refused with nothing taken; values that fail are
+refused with the key taken and nothing added (an epoch's update then sums the others; with ``chunk``
+updates the version moves on unchanged), so the updates still count one per key.
 
 **Stale steps** (``stale_step``, async): a gradient computed at version ``v`` when the newest is ``v + d``
 is ``d`` updates stale. ``inverse`` multiplies it by ``1/(d+1)`` before it enters its update or its
@@ -44,10 +47,16 @@ import numpy as np
 
 from dorylus_py.errors import DorylusError
 from dorylus_py.weights.adam import AdamParam, adam_step
+from dorylus_py.weights.guard import GradientRefused, KeyWindow, ScaleGuard, WindowSpec
 
 
 class WeightError(DorylusError):
     """A request the weight store cannot serve (unknown layer, freed version, shape mismatch)."""
+
+
+class VersionFreed(WeightError):
+    """A pull of a version freed since: a race an async job with several weight servers meets (the lead
+    answered a version that another server has let go already), not a sign of a hostile peer."""
 
 
 MAX_SNAPSHOTS = 64  # per layer: the most a driver that does not release them can make a weight server keep
@@ -59,8 +68,10 @@ STATE_FIELDS = ("W", "adam_m", "adam_v", "adam_step", "version")  # what a check
 class _Layer:
     params: dict[str, AdamParam]  # this server's arrays of the layer, by name, with their Adam state
     versions: dict[int, dict[str, np.ndarray]]  # version -> arrays, what is still held or newest
+    scale: ScaleGuard  # the running gradient scale of each array (guard.py)
+    window: KeyWindow | None = None  # the epochs whose keys it takes (guard.py); None: any
     holds: dict[int, set] = field(default_factory=lambda: defaultdict(set))  # version -> task keys
-    pending: dict = field(default_factory=dict)  # epoch updates: gradient key -> gradients, until the step
+    pending: dict = field(default_factory=dict)  # epoch updates: gradient key -> gradients (None: refused), until the step
     lags: dict = field(default_factory=dict)  # epoch updates: gradient key -> its staleness d, until the step
     seen: set = field(default_factory=set)  # gradient keys ever applied or accumulated
     deltas: dict = field(default_factory=dict)  # predict: version -> {name: W_v - W_(v-1)}, while v is kept
@@ -79,11 +90,12 @@ class WeightStore:
         keep: int = 4,
         stale_step: str = "none",
         predict: bool = False,
+        window: WindowSpec | None = None,
     ):
         """``weights``: layer -> {name: initial array} (this server's blocks); ``weight_decay``: name -> L2
         coefficient (absent: 0). ``expected``: gradients per ``epoch`` update (all chunks of all graph
         servers). ``keep``: epoch snapshots kept per layer. ``stale_step``: ``none``, ``inverse`` or
-        ``inverse-lr`` (above)."""
+        ``inverse-lr`` (above). ``window``: the job's key window (``guard.py``; None: keys of any epoch)."""
         if update not in ("epoch", "chunk"):
             raise ValueError(f"update must be 'epoch' or 'chunk', not {update!r}")
         self.update = update
@@ -100,7 +112,8 @@ class WeightStore:
         for layer, arrays in sorted(weights.items()):
             ps = {name: AdamParam(np.array(w, dtype=np.float32), weight_decay.get(name, 0.0))
                   for name, w in sorted(arrays.items())}
-            self.layers[layer] = _Layer(ps, {0: _weights(ps)})
+            self.layers[layer] = _Layer(ps, {0: _weights(ps)}, ScaleGuard(list(ps), expected),
+                                        None if window is None else window.for_layer())
         self.updates = 0
         self.predicted = 0  # pulls answered with predicted weights
         for layer in self.layers:
@@ -121,7 +134,7 @@ class WeightStore:
         if v not in st.versions:
             if hold is None and v in st.snapshots:  # an older epoch's weights (best epoch, early stop)
                 return v, {name: st.snapshots[v][f"{name}:W"] for name in st.params}
-            raise WeightError(f"layer {layer} version {v} was freed (newest is {st.version})")
+            raise VersionFreed(f"layer {layer} version {v} was freed (newest is {st.version})")
         if hold is not None:
             if tuple(hold) in st.seen:  # its gradient is in: nothing would ever release the hold
                 raise WeightError(f"layer {layer}: hold {list(hold)} names a task whose gradient came already")
@@ -139,7 +152,8 @@ class WeightStore:
 
     def push(self, layer: int, version: int, key: tuple, grads: dict[str, np.ndarray]) -> bool:
         """Add a chunk's gradient (one array per array of the layer here); False when ``key`` was seen
-        before (a duplicate, ignored)."""
+        before (a duplicate, ignored). Other names or shapes, or a key outside the layer's window, raise
+        (nothing taken); values the scale rules refuse raise :class:`GradientRefused`, the key taken."""
         st = self._layer(layer)
         key = tuple(key)
         if set(grads) != set(st.params):
@@ -149,27 +163,46 @@ class WeightStore:
                 raise WeightError(f"{name}: gradient shape {list(grad.shape)} != weights {list(st.params[name].w.shape)}")
         if key in st.seen:
             return False
+        if st.window is not None:
+            st.window.check(key)
+        try:
+            norms = st.scale.check(key[1:], grads)
+        except GradientRefused:
+            self._take(layer, version, key, None)
+            raise
+        st.scale.came(key[1:], norms)
+        self._take(layer, version, key, grads)
+        return True
+
+    def _take(self, layer: int, version: int, key: tuple, grads: dict[str, np.ndarray] | None) -> None:
+        """A new key's gradients (None: refused, they count as come and add nothing) into the layer's update."""
+        st = self.layers[layer]
         st.seen.add(key)
+        if st.window is not None:
+            st.window.came(key)
         self._release(st, version, key)
         lag = max(st.version - int(version), 0)
-        g = {name: np.array(grad, dtype=np.float32) for name, grad in grads.items()}
-        if self.stale_step == "inverse" and lag:
+        g = None if grads is None else {name: np.array(grad, dtype=np.float32) for name, grad in grads.items()}
+        if g is not None and self.stale_step == "inverse" and lag:
             g = {name: grad * np.float32(1 / (lag + 1)) for name, grad in g.items()}
         if self.update == "chunk":
             self._step(layer, g, lag if self.stale_step == "inverse-lr" else 0)
-        else:
-            st.pending[key], st.lags[key] = g, lag
-            if len(st.pending) == self.expected:  # summed in key order: the same bits whatever the arrival order
-                order = sorted(st.pending)
-                total = {n: st.pending[order[0]][n].copy() for n in st.params}
-                for k in order[1:]:
-                    for n in st.params:
-                        total[n] += st.pending[k][n]
-                mean_lag = sum(st.lags.values()) / len(st.lags) if self.stale_step == "inverse-lr" else 0
-                self._step(layer, total, mean_lag)
-                st.pending.clear()
-                st.lags.clear()
-        return True
+            return
+        st.pending[key], st.lags[key] = g, lag
+        if len(st.pending) < self.expected:
+            return
+        # summed in key order (the same bits whatever the arrival order); a refused key adds nothing
+        order = [k for k in sorted(st.pending) if st.pending[k] is not None]
+        total = None
+        if order:
+            total = {n: st.pending[order[0]][n].copy() for n in st.params}
+            for k in order[1:]:
+                for n in st.params:
+                    total[n] += st.pending[k][n]
+        mean_lag = sum(st.lags[k] for k in order) / len(order) if order and self.stale_step == "inverse-lr" else 0
+        self._step(layer, total, mean_lag)
+        st.pending.clear()
+        st.lags.clear()
 
     def pushed(self, layer: int, key: tuple) -> bool:
         """Whether the gradient of ``key`` has come for ``layer`` (its holds are released)."""
@@ -243,13 +276,15 @@ class WeightStore:
     def held_versions(self, layer: int) -> list[int]:
         return sorted(self._layer(layer).versions)
 
-    def _step(self, layer: int, grads: dict[str, np.ndarray], lag: float = 0) -> None:
-        """One Adam step; ``lag``: the gradients' staleness the learning rate is divided by (``inverse-lr``)."""
+    def _step(self, layer: int, grads: dict[str, np.ndarray] | None, lag: float = 0) -> None:
+        """One Adam step (``grads`` None: every gradient of it was refused, and the version moves on with
+        the weights as they are); ``lag``: the gradients' staleness the learning rate is divided by (``inverse-lr``)."""
         st = self.layers[layer]
         lr = self.lr / (lag + 1) if lag else self.lr
         before = _weights(st.params)
-        for name, p in st.params.items():
-            adam_step(p, grads[name], lr)
+        if grads is not None:
+            for name, p in st.params.items():
+                adam_step(p, grads[name], lr)
         st.version += 1
         st.versions[st.version] = _weights(st.params)
         if self.predict:

@@ -1,6 +1,7 @@
 """Checkpoints in the run record: every layer at the same epoch, Adam state, exact continuation."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -82,7 +83,7 @@ def test_every_checkpoint_holds_all_layers_at_one_epoch(small_graph, tmp_path, m
             assert [float(z[f"W{l}:adam_step"]) for l in range(3)] == [epoch] * 3
     assert len(list(folder.glob("epoch-*.npz"))) == 7
     for log in (tmp_path / "r" / "logs").glob("*.log"):  # the driver's releases of recorded epochs were taken
-        assert "refused" not in log.read_text(), log.name
+        assert not re.search(r"message #\d+ refused|refused messages", log.read_text()), log.name
 
 
 def test_latest_json_cannot_point_outside_its_folder(tmp_path):

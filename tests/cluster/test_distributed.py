@@ -2,6 +2,7 @@
 (`local`) or in the graph servers (`cpu`), over ZeroMQ on localhost."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -35,7 +36,11 @@ def test_sync_equals_full_batch_reference(small_graph, tmp_path, backend, k):
     assert [r["val_acc"] for r in got.history] == pytest.approx([r["val_acc"] for r in ref.history], abs=1e-6)
     assert got.summary["weight_updates"] == 3 * 2  # one per layer per epoch, no more
     assert_gradients_once(got.summary, 3 * 2 * 3 * k)  # epochs x layers x chunks
+    assert got.summary["refused_messages"] == 0
     assert not running_children()  # no orphans
+    logs = list((tmp_path / "run" / "logs").glob("*.log"))  # only this user's to read, and no nonce or sender id
+    assert len(logs) == 1 + k and all(p.stat().st_mode & 0o077 == 0 for p in logs)
+    assert not [p for p in logs if re.search(r"[0-9a-f]{32}", p.read_text())]
 
 
 @pytest.mark.long

@@ -34,6 +34,7 @@ from tests.cluster.fuzz_corpus import Job as Insight
 from tests.cluster.fuzz_corpus import corpus
 from tests.cluster.test_cluster_file import free_ports
 from tests.conftest import DATASETS
+from tests.security import insider
 
 KEY = bytes(range(100, 132))
 MESSAGES = 10_000
@@ -66,11 +67,13 @@ class Job:
         env = dict(os.environ, DORYLUS_KEY=KEY.hex(), PYTHONUNBUFFERED="1")
         self.logs = {name: open(where / f"{name}.log", "w") for name in ("gs0", "gs1", "ws0", "driver")}
         cli = [sys.executable, "-m", "dorylus_py"]
-        self.servers = [subprocess.Popen([*cli, role, "--cluster", str(where / "cluster.json"), "--rank", str(rank),
-                                          "--jobs", "1"],
-                                         env=env, stdout=self.logs[name], stderr=subprocess.STDOUT)
-                        for name, role, rank in [("gs0", "graph-server", 0), ("gs1", "graph-server", 1),
-                                                 ("ws0", "weight-server", 0)]]
+        self.servers = [subprocess.Popen(insider.command(where / "cluster.json", 0, 1),  # tells us the nonce
+                                         env=insider.environment(env, where / "nonce"), stdout=self.logs["gs0"],
+                                         stderr=subprocess.STDOUT)]
+        self.servers += [subprocess.Popen([*cli, role, "--cluster", str(where / "cluster.json"), "--rank", str(rank),
+                                           "--jobs", "1"],
+                                          env=env, stdout=self.logs[name], stderr=subprocess.STDOUT)
+                         for name, role, rank in [("gs1", "graph-server", 1), ("ws0", "weight-server", 0)]]
         self.driver = subprocess.Popen([*cli, "train", *BACKENDS[backend], "--cluster", str(where / "cluster.json"),
                                         "--data", str(parts), "--epochs", str(epochs), "--chunks", "2", "--quiet",
                                         "--out", str(self.run)], env=env, stdout=self.logs["driver"], stderr=subprocess.STDOUT)
@@ -90,13 +93,12 @@ class Job:
                 pass
 
     def insight(self) -> Insight:
-        """What an insider knows: the job's nonce (logged by each server at its start) and its shapes."""
-        nonce = re.search(r'"job": "([0-9a-f]{32})"', self.log("gs0"))
-        assert nonce, self.log("gs0")[-2000:]
+        """What an insider knows: the job's nonce (in every task event) and its shapes."""
+        nonce = insider.nonces(self.where / "nonce")[0]
         m = PartitionStore.open(self.parts).manifest
         parts = m["parts"]
         return Insight(widths=(m["features"], 16, m["classes"]), rows=tuple(p["nodes"] // 2 for p in parts),
-                       ghosts=parts[0]["ghosts"], nonce=bytes.fromhex(nonce[1]))
+                       ghosts=parts[0]["ghosts"], nonce=nonce)
 
     def finish(self, timeout_s: float = 600, interrupted: bool = False) -> list[dict]:
         try:

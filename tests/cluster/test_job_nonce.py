@@ -20,6 +20,7 @@ from dorylus_py.data import write_npz
 from dorylus_py.protocol import Message, Session
 from dorylus_py.protocol.transport import Plain, dealer
 from tests.cluster.test_cluster_file import free_ports
+from tests.security import insider
 
 KEY = bytes(range(40, 72))
 
@@ -51,7 +52,10 @@ def test_each_job_draws_its_own_nonce_and_servers_refuse_the_last_jobs_messages(
     cli = [sys.executable, "-m", "dorylus_py"]
     names = [("graph-server", 0), ("graph-server", 1), ("weight-server", 0)]
     logs = [open(tmp_path / f"{role}{rank}.log", "w") for role, rank in names]
-    servers = [subprocess.Popen([*cli, role, "--cluster", str(tmp_path / "cluster.json"), "--rank", str(rank),
+    servers = [subprocess.Popen(insider.command(tmp_path / "cluster.json", rank, 2), env=insider.environment(
+                                    env, tmp_path / "nonces"), stdout=log, stderr=subprocess.STDOUT)
+               if role == "graph-server" and rank == 0 else  # it tells us each job's nonce, as task events would
+               subprocess.Popen([*cli, role, "--cluster", str(tmp_path / "cluster.json"), "--rank", str(rank),
                                  "--jobs", "2"], env=env, stdout=log, stderr=subprocess.STDOUT)
                for (role, rank), log in zip(names, logs)]
     train = [*cli, "train", "--backend", "cpu", "--cluster", str(tmp_path / "cluster.json"), "--data",
@@ -67,10 +71,10 @@ def test_each_job_draws_its_own_nonce_and_servers_refuse_the_last_jobs_messages(
         while epochs(tmp_path / "run2") < 1:
             assert second.poll() is None and time.monotonic() < deadline, "the second job did not train"
             time.sleep(0.2)
-        nonces = re.findall(r'"job": "([0-9a-f]{32})"', (tmp_path / "graph-server0.log").read_text())
-        assert len(nonces) == 2, nonces
+        nonces = insider.nonces(tmp_path / "nonces", 2)
         assert nonces[0] != nonces[1], "two jobs ran under the same nonce"
-        then, now = (Session(KEY, job=bytes.fromhex(n)) for n in nonces)
+        assert not re.search("|".join(n.hex() for n in nonces), "".join(p.read_text() for p in tmp_path.glob("*.log")))
+        then, now = (Session(KEY, job=n) for n in nonces)
         assert ask(weights, now, wait_s=30), "the weight server did not answer its own job"
         assert not ask(weights, then, wait_s=3), "the weight server answered a message of the last job"
         second.send_signal(signal.SIGINT)

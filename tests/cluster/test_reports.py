@@ -9,14 +9,15 @@ from dorylus_py.cluster import reports
 from dorylus_py.protocol import Message, ProtocolError
 
 GOOD = {"rank": 1, "epoch": 3, "loss_sum": 2.5, "correct": [1, 2, 3], "counts": [4, 5, 6], "epoch_s": 0.1,
-        "relaunches": 0, "duplicates": 0, "gradients_sent": 4, "gradients_resent": 0, "usage": {"bytes": 10, "cpu_s": 0.5}}
+        "relaunches": 0, "duplicates": 0, "gradients_sent": 4, "gradients_resent": 0, "refused_messages": 0,
+        "usage": {"bytes": 10, "cpu_s": 0.5}}
 
 
 def test_epoch_stats_are_checked_field_by_field():
     assert reports.epoch_stats(Message("epoch_stats", GOOD), 1, 10)["loss_sum"] == 2.5
     for field, bad in [("rank", 0), ("epoch", 11), ("epoch", "3"), ("epoch", 0), ("loss_sum", float("nan")),
                        ("loss_sum", "1"), ("correct", [1, 2]), ("correct", [1, 2, -3]), ("counts", None),
-                       ("relaunches", 1.5), ("duplicates", True), ("gradients_sent", None), ("gradients_resent", -1), ("usage", [1]), ("usage", {"x": "y"}),
+                       ("relaunches", 1.5), ("duplicates", True), ("gradients_sent", None), ("gradients_resent", -1), ("refused_messages", None), ("usage", [1]), ("usage", {"x": "y"}),
                        ("usage", {str(i): 1 for i in range(17)}), ("epoch_s", None)]:
         with pytest.raises(ProtocolError):
             reports.epoch_stats(Message("epoch_stats", GOOD | {field: bad}), 1, 10)
@@ -36,3 +37,11 @@ def test_task_rows_are_bounded_before_they_are_parsed(monkeypatch):
     assert reports.frozen_at(Message("switch", {"frozen_at": 4}), 10) == 4
     with pytest.raises(ProtocolError):
         reports.frozen_at(Message("switch", {"frozen_at": "4"}), 10)
+
+
+def test_a_weight_servers_counts_are_counts():
+    good = {"updates": 4, "duplicates": 0, "refused": 2, "refused_messages": 3}
+    assert reports.weight_server_counts(Message("ok", good)) == good
+    for field, bad in [("updates", None), ("refused", -1), ("refused_messages", 1.5), ("duplicates", "0")]:
+        with pytest.raises(ProtocolError, match=field):
+            reports.weight_server_counts(Message("ok", good | {field: bad}))

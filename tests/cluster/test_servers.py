@@ -10,15 +10,15 @@ from dorylus_py.protocol import Message, ProtocolError
 from dorylus_py.serving.job import JobSpec
 from dorylus_py.serving.node import ServerNode
 from dorylus_py.weights.server import WeightServer
-from tests.clients import KEY, Client, authentic_but_bad, driver, unauthenticated  # noqa: F401  (a fixture)
+from tests.clients import KEY, PUSHER, Client, authentic_but_bad, driver, unauthenticated  # noqa: F401  (a fixture)
 
 
 def test_weight_server_rejects_bad_messages_and_keeps_serving(driver):
     node = ServerNode("weight-server", 0, driver, KEY)
     spec = JobSpec(config=TrainConfig(lr=0.01), data_dir="", feature_norm="none", dims=[6, 4, 3], id_offsets=[0, 1],
                    chunk_counts=[1], weight_servers=["x"])
-    ws = WeightServer(node, Message("start", {"spec": spec.to_wire()}))
-    client = Client(node)
+    ws = WeightServer(node, Message("start", {"spec": spec.to_wire(), "pushers": [PUSHER]}))
+    client = Client(node, sender=bytes.fromhex(PUSHER))
     try:
         dropped, replayed = unauthenticated(client, {})
         client.ask(ws.handle, replayed)
@@ -63,8 +63,8 @@ def test_a_weight_server_bounds_what_one_peer_can_make_it_keep(driver, monkeypat
     node = ServerNode("weight-server", 0, driver, KEY)
     spec = JobSpec(config=TrainConfig(lr=0.01, epochs=20, staleness=1), data_dir="", feature_norm="none", dims=[6, 4, 3],
                    id_offsets=[0, 1], chunk_counts=[1], weight_servers=["x"])
-    ws = WeightServer(node, Message("start", {"spec": spec.to_wire()}))
-    client = Client(node)
+    ws = WeightServer(node, Message("start", {"spec": spec.to_wire(), "pushers": [PUSHER]}))
+    client = Client(node, sender=bytes.fromhex(PUSHER))
     grad = np.ones((4, 3), np.float32)
     try:
         big = np.zeros(2**20, np.float32)
@@ -91,4 +91,47 @@ def test_a_weight_server_bounds_what_one_peer_can_make_it_keep(driver, monkeypat
         assert 1_800 < ws.waiting_bytes <= 2_000
     finally:
         client.close()
+        node.close()
+
+
+def test_a_weight_server_takes_gradients_from_each_graph_servers_link_within_the_window(driver):
+    """Issue 52 item 4 at the server: a key holder's pushes (keys of epoch 25 at epoch 1, 1e30 or zeros, or
+    zeros for the keys of the epoch running) are refused, being from no graph server's gradient link;
+    a graph server's link may push its own keys only, within the window; values its link forwards that
+    the scale rules refuse are answered ``refused``, the key taken. Every refusal is counted and pinged."""
+    node = ServerNode("weight-server", 0, driver, KEY)
+    spec = JobSpec(config=TrainConfig(lr=0.01, epochs=30), data_dir="", feature_norm="none", dims=[6, 4, 3],
+                   id_offsets=[0, 1, 2], chunk_counts=[1, 1], weight_servers=["x"])
+    other = "cd" * 16
+    ws = WeightServer(node, Message("start", {"spec": spec.to_wire(), "pushers": [PUSHER, other]}))
+    gs0, gs1, holder = Client(node, sender=bytes.fromhex(PUSHER)), Client(node, sender=bytes.fromhex(other)), Client(node)
+    grad, zeros, huge = np.ones((4, 3), np.float32), np.zeros((4, 3), np.float32), np.full((4, 3), 1e30, np.float32)
+
+    def push(client, key, g):
+        return client.ask(ws.handle, Message("push_grad", {"layer": 1, "version": 0, "key": key}, {"W1.0": g}))
+
+    try:
+        for key, g in [([25, 0, 0], huge), ([25, 1, 0], zeros), ([1, 0, 0], zeros), ([1, 1, 0], zeros)]:
+            reply = push(holder, key, g)
+            assert reply.op == "error" and "not its gradient link" in reply["reason"], key
+        assert "not its gradient link" in push(gs1, [1, 0, 0], grad)["reason"]
+        assert "past the epoch the layer is in" in push(gs0, [25, 0, 0], grad)["reason"]
+        assert ws.store.latest(1) == 0 and not ws.store.layers[1].seen  # nothing taken
+        assert push(gs0, [1, 0, 0], grad).op == "ok" and push(gs1, [1, 1, 0], grad).op == "ok"
+        assert ws.store.latest(1) == 1
+        refused = push(gs0, [2, 0, 0], huge)
+        assert refused.op == "refused" and "overflow Adam's second moment" in refused["reason"]
+        assert push(gs0, [2, 0, 0], grad).op == "duplicate"  # the key counts as come
+        assert push(gs1, [2, 1, 0], zeros).op == "ok" and ws.store.latest(1) == 2  # the epoch's update: zeros alone
+        state = ws.store.state(1, 2)
+        assert np.isfinite(state["W1.0:adam_v"]).all() and float(state["W1.0:adam_step"]) == 2
+        counts = gs0.ask(ws.handle, Message("ping"))
+        assert (counts["refused"], counts["duplicates"]) == (7, 1)
+        assert counts["refused_messages"] == 6  # the 6 answered "error" (refused values get their own answer)
+        for bad in (None, [PUSHER], [PUSHER, PUSHER], [PUSHER, "x" * 32]):
+            with pytest.raises(ProtocolError, match="pushers|pusher|gradient sender"):
+                WeightServer(node, Message("start", {"spec": spec.to_wire(), "pushers": bad}))
+    finally:
+        for client in (gs0, gs1, holder):
+            client.close()
         node.close()

@@ -65,7 +65,7 @@ def test_report_cli_table_and_markdown(tmp_path, capsys):
 def test_bad_records_and_prices(tmp_path, capsys):
     d = make_record(tmp_path / "r")
     (d / "metrics.jsonl").write_text('{"epoch": 1, "loss"')
-    with pytest.raises(DataError, match=r"metrics.jsonl:1: not a JSON line"):
+    with pytest.raises(DataError, match=r"metrics.jsonl:1: not valid JSON"):
         read_record(d)
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "config.json: missing" in capsys.readouterr().err

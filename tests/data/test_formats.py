@@ -78,7 +78,7 @@ def test_edge_list(tmp_path):
     with pytest.raises(DataError, match="needs --features"):
         load_graph(tmp_path / "g.txt")
     (tmp_path / "bad.txt").write_text("0 1\n1 x\n")
-    with pytest.raises(DataError, match="bad.txt: not an edge list"):
+    with pytest.raises(DataError, match="bad.txt:2: not an edge list"):
         load_graph(tmp_path / "bad.txt", Sources(str(tmp_path / "x.npy"), str(tmp_path / "y.npy")))
     (tmp_path / "far.txt").write_text("0 1\n1 3\n")
     with pytest.raises(DataError, match="far.txt: destination vertex id 3 is out of range"):

@@ -15,7 +15,7 @@ from dorylus_py.protocol import Message
 from dorylus_py.serving.job import JobSpec
 from dorylus_py.serving.node import ServerNode
 from graph_servers.server import GraphServer
-from tests.clients import KEY, Client, driver  # noqa: F401  (a fixture)
+from tests.clients import KEY, PUSHER, Client, driver  # noqa: F401  (a fixture)
 
 TASK = {"kind": "fwd", "train": True, "epoch": 1, "layer": 0, "chunk": 0, "server": 0, "version": None, "hold": None,
         "attempt": 1}
@@ -59,7 +59,7 @@ def served(small_graph, tmp_path, driver, monkeypatch):  # noqa: F811
                        id_offsets=[0, small_graph.num_nodes], chunk_counts=[2], graph_servers=[node.address],
                        weight_servers=[])
         monkeypatch.setattr(server_module, "make_platform", lambda *a: Recorder())
-        gs = GraphServer(node, Message("start", {"spec": spec.to_wire()}))
+        gs = GraphServer(node, Message("start", {"spec": spec.to_wire(), "push_id": PUSHER}))
         gs.feed(Tick(time.time()))  # epoch 1's first tasks are out
         gs._dispatch()
         client = Client(node)

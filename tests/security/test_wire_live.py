@@ -32,6 +32,7 @@ from dorylus_py.protocol import Message, Session
 from dorylus_py.protocol.session import _FIXED, MAGIC
 from dorylus_py.protocol.transport import Plain, dealer as gated_dealer
 from tests.cluster.test_cluster_file import free_ports
+from tests.security import insider
 
 KEY = bytes(range(60, 92))
 CAP_MB = 16
@@ -74,10 +75,13 @@ class Job:
             self.start_servers()
 
     def start_servers(self) -> None:
-        for name, role, rank in [("gs0", "graph-server", 0), ("gs1", "graph-server", 1), ("ws0", "weight-server", 0)]:
-            self.servers[name] = subprocess.Popen(
-                [*self.cli, role, "--cluster", str(self.where / "cluster.json"), "--rank", str(rank), "--jobs", "1"],
-                env=self.env, stdout=self.logs[name], stderr=subprocess.STDOUT)
+        cluster = self.where / "cluster.json"
+        for name, role, rank in [("gs1", "graph-server", 1), ("ws0", "weight-server", 0)]:
+            self.servers[name] = subprocess.Popen([*self.cli, role, "--cluster", str(cluster), "--rank", str(rank), "--jobs", "1"],
+                                                  env=self.env, stdout=self.logs[name], stderr=subprocess.STDOUT)
+        self.servers["gs0"] = subprocess.Popen(insider.command(cluster, 0, 1),  # it tells us the nonce, as a task event would
+                                               env=insider.environment(self.env, self.where / "nonce"),
+                                               stdout=self.logs["gs0"], stderr=subprocess.STDOUT)
 
     def epochs(self) -> int:
         metrics = self.run / "metrics.jsonl"
@@ -93,9 +97,7 @@ class Job:
             time.sleep(0.2)
 
     def nonce(self) -> bytes:
-        found = re.search(r'"job": "([0-9a-f]{32})"', self.log("gs0"))
-        assert found, self.log("gs0")[-2000:]
-        return bytes.fromhex(found[1])
+        return insider.nonces(self.where / "nonce")[0]
 
     def rss_mb(self, name: str) -> float:
         status = Path(f"/proc/{self.servers[name].pid}/status").read_text()

@@ -136,3 +136,15 @@ def wait_or_kill(pid: int, timeout_s: float) -> int:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     raise AssertionError("the CLI did not exit after Ctrl-C")
+
+
+def test_a_run_that_refused_or_dropped_anything_says_so_in_one_line():
+    """Issue 52: a frozen run said ``completed``, its one trace a counter. The summary's three counts
+    (``cli_train`` prints the line at the end; tests/security/test_gradients_live.py sees it there)."""
+    from dorylus_py.training.record import refusals
+
+    clean = {"refused_gradients": 0, "duplicate_gradients": 0, "refused_messages": 0}
+    assert refusals(clean) is None and refusals({"epochs": 3}) is None  # a reference run counts none
+    for field in clean:
+        line = refusals(clean | {field: 4})
+        assert line and "\n" not in line and " 4 " in line and "key" in line, field
