@@ -185,6 +185,8 @@ class Calibration:
     @classmethod
     def from_record(cls, run_dir: str, instance: str) -> "Calibration":
         config, metrics, tasks, _ = read_record(run_dir, CALIBRATION_TASK_FIELDS, "a calibration reads it")
+        leases = [t for t in tasks if t["kind"] == "lease"]  # billing rows, not work
+        tasks = [t for t in tasks if t["kind"] != "lease"]
         why = "a calibration needs a run of a distributed backend (with tasks.jsonl and epochs)"
         if config.get("backend") not in ("local", "lambda", "cpu", "gpu") or config.get("mode") in DECENTRAL_MODES:
             raise DataError(f"{run_dir}: {why}; its config.json says --backend {config.get('backend', 'reference')} "
@@ -206,10 +208,10 @@ class Calibration:
         epochs = len(rows)
         tasks = [t for t in tasks if t["epoch"] >= rows[0]["epoch"]]
         graph_s = sum(t["end"] - t["start"] for t in tasks if t["kind"] in GRAPH_KINDS) / (setup.graph_servers * epochs)
-        tensor = [t for t in tasks if t["kind"] not in GRAPH_KINDS and t["kind"] != "lease"]
+        tensor = [t for t in tasks if t["kind"] not in GRAPH_KINDS]
         task_s = _fixed_task_seconds(tensor, work)
         tensor_s = sum(t["end"] - t["start"] for t in tensor) / epochs - task_s * len(tensor) / epochs
-        billed = sum(t["billed_ms"] for t in invocations(tasks)) / 1000.0  # leases: waiting included
+        billed = sum(t["billed_ms"] for t in invocations(tasks + leases)) / 1000.0  # leases: waiting included
         steady = statistics.median(m["epoch_s"] for m in rows)
         idle = _idle_seconds(tasks, rows, setup.graph_servers)
         cal = cls(graph_s / work.graph_units(setup.graph_servers), max(tensor_s, 0.0) / work.tensor_units(),

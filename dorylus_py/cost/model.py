@@ -125,15 +125,17 @@ def run_cost(config: dict, wall_s: float, tasks: list[dict], prices: Prices, ins
 
 
 def invocations(tasks: list[dict]) -> list[dict]:
-    """The rows of ``tasks.jsonl`` that are Lambda invocations, each billed: a lease's row (``kind``
-    ``lease``: billed for its whole run, waiting included), or a task of a record from before leases (one
-    invocation each). A task run in a lease names it (``lease``) and is billed through the lease's row."""
+    """The rows of :func:`read_record`'s tasks that are Lambda invocations, each billed: a lease's row
+    (``leases.jsonl``, ``kind`` ``lease``: billed for its whole run, waiting included), or a task of a
+    record from before leases (one invocation each). A task run in a lease names it (``lease``) and is
+    billed through the lease's row."""
     return [t for t in tasks if str(t.get("where", "")).endswith("lambda") and "lease" not in t]
 
 
 def read_record(run_dir: str | Path, task_fields: tuple[str, ...] = (),
                 why: str = "") -> tuple[dict, list[dict], list[dict], dict]:
-    """``config``, ``metrics`` rows, ``tasks`` rows, ``summary`` of a run record, each file checked against
+    """``config``, ``metrics`` rows, ``tasks`` rows (``leases.jsonl``'s billing rows last), ``summary`` of a
+    run record, each file checked against
     its schema (``training/record_schema.py``; every task row with ``task_fields`` too, which the caller
     needs for ``why``): one line naming the file and field if not. A record whose process was killed
     before it could write ``summary.json`` gets one from its epochs."""
@@ -148,6 +150,8 @@ def read_record(run_dir: str | Path, task_fields: tuple[str, ...] = (),
     metrics = read_metrics(run_dir / "metrics.jsonl")
     tasks = read_tasks(run_dir / "tasks.jsonl", task_fields, why) if (run_dir / "tasks.jsonl").exists() else []
     tasks = [t for t in tasks if t["kind"] != "resize"]  # the autotuner's decisions (--lambdas auto) are no work
+    if (run_dir / "leases.jsonl").exists():  # the Lambda invocations: billing rows, kind "lease" (invocations())
+        tasks += read_tasks(run_dir / "leases.jsonl")
     if (run_dir / "summary.json").exists():
         summary = read_summary(run_dir / "summary.json")
     else:

@@ -32,7 +32,7 @@ from dorylus_py.worker.channel import Channel
 from dorylus_py.worker.event import LeaseEvent
 from dorylus_py.worker.task_runner import SAFETY_MARGIN_MS, TaskAborted, TaskRunner, _socket
 
-LEAVE_MARGIN_MS = 2 * SAFETY_MARGIN_MS  # a lease takes no task this close to its Lambda timeout
+LEAVE_MARGIN_MS = 1000  # a lease takes no task this close to its Lambda timeout (twice the task's own margin)
 
 _container: dict[str, Session] = {}  # this container's session, made at its cold start
 _container_lock = threading.Lock()
