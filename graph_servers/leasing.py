@@ -140,7 +140,8 @@ class Leasing:
                                    "epoch": self.scheduler.pipe.min_epoch(), "layer": None, "attempt": 1,
                                    "where": c.where, "start": c.start, "end": c.end, "billed_ms": c.billed_ms,
                                    "memory_mb": c.memory_mb, "ok": c.ok, "error": c.error, "id": lease,
-                                   "tasks": (c.output or {}).get("tasks", 0)})
+                                   "tasks": (c.output or {}).get("tasks", 0),
+                                   "peak_rss_mb": (c.output or {}).get("peak_rss_mb")})
 
     def _flush_tasks(self) -> None:
         """Release every lease and wait (bounded) for their invocations to end, so tasks.jsonl has every

@@ -43,7 +43,7 @@ class Requests:
     def _on_lease(self, identity, msg: Message) -> None:
         lease = lease_of(msg)
         if not self.dispatcher.hello(lease, identity, held_tokens(msg.get("have")), time.time()):
-            self.node.reply(identity, Message("release", {"lease": lease, "reason": "no lease of this server"}))
+            self._reply(identity, Message("release", {"lease": lease, "reason": "no lease of this server"}))
 
     def _on_leave(self, identity, msg: Message) -> None:
         """A lease that leaves (idle, or near its time limit) runs nothing after its last result: the copies
@@ -83,6 +83,11 @@ class Requests:
         self.feed(ev.TaskResult(key, attempt, now, msg.get("version")), None, msg)
         self._copy_ended(lease, copy, now, True, "")
 
+    def _reply(self, identity, msg: Message) -> None:
+        """An answer on the ROUTER, counted with what the server sends."""
+        self.usage.sent(msg)
+        self.node.reply(identity, msg)
+
     def _lease(self, identity, msg: Message) -> str:
         """The lease a worker's message names, which must be the sender's own."""
         lease = lease_of(msg)
@@ -101,7 +106,7 @@ class Requests:
         if not s.sync and phase in ("fwd", *s.phases):  # how stale async reads are, for the end log line
             self.stats["peer_rows_fresh" if self.scheduler.reads_ahead(phase, epoch, layer) else "peer_rows_late"] += 1
         s.store_peer_rows(phase, src, layer, src_chunk, msg.tensors | {"positions": ghost_positions(msg)})
-        self.node.reply(identity, Message("ok", {}))
+        self._reply(identity, Message("ok", {}))
         covers = s.chunk_counts[src] if src_chunk == ALL_CHUNKS else 1  # a sync sum stands for all its chunks
         self.feed(ev.RowsArrived(phase, epoch, layer, src, covers))
         self.feed(ev.PeerProgress(src, min_epoch))
@@ -113,7 +118,7 @@ class Requests:
             raise ProtocolError(f"progress from unexpected source {src}")
         min_epoch = integer(msg["min_epoch"], "min_epoch", 1)
         self._check_peer_progress(min_epoch)
-        self.node.reply(identity, Message("ok", {}))
+        self._reply(identity, Message("ok", {}))
         self.feed(ev.PeerProgress(src, min_epoch))
 
     def _check_peer_epoch(self, epoch: int, what: str) -> None:

@@ -308,7 +308,8 @@ class GraphServer(Requests, Leasing):
             "peer_rows_fresh": self.stats["peer_rows_fresh"], "peer_rows_late": self.stats["peer_rows_late"],
             "relaunches": t.relaunches, "duplicates": t.refused, **self._gradient_counts(),
             "bytes_sent": self.usage.totals["bytes_sent"],
-            "bytes_received": self.usage.totals["bytes_received"], "workers_replaced": getattr(self.platform, "replaced", 0),
+            "bytes_received": self.usage.totals["bytes_received"], "messages": dict(sorted(self.usage.ops.items())),
+            "workers_replaced": getattr(self.platform, "replaced", 0),
             "peak_rss_mb": peak_rss_mb()}))
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ would have carried it in, a result leaves once the link would have carried it ou
 
 from __future__ import annotations
 
+import resource
 import threading
 import time
 
@@ -39,11 +40,13 @@ _container_lock = threading.Lock()
 
 
 def handler(event: dict | LeaseEvent, context=None) -> dict:
-    """Serve the lease of ``event`` (a :class:`LeaseEvent`, or its JSON form as a Lambda gets it)."""
+    """Serve the lease of ``event`` (a :class:`LeaseEvent`, or its JSON form as a Lambda gets it); what it
+    did, and the container's peak memory so far (the least a Lambda running it must have)."""
     t0 = time.perf_counter()
     ev = LeaseEvent.from_dict(event)
     out = Lease(ev, _container_session().for_job(bytes.fromhex(ev.job)), context).run()
-    return out | {"seconds": time.perf_counter() - t0}
+    return out | {"seconds": time.perf_counter() - t0,
+                  "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
 def _container_session() -> Session:
