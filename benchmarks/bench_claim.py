@@ -110,7 +110,7 @@ def graph_parts(name: str, tmp: Path, args) -> Path:
     """The graph's store of 2 parts, made once for every run on it."""
     if name == "cora":
         parts = tmp / "cora-parts"
-        subprocess.run([*children.module("dorylus_py"), "prepare", datasets.path("cora"), "-k", "2", "--out", parts],
+        subprocess.run([*children.module("dorylus_py"), "prepare", datasets.resolve("cora"), "-k", "2", "--out", parts],
                        check=True, capture_output=True)
         return parts
     features, _, classes, degree = SHAPES[name]

@@ -28,6 +28,7 @@ from graph_servers.wire import lease_event
 LEASE_IDLE_S = 2.0  # a lease that has waited this long for a task leaves (and stops being billed)
 LEASE_DEPTH = 2  # tasks out on one lease at once: the next one's rows travel while it computes
 FLUSH_S = 5.0  # at the end, how long the server waits for its leases to end (their billing rows)
+LEASES_REMEMBERED = 4096  # leases over whose late messages are dropped quietly (each a few bytes)
 
 
 class Leasing:
@@ -66,8 +67,18 @@ class Leasing:
     def _lease_ended(self, lease: str, why: str) -> None:
         """A lease is over: the copies it still held failed (the scheduler relaunches them)."""
         now = time.time()
-        for key, attempt in self.dispatcher.ended(lease):
+        for key, attempt in self._end_lease(lease):
             self._copy_ended(lease, (key, attempt), now, False, why)
+
+    def _end_lease(self, lease: str) -> list[tuple]:
+        """The copies ``lease`` held, as it ends; its worker is remembered (``leases_over``, the last
+        :data:`LEASES_REMEMBERED`), so that what it sent before it knew is dropped, not refused."""
+        one = self.dispatcher.leases.get(lease)
+        if one is not None:
+            self.leases_over[lease] = one.peer
+            while len(self.leases_over) > LEASES_REMEMBERED:
+                self.leases_over.popitem(last=False)
+        return self.dispatcher.ended(lease)
 
     def _copy_ended(self, lease: str, copy: tuple, now: float, ok: bool, error: str) -> None:
         """A copy's result came (``ok``), or it failed: its row in tasks.jsonl, and the scheduler told."""
@@ -149,7 +160,7 @@ class Leasing:
         for lease in list(self.dispatcher.leases.values()):
             if lease.peer is not None and lease.peer is not self.direct:
                 self._send_lease(lease, Message("release", {"lease": lease.id, "reason": "the job is done"}))
-            self.dispatcher.ended(lease.id)
+            self._end_lease(lease.id)
         deadline = time.monotonic() + scaled(FLUSH_S)
         while self.leases_alive and time.monotonic() < deadline:
             self._serve_once(10)

@@ -47,15 +47,21 @@ class Requests:
 
     def _on_leave(self, identity, msg: Message) -> None:
         """A lease that leaves (idle, or near its time limit) runs nothing after its last result: the copies
-        it was sent and never ran go back to the front of the queue, as they were (not a failure)."""
+        it was sent and never ran go back to the front of the queue, as they were (not a failure). Its
+        worker waits for the ``release`` that answers it, so its invocation ends only after everything
+        it sent was read here."""
         lease = self._lease(identity, msg)
-        for copy in reversed(self.dispatcher.ended(lease)):
-            self.staging.forget(*copy)  # the parts of a streamed copy it ran before it left, if any
-            if self.scheduler.tracker.copy_running(*copy):
-                self.dispatcher.queue.appendleft(copy)
+        if lease is not None:
+            for copy in reversed(self._end_lease(lease)):
+                self.staging.forget(*copy)  # the parts of a streamed copy it ran before it left, if any
+                if self.scheduler.tracker.copy_running(*copy):
+                    self.dispatcher.queue.appendleft(copy)
+        self._reply(identity, Message("release", {"lease": lease_of(msg), "reason": "goodbye"}))
 
     def _on_result(self, identity, msg: Message) -> None:
         s, lease = self.state, self._lease(identity, msg)
+        if lease is None:  # late, from a lease already over (its copies failed or were done): nothing to take
+            return
         require(msg, "task")
         key, attempt = task_of(msg["task"], s.layers, s.chunks, self.kinds)
         copy, now = (key, attempt), time.time()
@@ -88,12 +94,15 @@ class Requests:
         self.usage.sent(msg)
         self.node.reply(identity, msg)
 
-    def _lease(self, identity, msg: Message) -> str:
-        """The lease a worker's message names, which must be the sender's own."""
+    def _lease(self, identity, msg: Message) -> str | None:
+        """The lease a worker's message names, which must be the sender's own; None when that lease is
+        over (the server released it, or its invocation ended before this message was read: a race the
+        two channels allow, not a refusal)."""
         lease = lease_of(msg)
         one = self.dispatcher.leases.get(lease)
-        if one is None or not (one.peer is identity or isinstance(one.peer, Peer) and isinstance(identity, Peer)
-                               and one.peer.sender == identity.sender):
+        if one is None and lease in self.leases_over and _same(self.leases_over[lease], identity):
+            return None
+        if one is None or not _same(one.peer, identity):
             raise ProtocolError(f"{msg.op} from a worker that is not lease {lease!r:.40}")
         one.peer = identity  # the same session; its route changes if its socket reconnected
         return lease
@@ -146,3 +155,10 @@ class Requests:
             at = msg.get("at_epoch")
             self.feed(ev.Freeze() if at is None else ev.SwitchAt(integer(at, "at_epoch", 1)))
 
+
+
+def _same(peer, identity) -> bool:
+    """Whether a message from ``identity`` is from the worker ``peer`` (a lease's, or None: never connected):
+    the same in-process threads, or the same session (its route may change on a reconnect)."""
+    return peer is identity or peer is None or (isinstance(peer, Peer) and isinstance(identity, Peer)
+                                                and peer.sender == identity.sender)

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -103,6 +104,7 @@ class GraphServer(Requests, Leasing):
         self.copies: dict[tuple, ev.Invoke] = {}  # copies launched and not ended -> how (version, hold)
         self.sent_at: dict[tuple, float] = {}  # copies sent to a lease -> when
         self.leases_alive: dict[str, float] = {}  # leases invoked whose invocation has not ended -> when
+        self.leases_over: OrderedDict = OrderedDict()  # leases ended here -> their worker (leasing.py)
         policy = RelaunchPolicy(cfg.relaunch_min_s, cfg.relaunch_factor, self.platform.startup_hint_s)
         self.scheduler = Scheduler(
             rank=self.k, chunks=self.state.chunks, layers=spec.layers, epochs=cfg.epochs, mode=spec.mode,

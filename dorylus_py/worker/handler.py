@@ -112,7 +112,13 @@ class Lease:
         return {"have": held}
 
     def _leave(self, why: str, tasks: int) -> dict:
+        """Say so and wait (bounded) for the server's ``release``: once it came, the server has read all
+        this lease sent, and ending the invocation can overtake none of it (the platform's completion
+        travels apart from the socket)."""
         self._send(Message("leave", {"lease": self.event.lease, "reason": why}), wait=False)
+        wait = min(scaled_ms(LEAVE_MARGIN_MS), self._remaining_ms() - scaled_ms(SAFETY_MARGIN_MS))
+        while (msg := self._next(wait)) is not None and msg.op != "release":
+            pass  # a task sent before the server read the leave: it goes back to its queue there
         return {"status": why, "tasks": tasks}
 
     # --- the link to the graph server ----------------------------------------------------------------

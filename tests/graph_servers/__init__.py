@@ -100,3 +100,9 @@ def result(gs, client, sent: Message, tensors: dict, want: int = 0, **fields) ->
     fields = {"lease": sent["lease"], "task": sent["task"], "version": 0} | fields
     client.sock.send_multipart(client.frames(Message("result", fields, tensors)))
     return pump(gs, client, want, turns=max(10, 5 * want))
+
+
+def leave(gs, client, lease: str) -> list[Message]:
+    """The test's worker leaves ``lease``; what it gets back (the server's release, which it waits for)."""
+    client.sock.send_multipart(client.frames(Message("leave", {"lease": lease, "reason": "idle"})))
+    return pump(gs, client, want=1)

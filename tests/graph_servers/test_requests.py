@@ -11,7 +11,7 @@ import numpy as np
 
 from dorylus_py.protocol import Message
 from tests.clients import KEY, Client, authentic_but_bad, driver, unauthenticated  # noqa: F401  (a fixture)
-from tests.graph_servers import TASK, hello, pump, result, served  # noqa: F401  (a fixture)
+from tests.graph_servers import TASK, hello, leave, pump, result, served  # noqa: F401  (a fixture)
 
 
 def test_graph_server_rejects_bad_messages_and_keeps_serving(served):
@@ -52,15 +52,22 @@ def test_a_lease_that_leaves_hands_its_tasks_back_and_a_failed_one_fails_them(se
     first, second = gs.platform.events
     tasks = hello(gs, client, first.lease, want=2)
     assert len(tasks) == 2
-    client.sock.send_multipart(client.frames(Message("leave", {"lease": first.lease, "reason": "idle"})))
-    pump(gs, client, want=0, turns=5)
+    assert leave(gs, client, first.lease)[0].op == "release"
     assert set(gs.dispatcher.queue) == {(k, 1) for k in gs.scheduler.tracker.running}  # back, as attempt 1
     assert gs.scheduler.tracker.relaunches == 0
-    again = hello(gs, Client(gs.node), second.lease, want=2)  # the other lease gets them
+    worker2 = Client(gs.node)
+    again = hello(gs, worker2, second.lease, want=2)  # the other lease gets them
     assert [json.loads(json.dumps(t["task"]))["attempt"] for t in again] == [1, 1]
     gs.platform.end(second)  # its invocation fails: the copies it held failed, and are launched again
     pump(gs, client, want=0, turns=5)
     assert gs.scheduler.tracker.relaunches == 2 and {a for _, a in gs.dispatcher.queue} == {2}
+    late = Client(gs.node)  # not the lease's worker: refused, counted
+    before = dict(gs.node.rejections.counts)
+    assert result(gs, late, again[0], {"Z": np.zeros((1, 8), np.float32)}, want=1)[0].op == "error"
+    assert gs.node.rejections.counts["invalid"] == before["invalid"] + 1
+    before = dict(gs.node.rejections.counts)  # its own late result and leave (sent before it knew): dropped, uncounted
+    assert result(gs, worker2, again[0], {"Z": np.zeros((1, 8), np.float32)}) == []
+    assert leave(gs, worker2, second.lease)[0].op == "release" and gs.node.rejections.counts == before
     assert len(gs.platform.events) == 4  # two new leases for them
     assert [r["error"] for r in gs.task_rows if r["kind"] == "lease"] == ["died"]
 

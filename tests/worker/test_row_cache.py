@@ -12,7 +12,7 @@ from dorylus_py.worker import task_runner
 from dorylus_py.worker.row_cache import RowCache
 from dorylus_py.worker.task_runner import TaskAborted, TaskRunner
 from tests.clients import KEY, driver  # noqa: F401  (a fixture)
-from tests.graph_servers import TASK, hello, pump, served  # noqa: F401  (a fixture)
+from tests.graph_servers import TASK, hello, leave, pump, served  # noqa: F401  (a fixture)
 from tests.worker import event_for
 
 
@@ -108,8 +108,7 @@ def test_a_lease_that_holds_the_rows_is_not_sent_them_and_computes_the_same(serv
     runner = _runner(monkeypatch, cache, gs.node.address)
     cold_out = [runner.run(t) for t in cold]
     assert len(cache) == 2 and sorted(runner.held()) == sorted(t["static"]["P"] for t in cold)
-    client.sock.send_multipart(client.frames(Message("leave", {"lease": first.lease, "reason": "idle"})))
-    pump(gs, client, want=0, turns=5)  # both tasks back in the queue, for the next lease
+    assert leave(gs, client, first.lease)[0].op == "release"  # both tasks back in the queue, for the next lease
     warm = hello(gs, client, second.lease, want=2, have=runner.held())
     assert all("P" not in t.tensors for t in warm)
     warm_out = [runner.run(t) for t in warm]
