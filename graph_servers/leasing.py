@@ -90,7 +90,8 @@ class Leasing:
         self.stats["completed"] += 1
         self.task_rows.append({"kind": key.kind, "train": key.train, "server": self.k, "chunk": key.chunk,
                                "epoch": key.epoch, "layer": key.layer, "attempt": attempt, "where": self.platform.name,
-                               "start": sent, "end": now, "billed_ms": 0, "memory_mb": 0, "ok": ok, "error": error,
+                               "start": sent, "end": now, "billed_ms": 0, "memory_mb": getattr(self.platform, "memory_mb", 0),
+                               "ok": ok, "error": error,
                                "lease": lease})
         if ok and self.auto_pool is not None:
             self.auto_pool.finished(key, now - sent)

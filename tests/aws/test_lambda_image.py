@@ -126,8 +126,10 @@ def test_the_images_packages_and_context_run_a_jobs_tasks_alone(moto_aws, small_
         service.stop()
 
     tasks = [json.loads(x) for x in (tmp_path / "run" / "tasks.jsonl").read_text().splitlines()]
-    done = [t for t in tasks if t["where"] == "aws-lambda" and t["ok"]]
-    assert done and len(service.invocations) >= len(done) and all(i["ok"] for i in service.invocations)
+    leases = [json.loads(x) for x in (tmp_path / "run" / "leases.jsonl").read_text().splitlines()]
+    done = [t for t in tasks if t["where"] == "aws-lambda" and t["ok"]]  # each run in one of the leases invoked
+    assert done and len(service.invocations) >= len(leases) > 0 and all(i["ok"] for i in service.invocations)
+    assert {t["lease"] for t in done} <= {t["id"] for t in leases}
     bare = json.loads(subprocess.run([sys.executable, "-S", "-I", "-c", "import sys, json; print(json.dumps(sys.path))"],
                                      capture_output=True, text=True, check=True).stdout)  # the standard library's
     for runtime in service.runtimes:  # each container saw the two folders and the standard library, nothing else
