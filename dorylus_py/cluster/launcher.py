@@ -120,7 +120,7 @@ def train_distributed(cfg: TrainConfig, parts_dir, record: RunRecord, feature_no
     if not run.history:
         raise DorylusError("the job ended before its first epoch")
     summary = run_summary(run.history, run.best, time.perf_counter() - run.t0, backend=cfg.backend, mode=cfg.mode,
-                          **summary_fields)
+                          **summary_fields, refused_messages=link.rejections.record())
     record.finish(summary)
     return TrainResult(summary, run.history)
 
