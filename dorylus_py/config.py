@@ -15,6 +15,7 @@ relate sections are :meth:`TrainConfig.check`'s. Field names are unique across s
 from __future__ import annotations
 
 import numbers
+import os
 from dataclasses import asdict, dataclass, replace
 
 from dorylus_py import settings_doc
@@ -212,12 +213,15 @@ def _unknown(name: str):
 
 
 def _typed(name: str, value):
-    """``value`` as the setting ``name`` holds it: ``auto`` as :data:`AUTO`, a numpy number as Python's;
-    a value of another type is a ConfigError (in Python's words wherever it comes from: the command's flags
-    are parsed to their types, so only a caller's value or a record's ``config.json`` meets it)."""
+    """``value`` as the setting ``name`` holds it: ``auto`` as :data:`AUTO`, a numpy number as Python's, a
+    ``pathlib.Path`` as its string. A value of another type is a ConfigError in Python's words wherever it
+    comes from (the command's flags are parsed to their types: only a caller's value, or a record's
+    ``config.json``, meets this)."""
     kind = FIELD_TYPES[name]
     if value == "auto" and "Auto" in kind:  # as JSON and the flags spell it
         return AUTO
+    if isinstance(value, os.PathLike) and kind.startswith("str"):
+        return _typed(name, os.fspath(value))
     if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
         value = int(value)  # numpy.int64 from a sweep's grid
     elif isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):

@@ -92,9 +92,10 @@ def test_a_config_checks_names_types_and_ranges_when_made(values, message):
     assert str(raised.value) == message
 
 
-def test_a_config_takes_numpy_numbers_and_auto_as_python_values():
-    cfg = TrainConfig(epochs=np.int64(3), lr=np.float32(0.5), chunks="auto", lambdas=np.int32(2))
+def test_a_config_takes_numpy_numbers_paths_and_auto_as_python_values(tmp_path):
+    cfg = TrainConfig(epochs=np.int64(3), lr=np.float32(0.5), chunks="auto", lambdas=np.int32(2), data=tmp_path / "g")
     assert type(cfg.epochs) is int and type(cfg.lr) is float and cfg.lambdas == 2 and cfg.to_dict()["chunks"] == "auto"
+    assert cfg.data == str(tmp_path / "g")
     json.dumps(cfg.to_dict())  # what the run record writes
     assert dataclasses.replace(cfg, epochs=4).epochs == 4
 

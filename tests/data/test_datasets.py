@@ -55,16 +55,15 @@ def test_a_name_reads_the_bundled_graph_only_where_nothing_has_that_name(tmp_pat
     assert main(["check", "cora"]) == 2 and "cora" in capsys.readouterr().err
 
 
-def test_prepare_train_and_predict_take_the_names(tmp_path, monkeypatch, capsys):
+def test_train_and_predict_take_the_names(tmp_path, monkeypatch, capsys):
+    """(`dorylus prepare cora` is the README tour's first step: tests/test_readme.py.)"""
     monkeypatch.chdir(tmp_path)
-    assert main(["prepare", "citeseer", "-k", "2", "--out", "citeseer-2"]) == 0
-    assert "wrote citeseer-2: 2 partitions of 3,327 vertices" in capsys.readouterr().out
-    assert main(["train", "--data", "cora", "--epochs", "2", "--out", "runs/cora", "--quiet"]) == 0
+    assert main(["train", "--data", "citeseer", "--epochs", "1", "--out", "runs/cs", "--quiet"]) == 0
     line = capsys.readouterr().out
-    assert "2 epochs on cora (2,708 vertices, 10,556 edges, 7 classes) in " in line  # the closing line names the data
-    assert json.loads((tmp_path / "runs/cora/config.json").read_text())["data"] == "cora"
-    assert predict("runs/cora").accuracy("test") == json.loads((tmp_path / "runs/cora/summary.json").read_text())[
-        "test_acc_at_best_val"]  # the record's name, read again from another folder than the package's
+    assert "1 epoch on citeseer (3,327 vertices, 9,104 edges, 6 classes) in " in line  # the closing line names it
+    assert json.loads((tmp_path / "runs/cs/config.json").read_text())["data"] == "citeseer"
+    assert predict("runs/cs").accuracy("test") == json.loads((tmp_path / "runs/cs/summary.json").read_text())[
+        "test_acc_at_best_val"]  # the record's name is read again as the bundled graph
 
 
 @pytest.mark.parametrize("command", ["check", "prepare", "train"])
