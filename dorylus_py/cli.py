@@ -22,7 +22,8 @@ dorylus-py: train graph neural networks on CPU graph servers, with dense tensor 
 serverless workers (after Dorylus, OSDI 2021).
 
 Typical flow:
-  dorylus synth --out graph.npz               generate a graph (or bring your own)
+  dorylus synth --out graph.npz               generate a graph (or bring your own, or use the
+                                              shipped cora or citeseer by name: `dorylus check cora`)
   dorylus check graph.npz                     validate it and print its counts
   dorylus prepare graph.npz --partitions 4 --out parts/
   dorylus train --data parts/ --out runs/demo train, leaving a run record in runs/demo
