@@ -22,6 +22,8 @@ Dataset formats (PATH):
   FILE.pt         a saved PyG Data object (needs torch_geometric; a pickle: trusted files only)
   DIR/            an OGB node-property dataset (raw/edge.csv.gz, raw/node-feat.csv.gz, ..., split/NAME/)
   DIR/            a folder made by `dorylus prepare` (the partitions are put back together)
+  cora, citeseer  the reference graphs shipped with dorylus-py (Planetoid split): a name is read as a
+                  path first; only where no file or folder of that name exists is it the bundled graph
 Without split masks, a seeded random split of the labelled vertices is drawn (--train-frac, --val-frac).
 """
 

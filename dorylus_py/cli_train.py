@@ -9,6 +9,7 @@ Only the standard library is imported at the top, like the CLI's: the parser sta
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,6 @@ from dorylus_py.cli_data import (
 )
 from dorylus_py.cli_parser import command
 from dorylus_py.errors import ConfigError, DorylusError
-from dorylus_py.models.architectures import architecture
 
 # What --resume RUN_DIR lets change; the rest of the configuration is the record's.
 RESUME_OVERRIDES = ("epochs", "checkpoint_every", "target_acc", "max_restarts", "wait_timeout_s", "hang_timeout_s",
@@ -122,23 +122,6 @@ def with_deployed_memory(cfg, given: set[str]):
     return dataclasses.replace(cfg, lambda_memory_mb=mb)
 
 
-def last_layer_note(cfg) -> str:
-    """Whether the run fuses its last layer, and why not (--fuse off, the backend, or the model)."""
-    from dorylus_py.models.spec import fuses_last_layer
-
-    if fuses_last_layer(cfg.model, cfg.layers, cfg.fuse, cfg.backend, cfg.lambda_latency_ms,
-                        cfg.lambda_bandwidth_mbps):
-        return "last layer fused: one task per chunk does its forward, the loss and its first backward step"
-    if cfg.fuse == "off":
-        why = "--fuse off"
-    elif not architecture(cfg.model).can_fuse(cfg.layers):
-        why = f"fusion is gcn's with --layers >= 2, not --model {cfg.model} --layers {cfg.layers}"
-    else:
-        why = ("--fuse auto fuses on lambda, and on local with --lambda-latency-ms or --lambda-bandwidth-mbps above "
-               "0, where a task saved is a round trip or link time saved; --fuse on to fuse here")
-    return f"last layer unfused ({why}): forward, loss and backward tasks"
-
-
 def store_for(cfg, run_dir: Path, reuse: bool = False) -> tuple[str, bool]:
     """The partition store a distributed run reads, and whether the run makes it: --data itself when it
     is a store of K parts, else RUN_DIR/partitions (the record's copy of the data; ``reuse``: a resumed
@@ -161,7 +144,7 @@ def partition_into(cfg, graph, store: Path) -> None:
     from dorylus_py.partition import prepare
     from dorylus_py.progress import status
 
-    status(f"partitioning into {cfg.graph_servers} parts ({cfg.partitioner})")
+    status(f"partitioning {cfg.data or 'the graph'} into {cfg.graph_servers} parts, one per graph server")
     prepare(graph, store, cfg.graph_servers, cfg.partitioner, overwrite=True)
 
 
@@ -185,18 +168,6 @@ def is_s3(path: str) -> bool:
     return s3.is_s3(path)
 
 
-TRAIN_GROUPS = {  # the settings sections of TrainConfig, as --help groups them
-    "run": "what to train on, and how long",
-    "gnn": "model and optimiser",
-    "pipeline": "distributed backends (local, lambda, cpu, gpu)",
-    "pool": "Lambda pool (--backend local or lambda)",
-    "aws": "AWS Lambda (--backend lambda; docs/aws.md)",
-    "recovery": "timeouts, checkpoints and restarts (distributed backends)",
-    "gossip": "decentralised modes (--mode gossip | allreduce): Cluster-GCN batches on data-parallel workers",
-    "scale": "a scale model of a bigger cluster on this box (docs/lab.md): CPU groups and time dilation",
-}
-
-
 def add_train(sub, data) -> None:
     from dorylus_py.config import SECTIONS
     from dorylus_py.settings import add_flags, path_arg
@@ -217,7 +188,7 @@ def add_train(sub, data) -> None:
                         "are deleted when the run ends (so is its --resume point; pass a `dorylus prepare` store as "
                         "--data to keep both out of the record)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    groups = {name: p.add_argument_group(title) for name, title in TRAIN_GROUPS.items()}
+    groups = {name: p.add_argument_group(section.__doc__) for name, section in SECTIONS.items()}  # its title
     for name, section in SECTIONS.items():
         add_flags(groups[name], section)
     groups["pipeline"].add_argument("--no-fuse", dest="fuse", action="store_const", const="off",
@@ -237,11 +208,13 @@ def _run_train(args) -> int:
     ran = run_train(args)
     if ran is not None:  # None: a torchrun rank that did not write the record
         s, run_dir = ran
+        config = json.loads((run_dir / "config.json").read_text())
+        epochs = f"{s['epochs']} epoch{'s' if s['epochs'] != 1 else ''}"
         print(
             f"best validation accuracy {s['best_val_acc']:.4f} at epoch {s['best_epoch']}, "
             f"test accuracy there {s['test_acc_at_best_val']:.4f}; final loss {s['final_loss']:.4f}; "
-            f"{s['epochs']} epochs in {s['wall_s']:.1f} s (median {1000 * s['median_epoch_s']:.1f} ms/epoch); "
-            f"run record in {run_dir}"
+            f"{epochs} on {trained_on(config['data'], config['graph'])} in {s['wall_s']:.1f} s "
+            f"(median {1000 * s['median_epoch_s']:.1f} ms/epoch); run record in {run_dir}"
         )
         from dorylus_py.training.record import refusals
 
@@ -249,6 +222,13 @@ def _run_train(args) -> int:
         if refused:
             print(f"warning: {refused}", file=sys.stderr)
     return 0
+
+
+def trained_on(data: str | None, graph: dict) -> str:
+    """The data a run trained on, as its closing line names it: what --data said, or that it was generated,
+    with the counts that make its accuracy mean something."""
+    return (f"{data or 'a generated graph'} ({graph['nodes']:,} vertices, {graph['edges']:,} edges, "
+            f"{graph['classes']} classes)")
 
 
 def run_train(args) -> tuple[dict, Path] | None:
@@ -314,14 +294,7 @@ def run_train(args) -> tuple[dict, Path] | None:
     if args.overwrite and cfg.data and not is_s3(cfg.data) and Path(cfg.data).resolve().is_relative_to(run_dir.resolve()):
         raise ConfigError(f"--data {cfg.data} lies inside {run_dir}, which --overwrite would delete")
     if distributed:  # the record keeps what the run used: the run plan's counts
-        auto_chunks, auto_stream = cfg.chunks is AUTO, cfg.stream_rows is AUTO
         cfg = plan(cfg, summary["features"], summary["classes"], summary["nodes"], sizes).config
-        if auto_chunks:
-            status(f"--chunks auto: {cfg.chunks} a graph server ({cfg.mode}, {cfg.backend}"
-                   f"{', --lambdas ' + str(cfg.lambdas) if cfg.backend in ('local', 'lambda') else ''})")
-        if auto_stream and cfg.stream_rows:
-            status(f"--stream-rows auto: tasks stream in blocks of {cfg.stream_rows:,} rows (links capped at "
-                   f"{cfg.lambda_bandwidth_mbps:g} Mbps)")
     config = cfg.to_dict() | {"feature_norm": norm, "graph": summary, "graph_source": source,
                               "sources": dataclasses.asdict(sources_of(args)), "cluster": args.cluster,
                               "no_data_copy": args.no_data_copy, "store": None if copy and args.no_data_copy else store}
@@ -347,7 +320,6 @@ def run_train(args) -> tuple[dict, Path] | None:
             from dorylus_py.cluster.launcher import train_distributed
 
             record = RunRecord(run_dir, config, overwrite=args.overwrite, continue_after=done)
-            status(last_layer_note(cfg))
             if copy:
                 partition_into(cfg, graph, Path(store))
             from dorylus_py.scale_model import scale_model

@@ -57,6 +57,7 @@ class Predictions:
 def run_dataset(trained: TrainedModel, data: str | None = None, sources: Sources | None = None) -> Graph:
     """The graph to predict on: ``data`` (any dataset path, prepared stores included) or, without it, the run's
     own, checked against the counts the run recorded (a dataset file changed since is refused)."""
+    from dorylus_py.datasets import resolve
     from dorylus_py.partition import load_dataset
 
     if data is not None:
@@ -69,7 +70,7 @@ def run_dataset(trained: TrainedModel, data: str | None = None, sources: Sources
 
         graph = generate(SynthConfig())
     else:
-        path = trained.config.data
+        path = resolve(trained.config.data)  # a bundled graph by name, as when it trained
         if not str(path).startswith("s3://") and not Path(path).exists():
             raise DataError(f"{path}: the dataset {trained.run_dir / 'config.json'} names is not there (pass --data PATH)")
         graph = load_dataset(path, sources)

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from dorylus_py.cli import build_parser
-from dorylus_py.cli_train import last_layer_note
 from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
 from dorylus_py.errors import ConfigError
@@ -85,15 +84,16 @@ def test_fuse_flags_backends_and_models_without_fusion():
     parse = build_parser().parse_args
     assert parse(["train", "--no-fuse"]).fuse == "off" and parse(["train", "--fuse", "on"]).fuse == "on"
     assert parse(["train"]).fuse == "auto"
-    assert last_layer_note(TrainConfig(backend="local", lambda_latency_ms=20)).startswith("last layer fused")
-    assert last_layer_note(TrainConfig(backend="lambda")).startswith("last layer fused")
-    assert last_layer_note(TrainConfig(backend="local", lambda_bandwidth_mbps=200)).startswith("last layer fused")
-    for unfused in (TrainConfig(backend="cpu"), TrainConfig(backend="local")):  # no round trip or link time to save
-        assert "on local with --lambda-latency-ms or --lambda-bandwidth-mbps above 0" in last_layer_note(unfused)
-    assert last_layer_note(TrainConfig(backend="cpu", fuse="on")).startswith("last layer fused")
-    assert "(--fuse off)" in last_layer_note(TrainConfig(backend="local", fuse="off"))
-    assert "not --model sage" in last_layer_note(TrainConfig(backend="local", model="sage"))
-    with pytest.raises(ConfigError, match="--fuse must be one of auto, on, off"):
+    def fused(**settings) -> bool:
+        c = TrainConfig(**settings)
+        return fuses_last_layer(c.model, c.layers, c.fuse, c.backend, c.lambda_latency_ms, c.lambda_bandwidth_mbps)
+
+    assert fused(backend="local", lambda_latency_ms=20) and fused(backend="lambda", lambda_function="f")
+    assert fused(backend="local", lambda_bandwidth_mbps=200) and fused(backend="cpu", fuse="on")
+    assert not fused(backend="cpu") and not fused(backend="local")  # no round trip or link time to save
+    assert not fused(backend="local", fuse="off") and not fused(backend="local", model="sage")
+    assert not fused(backend="local", layers=1, fuse="on")
+    with pytest.raises(ConfigError, match="^fuse must be one of auto, on, off"):
         TrainConfig(backend="local", fuse="yes").check()
     from dorylus_py.models import model_spec
 
