@@ -39,6 +39,8 @@ REVIEWED = {
     ("dorylus_py/pipeline/tasks.py", "RelaunchPolicy", "field min_s=5.0"): SET,
     ("dorylus_py/weights/server.py", "WeightServer.run", "serve_once(timeout_ms=200)"): TICK,
     ("dorylus_py/protocol/replay.py", "ReplayGuard.__init__", "default max_age_s=300.0"): CLOCK,
+    ("dorylus_py/training/record_schema.py", "<module>", "MAX_SECONDS unscaled"): "a bound on the times a record holds, "
+                                                                               "not a wait",
     ("dorylus_py/protocol/replay.py", "ReplayGuard.__init__", "default max_skew_s=120.0"): CLOCK,
     ("dorylus_py/lab/capture.py", "record", "settimeout(0.2)"): TOOL,
     ("dorylus_py/lab/capture.py", "capture_on", "wait(timeout=30)"): TOOL,
