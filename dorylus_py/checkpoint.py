@@ -63,10 +63,18 @@ def fingerprint(manifest: dict, model: str, widths: list[int]) -> dict:
     """What a checkpoint belongs to: the partition store (a hash of what its manifest says of the data:
     every file's checksum, the counts, the feature dtype; not where it came from or how long it took),
     the model and its layer widths, the partition count."""
+    return {"store": store_content(manifest)[0][:32], "model": model, "widths": [int(w) for w in widths],
+            "partitions": int(manifest["partitions"])}
+
+
+def store_content(manifest: dict) -> tuple[str, int]:
+    """SHA-256 (and length) of what a prepared store's ``manifest`` says of its data: every file's checksum,
+    the counts, the feature dtype; not where it came from or how long it took, so preparing the same data
+    again gives the same."""
     content = {k: manifest.get(k) for k in ("nodes", "edges", "features", "classes", "summary", "feature_dtype",
                                             "partitions", "parts")}
-    store = hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
-    return {"store": store, "model": model, "widths": [int(w) for w in widths], "partitions": int(manifest["partitions"])}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(text).hexdigest(), len(text)
 
 
 def model_shapes(cfg, widths: list[int]) -> dict[str, tuple[int, ...]]:
