@@ -46,12 +46,14 @@ def resume_args(args, given: set[str]) -> dict:
     if old.get("backend", "reference") == "reference" or old.get("mode") in DECENTRAL_MODES:
         raise ConfigError(f"--resume {run_dir}: only distributed runs (local, lambda, cpu, gpu) continue from a "
                           "checkpoint; train this one again with --overwrite")
-    fixed = sorted(given - set(RESUME_OVERRIDES) - set(DATA_FLAGS) - {"resume_dir", "quiet", "no_data_copy"})
+    data_now = "data" in given  # then its side files may be given too
+    fixed = sorted(given - set(RESUME_OVERRIDES) - set(DATA_FLAGS if data_now else ())
+                   - {"resume_dir", "quiet", "no_data_copy"})
     if fixed:
         raise ConfigError(f"--{fixed[0].replace('_', '-')}: --resume {run_dir} continues the run as configured in its "
-                          f"config.json; only {', '.join('--' + k.replace('_', '-') for k in RESUME_OVERRIDES)} may change")
+                          f"config.json; only {', '.join('--' + k.replace('_', '-') for k in RESUME_OVERRIDES)} "
+                          "may change, and --data with its side files")
     recorded = TrainConfig.from_dict({k: v for k, v in old.items() if k in SECTION_OF})  # checked, typed
-    data_now = "data" in given
     for name in [*SECTION_OF, *old.get("sources", {})]:
         if name in DATA_FLAGS and data_now:
             continue  # the data given now, with its side files (or none)
@@ -250,7 +252,9 @@ def add_train(sub, data) -> None:
         "--resume", dest="resume_dir", type=path_arg, metavar="RUN_DIR",
         help="continue the distributed run recorded in RUN_DIR (interrupted, failed, or to go on to more --epochs) "
              "from its newest checkpoint, in that record and with its configuration; only "
-             + ", ".join("--" + k.replace("_", "-") for k in RESUME_OVERRIDES) + " may change")
+             + ", ".join("--" + k.replace("_", "-") for k in RESUME_OVERRIDES) + " may change, and --data (with "
+             "its side files) to read other data than the record's own, which is read only if it still holds what "
+             "config.json's checksums say")
     p.set_defaults(run=_run_train)
 
 

@@ -3,9 +3,13 @@
 A ``.pt`` file is a pickle, and a pickle can call anything. ``torch.load(weights_only=True)`` unpickles
 with an allowlist (tensors, plain containers, and whatever was registered with
 ``add_safe_globals``), but that list is process-wide and grows behind our back: importing
-torch_geometric registers some 20 classes, among them ``ClusterData``, whose constructor partitions
-a graph and writes files, and the restricted unpickler will call an allowed class (``REDUCE``). So a
-load here sees exactly the classes its format needs, and the process's list is put back afterwards.
+torch_geometric registers some 20 classes, and the restricted unpickler calls an allowed class with
+arguments the file chooses (``REDUCE``). One of them, ``ClusterData``, given a ``save_dir`` holding
+``part_2/metis.pt``, loads that file through PyG's own loader, which falls back to unrestricted
+unpickling when the restricted one refuses: a "safe" load that runs any code
+(``tests/security/test_shared_records.py`` shows it). So a load here sees exactly the classes its
+format needs, and the process's list is put back afterwards (a lock keeps our loads from overlapping;
+another thread's ``torch.load`` at that moment would see the narrow list).
 
 Before the unpickler runs, the file must be a regular file in torch's zip format whose members are
 stored as they are (``torch.save`` never compresses): members claiming more bytes than the file holds,

@@ -4,8 +4,8 @@ predictions of the run's own data at its best weights score exactly the recorded
 
 The dataset is the run's own (``config.json``'s ``data``, with its side files and split, read only if it
 holds what the record's checksums say) unless another is given; either way it must have the feature
-width and class count the model was trained on. The
-features get the normalisation the run resolved (``row`` or ``none``) before the first layer.
+width and class count the model was trained on. The features get the normalisation the run resolved
+(``row`` or ``none``) before the first layer.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ At training, ``config.json`` notes beside each path the run read (``data``, and 
   relative path, size and SHA-256 (a ``.bsnap`` path stands for its folder, which is what is read).
 
 Later, a recorded path is read only if it holds exactly that: a regular file or a folder (never a FIFO,
-a device or anything in /proc, /sys or /dev), of the noted size, then the noted SHA-256; a file is read
+a device or anything in /proc or /sys), of the noted size, then the noted SHA-256; a file is read
 no further than its noted size. The path is looked for as written, then in the record's own folder
 under its last name (a record shared with its data inside). Otherwise, and for a record from before
 checksums were noted, one line says to pass ``--data PATH``.
@@ -129,7 +129,7 @@ def digest(path: str, expected: dict | None = None) -> dict:
     if p.name.endswith(".bsnap") and not p.is_dir():
         p = p.parent  # what is read is the folder's three files
     if in_pseudo_filesystem(p):
-        raise DataError(f"{path}: lies in /proc, /sys or /dev: not a dataset")
+        raise DataError(f"{path}: lies in /proc or /sys: not a dataset")
     try:
         mode = os.stat(p).st_mode
     except OSError as e:
@@ -187,7 +187,7 @@ def _walk(root: Path, folder: Path, seen: set) -> list[tuple[str, Path, int]]:
     for entry in os.scandir(folder):
         path = Path(entry.path)
         if in_pseudo_filesystem(path):
-            raise DataError(f"{path}: lies in /proc, /sys or /dev: not a dataset's")
+            raise DataError(f"{path}: lies in /proc or /sys: not a dataset's")
         try:
             st = os.stat(path)
         except OSError as e:
