@@ -126,7 +126,7 @@ def test_a_pt_zip_bomb_a_fifo_and_a_legacy_file_are_refused_unread(tmp_path):
     with pytest.raises(DataError, match="bomb.pt: its members claim 67,108,864 bytes, more than the file's"):
         load_graph(tmp_path / "bomb.pt")
     os.mkfifo(tmp_path / "fifo.pt")
-    with pytest.raises(DataError, match="fifo.pt: not a regular file \\(a FIFO\\)"):
+    with pytest.raises(DataError, match="fifo.pt: not a regular file"):
         load_graph(tmp_path / "fifo.pt")
     torch.save({"x": 1}, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
     with pytest.raises(DataError, match="old.pt: not a saved PyG Data in torch's zip format"):
@@ -136,15 +136,10 @@ def test_a_pt_zip_bomb_a_fifo_and_a_legacy_file_are_refused_unread(tmp_path):
 # --- run records that name their data ---------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A small reference run on g.npz, and that file."""
-    root = tmp_path_factory.mktemp("shared")
-    assert main(["synth", "--out", str(root / "g.npz"), "--nodes", "300", "--edges", "2000", "--features", "8",
-                 "--classes", "3"]) == 0
-    assert main(["train", "--data", str(root / "g.npz"), "--epochs", "2", "--hidden", "8", "--quiet",
-                 "--out", str(root / "run")]) == 0
-    return root / "run", root / "g.npz"
+@pytest.fixture()
+def trained(small_run):
+    """A small reference run on g.npz (its record), and that file."""
+    return small_run
 
 
 def shared(trained, tmp_path, **config) -> tuple:
@@ -196,8 +191,8 @@ def test_a_record_with_its_data_inside_predicts_wherever_it_is(trained, tmp_path
 @pytest.mark.parametrize("forgery,message", [
     ({"checksums": None}, "notes no checksum of the data the run trained on .*; pass --data PATH"),
     ({"checksums": {"data": {"kind": "file", "bytes": 1, "sha256": "no"}}}, "no checksum of its dataset"),
-    ({"data": "/proc/self/status"}, "/proc/self/status: lies in /proc, /sys or /dev: not a dataset; pass --data"),
-    ({"data": "/dev/zero"}, "/dev/zero: lies in /proc, /sys or /dev"),
+    ({"data": "/proc/self/status"}, "/proc/self/status: lies in /proc or /sys: not a dataset; pass --data"),
+    ({"data": "/dev/zero"}, "/dev/zero: not a regular file \\(a character device\\); pass --data"),
     ({"data": "elsewhere.npz"}, "elsewhere.npz: the dataset .* names is not there"),
     ({"sources": {"features": 3}}, "its --features file is '3', not a path; pass --data PATH with its --features"),
 ])
@@ -225,7 +220,7 @@ def test_a_fifo_or_a_device_in_place_of_the_data_is_refused_without_waiting(trai
     data.unlink()
     os.symlink("/dev/zero", data)
     assert within(60, main, predict) == 2
-    assert "g.npz: lies in /proc, /sys or /dev: not a dataset; pass --data PATH\n" in capsys.readouterr().err
+    assert "g.npz: not a regular file (a character device); pass --data PATH\n" in capsys.readouterr().err
 
 
 def test_resume_reads_the_records_data_only_as_noted(trained, tmp_path, capsys):

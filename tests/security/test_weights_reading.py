@@ -17,7 +17,6 @@ import zlib
 import numpy as np
 import pytest
 
-from dorylus_py.cli import main
 from dorylus_py.errors import DataError
 from dorylus_py.inference.trained import load_trained, read_weights
 from tests.security.cli import REPO, dorylus, refused
@@ -25,15 +24,10 @@ from tests.security.cli import REPO, dorylus, refused
 GIB = 2**30
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A small GCN's run record (W0: 8 x 8, W1: 8 x 3) and its data."""
-    root = tmp_path_factory.mktemp("weights")
-    assert main(["synth", "--out", str(root / "g.npz"), "--nodes", "300", "--edges", "2000", "--features", "8",
-                 "--classes", "3"]) == 0
-    assert main(["train", "--data", str(root / "g.npz"), "--epochs", "2", "--hidden", "8", "--quiet",
-                 "--out", str(root / "run")]) == 0
-    return root / "run"
+@pytest.fixture()
+def run(small_run):
+    """A small GCN's run record (W0: 8 x 8, W1: 8 x 3)."""
+    return small_run[0]
 
 
 @pytest.fixture()
@@ -65,11 +59,11 @@ def stored(name: str, data: bytes) -> tuple:
     return name, zipfile.ZIP_STORED, data, zlib.crc32(data), len(data)
 
 
-def zeros_bomb(name: str, zero_bytes: int) -> tuple:
-    """Member ``name``: an .npy header and ``zero_bytes`` zeros, deflated to about a thousandth of that
-    (blocks of zeros compressed once after a full flush, which forgets the history, so each block
-    compresses the same)."""
-    header, block = npy_header((zero_bytes // 4,)), bytes(1 << 22)
+def zeros_bomb(name: str, zero_bytes: int, header: bytes | None = None) -> tuple:
+    """Member ``name``: ``header`` (default: an .npy header of that many zeros as float32) and ``zero_bytes``
+    zeros, deflated to about a thousandth of that (blocks of zeros compressed once after a full flush,
+    which forgets the history, so each block compresses the same)."""
+    header, block = header or npy_header((zero_bytes // 4,)), bytes(1 << 22)
     deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
     head = deflate.compress(header) + deflate.flush(zlib.Z_FULL_FLUSH)
     body = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
@@ -118,6 +112,21 @@ def test_a_bomb_in_a_member_the_model_does_not_have_is_never_opened(record):
         tracemalloc.stop()
     assert len(forged) < 1.5 * 2**20 and peak < 16 * 2**20, peak
     assert all(np.array_equal(weights[k], good[k]) for k in good)
+
+
+def test_a_header_that_claims_256_mib_is_refused_before_numpy_reads_it(record):
+    """numpy reads an .npy v2 header's claimed length before checking it against its limit: 256 MiB of
+    zeros as a header, deflated, is refused from the member's size in the zip."""
+    header = b"\x93NUMPY\x02\x00" + struct.pack("<I", 256 * 2**20)
+    (record / "best_weights.npz").write_bytes(zip_of([zeros_bomb("W0.npy", 256 * 2**20, header)]))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match="W0: 268,435,468 bytes, more than the model's 64 elements take"):
+            load_trained(record)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, peak
 
 
 @pytest.mark.parametrize("command", ["predict", "export"])
