@@ -244,6 +244,8 @@ def test_resume_reads_the_records_data_only_as_noted(trained, tmp_path, capsys):
     (record / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "checksums"}))
     assert main(resume) == 2
     assert "notes no checksum of the data the run trained on" in capsys.readouterr().err
+    assert main([*resume, "--features", str(data)]) == 2  # a side file alone is not --data
+    assert capsys.readouterr().err.startswith("error: --features: --resume")
     assert main([*resume, "--data", str(trained[1])]) == 2
     assert "checkpoints/latest.json: missing: no checkpoint written yet" in capsys.readouterr().err
     assert (record / "metrics.jsonl").read_text() == metrics
