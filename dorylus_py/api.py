@@ -121,18 +121,18 @@ def _predict(run_dir, data, weights, embeddings, sources, backend) -> "Predictio
     from dorylus_py.cli_train import is_prepared_store
     from dorylus_py.errors import ConfigError
     from dorylus_py.inference import load_trained, predict_graph, run_dataset
+    from dorylus_py.inference.predict import recorded_dataset
 
     trained = load_trained(run_dir, weights)
-    store = _str(data) or trained.config.data
-    if backend is not None and not is_prepared_store(store):
-        raise ConfigError(f"--backend {backend}: predict runs through graph servers on a prepared store; pass --data DIR, "
-                          "a folder made by `dorylus prepare` (or its s3:// address)")
-    graph = run_dataset(trained, _str(data), sources)
     if backend is None:
-        return predict_graph(trained, graph, embeddings)
+        return predict_graph(trained, run_dataset(trained, _str(data), sources), embeddings)
+    store, sources = (_str(data), sources) if data is not None else recorded_dataset(trained)
+    if not is_prepared_store(store):
+        raise ConfigError(f"--backend {backend}: predict runs through graph servers on a prepared store; pass --data "
+                          "a folder made by `dorylus prepare` (or its s3:// address)")
     from dorylus_py.inference.distributed import predict_distributed
 
-    return predict_distributed(trained, store, backend, embeddings, graph)
+    return predict_distributed(trained, store, backend, embeddings, run_dataset(trained, store, sources))
 
 
 def _str(path) -> str | None:

@@ -19,7 +19,7 @@ Dataset formats (PATH):
   FILE (other)    text edge list 'src dst' per line, '#' comments; needs --features and --labels
   DIR/ or graph.bsnap
                   Dorylus binary files graph.bsnap, features.bsnap, labels.bsnap
-  FILE.pt         a saved PyG Data object (needs torch_geometric; a pickle: trusted files only)
+  FILE.pt         a saved PyG Data object (needs torch_geometric; only PyG's data classes are unpickled)
   DIR/            an OGB node-property dataset (raw/edge.csv.gz, raw/node-feat.csv.gz, ..., split/NAME/)
   DIR/            a folder made by `dorylus prepare` (the partitions are put back together)
   cora, citeseer  the reference graphs shipped with dorylus-py (Planetoid split): a name is read as a

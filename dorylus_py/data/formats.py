@@ -8,7 +8,8 @@
   (header ``{int32 4, uint32 num_vertices, uint64 num_edges}`` then uint32 ``(src, dst)`` pairs),
   ``features.bsnap`` (uint32 dimension, then float32 rows), ``labels.bsnap`` (uint32 class count,
   then one uint32 per vertex).
-- ``.pt``: a saved PyG ``Data`` object (needs torch_geometric; a pickle, so load only trusted files).
+- ``.pt``: a saved PyG ``Data`` object (needs torch_geometric; unpickled with only PyG's data classes
+  allowed, so a file that would run code is refused: ``torchfile.py``).
 - an OGB node-property dataset folder (``raw/edge.csv.gz``, ..., ``split/<name>/``; ``data/ogb.py``).
 - (a folder made by ``dorylus prepare`` is ``partition.load_dataset``'s: the partitions, put back together).
 
@@ -232,7 +233,7 @@ def read_ogb(path: Path, sources: Sources = Sources()) -> Graph:
 def from_pyg(data, sources: Sources = Sources(), source: str = "<pyg Data>") -> Graph:
     """Convert a PyG ``Data`` (``x``, ``y``, ``edge_index`` with messages flowing row 0 -> row 1)."""
     for attr in ("x", "y", "edge_index"):
-        if getattr(data, attr, None) is None:
+        if _pyg_tensor(data, attr, source) is None:
             raise DataError(f"{source}: the PyG Data object has no '{attr}'")
     ei = data.edge_index.detach().cpu().numpy()
     if ei.ndim != 2 or ei.shape[0] != 2:
@@ -241,22 +242,39 @@ def from_pyg(data, sources: Sources = Sources(), source: str = "<pyg Data>") -> 
     arrays = {
         f"{s}_mask": getattr(data, f"{s}_mask").detach().cpu().numpy()
         for s in SPLITS
-        if getattr(data, f"{s}_mask", None) is not None
+        if _pyg_tensor(data, f"{s}_mask", source) is not None
     }
     masks = masks_from(arrays, source, labels, sources)
     return Graph.from_edges(ei[0], ei[1], data.x.detach().cpu().numpy(), labels, *masks, source=source)
 
 
-def read_pyg_file(path: Path, sources: Sources = Sources()) -> Graph:
+def _pyg_tensor(data, attr: str, source: str):
+    """``data.attr``: None if absent, else a dense tensor (DataError for anything else a file put there)."""
+    import torch
+
     try:
-        import torch
-        import torch_geometric  # noqa: F401  (needed to unpickle Data)
+        value = getattr(data, attr, None)
+    except RuntimeError as e:  # a Data unpickled without its attribute store
+        raise DataError(f"{source}: not a whole PyG Data object ({_reason(e)})") from None
+    if value is not None and not (isinstance(value, torch.Tensor) and value.layout == torch.strided):
+        raise DataError(f"{source}: the PyG Data object's '{attr}' is a {type(value).__name__}, not a dense tensor")
+    return value
+
+
+def read_pyg_file(path: Path, sources: Sources = Sources()) -> Graph:
+    """A ``torch_geometric.data.Data`` saved with ``torch.save``, unpickled with only PyG's data classes
+    allowed (``torchfile.load_pt``): a file that would run code, or holds anything else, is refused."""
+    try:
+        from torch_geometric.data.data import Data, DataEdgeAttr, DataTensorAttr
+        from torch_geometric.data.storage import GlobalStorage
     except ImportError:
         raise DataError(f"{path}: reading a PyG .pt file needs torch_geometric (pip install 'dorylus-py[bench]')") from None
-    try:
-        data = torch.load(path, weights_only=False)  # a pickle: trusted files only (documented)
-    except Exception as e:  # noqa: BLE001  (any unpickling failure is a bad file)
-        raise DataError(f"{path}: not a readable torch file ({_reason(e)})") from None
+    from dorylus_py.torchfile import load_pt
+
+    # what a Data saved by PyG 2.x is made of: the object, its attribute store and two small key types
+    data = load_pt(path, [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage], "saved PyG Data")
+    if type(data) is not Data:
+        raise DataError(f"{path}: holds a {type(data).__name__}, not a PyG Data object")
     return from_pyg(data, sources, source=str(path))
 
 
