@@ -82,6 +82,12 @@ resource "aws_vpc_security_group_ingress_rule" "ssh_from_operator" {
   ip_protocol       = "tcp"
   from_port         = 22
   to_port           = 22
+  lifecycle {
+    precondition {
+      condition     = var.operator_cidr != ""
+      error_message = "operator_cidr: give your address, e.g. -var operator_cidr=$(curl -s https://checkip.amazonaws.com)/32."
+    }
+  }
 }
 
 resource "aws_vpc_security_group_egress_rule" "servers_out" {

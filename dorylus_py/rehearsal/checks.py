@@ -59,7 +59,7 @@ def s3_checks(response, bucket: str, key: str, account: str = ACCOUNT) -> list[t
                                            keep_blank_values=True).items()}
     body = getattr(response, "raw_body", None) or getattr(response, "body", None) or b""
     found = s3_requests.actions(response.method, bucket, key, query, dict(response.headers), body)
-    if found[0][0] == "s3:GetObject" and key and not _s3_object_exists(bucket, key, account):
+    if response.method in ("GET", "HEAD") and found[0][0] == "s3:GetObject" and not _s3_object_exists(bucket, key, account):
         found.append(("s3:ListBucket", f"arn:aws:s3:::{bucket}", {}))
     return found
 
@@ -104,16 +104,15 @@ def ec2_resources(params: dict, region: str, account: str = ACCOUNT) -> list[tup
 # --- KMS: the key's own policy ---------------------------------------------------------------------------
 
 
-def kms_allows(policies: list[dict], action: str, key_arn: str, context: dict, principal: str) -> bool:
-    """A request on a KMS key, as KMS judges it in the key's account: allowed if the key policy allows
-    the caller itself, or allows the account (its root) and the caller's IAM policies allow it; never
-    if either denies. A key unknown here is judged by IAM alone."""
-    doc = key_policy(key_arn)
-    if doc is None:
+def kms_allows(key_doc: dict | None, policies: list[dict], action: str, key_arn: str, context: dict,
+               principal: str) -> bool:
+    """A request on a KMS key, as KMS judges it in the key's account: allowed if the key's policy
+    ``key_doc`` allows the caller itself, or allows the account (its root) and the caller's IAM
+    ``policies`` allow it; never if either denies. Without a key policy (a key unknown here), IAM alone."""
+    if key_doc is None:
         return allowed(policies, action, key_arn, context)
-    callers = {principal, role_of(principal), "*"}
-    mine = {"Statement": [s for s in statements(doc) if _names(s, callers)]}
-    account = {"Statement": [s for s in statements(doc) if _names(s, {f"arn:aws:iam::{ACCOUNT}:root", ACCOUNT})]}
+    mine = {"Statement": [s for s in statements(key_doc) if _names(s, {principal, role_of(principal), "*"})]}
+    account = {"Statement": [s for s in statements(key_doc) if _names(s, {f"arn:aws:iam::{ACCOUNT}:root", ACCOUNT})]}
     direct, via_account, iam = (decision(docs, action, key_arn, context) for docs in ([mine], [account], policies))
     if "deny" in (direct, via_account, iam):
         return False

@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dorylus_py.rehearsal.checks import ACCOUNT, checks, kms_allows, s3_checks, trusted
+from dorylus_py.rehearsal.checks import ACCOUNT, checks, key_policy, kms_allows, s3_checks, trusted
 from dorylus_py.rehearsal.iam import allowed, decision
 
 __all__ = ["ACCOUNT", "Call", "MotoAws"]
@@ -139,7 +139,7 @@ class MotoAws:
             found = current.checks or checks(request._action, resource, current.response, request._region)
             for action, res, context in found:
                 if action.startswith("kms:") and res.startswith("arn:aws:kms:"):
-                    ok = kms_allows(policies, action, res, context, key.arn)
+                    ok = kms_allows(key_policy(res), policies, action, res, context, key.arn)
                 else:
                     ok = action == "sts:GetCallerIdentity" or allowed(policies, action, res, context)
                 if ok and action == "sts:AssumeRole":

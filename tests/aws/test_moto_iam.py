@@ -114,3 +114,78 @@ def test_the_bucket_policy_denies_plain_http_and_its_condition_holds_over_tls(tm
         finally:
             aws.stop()
     assert os.path.exists(tmp_path / "tls" / "moto.pem")
+
+
+# AWS's "Required permissions for Amazon S3 API operations": (method, bucket, key, query, headers) -> checks
+S3_TABLE = [
+    (("HEAD", "b", "k", {}), [("s3:GetObject", "b/k")]),  # HeadObject
+    (("GET", "b", "k", {"versionId": "v1"}), [("s3:GetObjectVersion", "b/k")]),
+    (("GET", "b", "k", {"tagging": ""}), [("s3:GetObjectTagging", "b/k")]),
+    (("GET", "b", "", {"list-type": "2", "prefix": "p/"}), [("s3:ListBucket", "b", {"s3:prefix": "p/"})]),
+    (("HEAD", "b", "", {}), [("s3:ListBucket", "b")]),  # HeadBucket
+    (("GET", "b", "", {"versions": "", "prefix": "p"}), [("s3:ListBucketVersions", "b", {"s3:prefix": "p"})]),
+    (("POST", "b", "k", {"uploads": ""}), [("s3:PutObject", "b/k")]),  # CreateMultipartUpload
+    (("PUT", "b", "k", {"partNumber": "1", "uploadId": "u"}), [("s3:PutObject", "b/k")]),  # UploadPart
+    (("POST", "b", "k", {"uploadId": "u"}), [("s3:PutObject", "b/k")]),  # CompleteMultipartUpload
+    (("DELETE", "b", "k", {"uploadId": "u"}), [("s3:AbortMultipartUpload", "b/k")]),
+    (("DELETE", "b", "k", {"versionId": "v1"}), [("s3:DeleteObjectVersion", "b/k")]),
+    (("PUT", "b", "", {"publicAccessBlock": ""}), [("s3:PutBucketPublicAccessBlock", "b")]),
+    (("GET", "b", "", {"encryption": ""}), [("s3:GetEncryptionConfiguration", "b")]),
+    (("DELETE", "b", "", {"policy": ""}), [("s3:DeleteBucketPolicy", "b")]),
+    (("GET", "b", "", {"lifecycle": ""}), [("s3:GetLifecycleConfiguration", "b")]),
+    (("GET", "b", "", {"object-lock": ""}), [("s3:GetBucketObjectLockConfiguration", "b")]),
+    (("PUT", "b", "", {}), [("s3:CreateBucket", "b")]),
+    (("DELETE", "b", "", {}), [("s3:DeleteBucket", "b")]),
+    (("PUT", "b", "copy", {}, {"x-amz-copy-source": "/src/a%20b"}), [("s3:GetObject", "src/a b"), ("s3:PutObject", "b/copy")]),
+    (("GET", "", "", {}), [("s3:ListAllMyBuckets", "*")]),
+]
+
+
+def test_s3_requests_are_the_actions_of_aws_table():
+    from dorylus_py.rehearsal.s3_requests import actions
+
+    for request, want in S3_TABLE:
+        method, bucket, key, query, *headers = request
+        got = actions(method, bucket, key, query, headers[0] if headers else {})
+        assert got == [(a, "*" if r == "*" else f"arn:aws:s3:::{r}", c[0] if c else {}) for a, r, *c in want], request
+    body = ('<Delete xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Object><Key>a&amp;b</Key></Object>'
+            '<Object><Key>c</Key><VersionId>v9</VersionId></Object></Delete>')
+    assert actions("POST", "b", "", {"delete": ""}, {}, body.encode()) == [  # DeleteObjects: each object
+        ("s3:DeleteObject", "arn:aws:s3:::b/a&b", {}), ("s3:DeleteObjectVersion", "arn:aws:s3:::b/c", {})]
+
+
+def test_moto_judges_the_s3_calls_the_project_makes_as_aws_would(moto_aws, tmp_path):
+    """Each S3 call of the code, the guide and Terraform, through moto with its check replaced, is judged as
+    the IAM action AWS checks, whatever name the installed moto gives it (5.2.6 called a HeadObject
+    ``s3:HeadObject``, an action IAM does not have, and the rehearsal failed on it)."""
+    from boto3.s3.transfer import TransferConfig
+
+    iam = boto3.client("iam")
+    iam.create_user(UserName="all")
+    iam.put_user_policy(UserName="all", PolicyName="p", PolicyDocument=json.dumps(doc(
+        {"Effect": "Allow", "Action": "*", "Resource": "*"})))
+    key = iam.create_access_key(UserName="all")["AccessKey"]
+    boto3.client("s3").create_bucket(Bucket="bkt")
+    s3 = boto3.client("s3", aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"])
+    s3.put_bucket_versioning(Bucket="bkt", VersioningConfiguration={"Status": "Enabled"})
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (6 * 2**20))
+    moto_aws.enforce(True)  # everything allowed; every check recorded
+    try:
+        start = len(moto_aws.calls)
+        s3.upload_file(str(big), "bkt", "d/big", Config=TransferConfig(multipart_threshold=5 * 2**20))
+        s3.head_object(Bucket="bkt", Key="d/big")
+        s3.get_object(Bucket="bkt", Key="d/big", Range="bytes=0-9")
+        s3.list_objects_v2(Bucket="bkt", Prefix="d/big", MaxKeys=1)
+        s3.head_bucket(Bucket="bkt")
+        s3.copy_object(Bucket="bkt", Key="d/copy", CopySource={"Bucket": "bkt", "Key": "d/big"})
+        versions = s3.list_object_versions(Bucket="bkt")["Versions"]
+        s3.delete_objects(Bucket="bkt", Delete={"Objects": [{"Key": v["Key"], "VersionId": v["VersionId"]} for v in versions]})
+        s3.get_bucket_versioning(Bucket="bkt")
+        got = [(c.action, c.resource.removeprefix("arn:aws:s3:::")) for c in moto_aws.calls[start:]]
+    finally:
+        moto_aws.enforce(False)
+    assert got == [("s3:PutObject", "bkt/d/big")] * 3 + [  # create, one part, complete
+        ("s3:GetObject", "bkt/d/big"), ("s3:GetObject", "bkt/d/big"), ("s3:ListBucket", "bkt"), ("s3:ListBucket", "bkt"),
+        ("s3:GetObject", "bkt/d/big"), ("s3:PutObject", "bkt/d/copy"), ("s3:ListBucketVersions", "bkt"),
+        ("s3:DeleteObjectVersion", "bkt/d/big"), ("s3:DeleteObjectVersion", "bkt/d/copy"), ("s3:GetBucketVersioning", "bkt")]

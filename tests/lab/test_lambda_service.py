@@ -115,3 +115,33 @@ def test_requests_without_the_services_credentials_are_refused(service, monkeypa
     with pytest.raises(ConfigError, match="Function not found"):
         deployed_memory_mb("another", "us-east-1", endpoint_url=service.address)
     assert service.stats["refused"] == 3 and service.stats["invocations"] == 0
+
+
+def test_runtime_awslambdaric_runs_the_handler_as_the_image_does(monkeypatch):
+    """``--runtime awslambdaric``: the same invocations, run by AWS's runtime client in a warm container
+    (the image's ENTRYPOINT and CMD) against the Lambda Runtime API: the handler's error comes back through
+    the client's error document as a function error, with its billed duration."""
+    pytest.importorskip("awslambdaric")
+    for k, v in {"AWS_ACCESS_KEY_ID": CREDS.access_key_id, "AWS_SECRET_ACCESS_KEY": CREDS.secret_access_key,
+                 "AWS_DEFAULT_REGION": CREDS.region, "AWS_CONFIG_FILE": "/dev/null",
+                 "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}.items():
+        monkeypatch.setenv(k, v)
+    svc = LambdaService(Function(memory_mb=1769, timeout_s=60, concurrency=1), CREDS, b"k" * 32, ("127.0.0.1", 0),
+                        runtime="awslambdaric")
+    threading.Thread(target=svc.serve_forever, daemon=True).start()
+    platform = AwsLambdaPlatform("dorylus", 1, 1769, region="us-east-1", endpoint_url=svc.address,
+                                 base_delay_s=0.2, max_delay_s=1.0, max_attempts=20)
+    try:
+        for chunk in range(2):
+            platform.invoke(event_for("not an address", chunk=chunk))
+        done, deadline = [], time.monotonic() + 120
+        while len(done) < 2:
+            assert time.monotonic() < deadline, f"{len(done)} of 2 completions"
+            done += platform.wait_completions(1.0)
+        assert all(not c.ok and "ZMQError" in c.error and c.billed_ms >= 1 for c in done), [c.error for c in done]
+        assert len(svc.containers.containers) == 1  # one warm container ran both
+        assert svc.containers.containers[0].command[1:] == ["-m", "awslambdaric", "lambda_functions.handler.handler"]
+        assert svc.stats["function_errors"] == 2
+    finally:
+        platform.close()
+        svc.close()
