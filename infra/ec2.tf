@@ -77,6 +77,12 @@ resource "aws_instance" "server" {
     python       = each.value.python, image_torch = each.value.image_torch,
     requirements = each.value.image_torch ? local.lock_without_torch : local.lock
   })
+  lifecycle {
+    precondition {
+      condition     = var.operator_cidr != ""
+      error_message = "operator_cidr: give your address, -var operator_cidr=$(curl -s https://checkip.amazonaws.com)/32 (the only network SSH is open to)."
+    }
+  }
   metadata_options {
     http_tokens   = "required" # IMDSv2 only
     http_endpoint = "enabled"

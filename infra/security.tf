@@ -76,18 +76,13 @@ resource "aws_vpc_security_group_ingress_rule" "driver_from_servers" {
 }
 
 resource "aws_vpc_security_group_ingress_rule" "ssh_from_operator" {
+  count             = var.operator_cidr == "" ? 0 : 1 # given to every apply that makes the servers (their precondition)
   security_group_id = aws_security_group.servers.id
   description       = "SSH from the operator's network only"
   cidr_ipv4         = var.operator_cidr
   ip_protocol       = "tcp"
   from_port         = 22
   to_port           = 22
-  lifecycle {
-    precondition {
-      condition     = var.operator_cidr != ""
-      error_message = "operator_cidr: give your address, e.g. -var operator_cidr=$(curl -s https://checkip.amazonaws.com)/32."
-    }
-  }
 }
 
 resource "aws_vpc_security_group_egress_rule" "servers_out" {

@@ -179,8 +179,18 @@ class Container:
             self.init_error = outcome
 
 
-class _Server(ThreadingHTTPServer):
+class QuietServer(ThreadingHTTPServer):
+    """A threaded HTTP server whose peers may go mid-connection (a container killed, a client done with its
+    keep-alive connection) without a traceback on stderr."""
+
     daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+class _Server(QuietServer):
     container: Container
 
 

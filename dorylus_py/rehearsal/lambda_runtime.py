@@ -20,10 +20,10 @@ import json
 import math
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-from dorylus_py.lab.runtime_api import Container, Pool, error_of, python_with
+from dorylus_py.lab.runtime_api import Container, Pool, QuietServer, error_of, python_with
 
 INVOKE = re.compile(r"^/20\d\d-\d\d-\d\d/functions/([^/]+)/invocations$")
 
@@ -39,7 +39,7 @@ class LambdaService:
         self.pool = Pool(lambda: Container(self.env, paths[0], function, log, python, flags))
         self.invocations: list[dict] = []  # each invocation's outcome: ok, ms, error
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: QuietServer | None = None
 
     @property
     def containers(self) -> list[Container]:
@@ -57,7 +57,7 @@ class LambdaService:
             def log_message(self, *args):
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = QuietServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, name="lambda-service", daemon=True).start()
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 

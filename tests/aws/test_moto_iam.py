@@ -87,8 +87,13 @@ def test_a_missing_terraform_or_provider_is_named_in_one_line(tmp_path, monkeypa
         find_tools()
     (tmp_path / "terraform").write_text("#!/bin/sh\n")
     (tmp_path / "terraform").chmod(0o755)
-    with pytest.raises(ConfigError, match=r"needs a mirror of the hashicorp/aws provider .* none in " + str(tmp_path)):
+    with pytest.raises(ConfigError, match=r"needs the hashicorp/aws provider for offline use .*providers mirror.* none in "
+                                          + str(tmp_path)):
         find_tools(str(tmp_path))
+    packed = tmp_path / "registry.terraform.io" / "hashicorp" / "aws"  # as `terraform providers mirror` lays it out
+    packed.mkdir(parents=True)
+    (packed / "terraform-provider-aws_5.100.0_linux_amd64.zip").write_bytes(b"")
+    assert find_tools(str(tmp_path)) == (str(tmp_path / "terraform"), tmp_path)
 
 
 def test_the_bucket_policy_denies_plain_http_and_its_condition_holds_over_tls(tmp_path):

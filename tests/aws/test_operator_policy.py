@@ -86,6 +86,8 @@ PUSH = ("ecr:BatchCheckLayerAvailability", "ecr:InitiateLayerUpload", "ecr:Uploa
 # actions, and each service's guide where it names permissions of the caller). (action, resource[, context])
 NEEDED = {
     "aws lambda get-account-settings (the concurrency quota)": [("lambda:GetAccountSettings", "*")],
+    "aws freetier get-account-plan-state (the plan)": [("freetier:GetAccountPlanState", "*")],
+    "aws service-quotas get-service-quota": [("servicequotas:GetServiceQuota", QUOTA + "ec2/L-1216C47A")],
     "aws ecr create-repository": [("ecr:CreateRepository", REPO)],
     "aws ecr get-login-password": [("ecr:GetAuthorizationToken", "*")],
     "docker push": [(a, REPO) for a in PUSH],
@@ -259,8 +261,8 @@ def test_guide_commands_name_their_region():
     aws = [line for line in lines if re.search(r"(^|\$\(|\| )aws (?!iam )", line) or "dorylus aws put-secret" in line
            or "dorylus aws update-function" in line]
     assert aws and [a for a in aws if "--region" not in a] == []
-    assert [a for a in lines if a.startswith("terraform apply") or a.startswith("cd infra && terraform destroy")
-            if "-var region=$REGION" not in a] == []
+    terraform = [a for a in lines if re.match(r"terraform (-chdir=infra )?(apply|destroy)", a)]
+    assert len(terraform) == 3 and [a for a in terraform if "-var region=$REGION" not in a] == []
 
 
 def test_tools_are_listed():

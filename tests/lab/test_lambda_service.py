@@ -145,3 +145,12 @@ def test_runtime_awslambdaric_runs_the_handler_as_the_image_does(monkeypatch):
     finally:
         platform.close()
         svc.close()
+
+
+def test_runtime_awslambdaric_refuses_the_emulators_knobs(capsys, monkeypatch):
+    from dorylus_py.lab.lambda_service import main
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", CREDS.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CREDS.secret_access_key)
+    assert main(["--listen", "127.0.0.1:9", "--runtime", "awslambdaric", "--fail-rate", "0.1"]) == 2
+    assert "not with --runtime awslambdaric" in capsys.readouterr().err
