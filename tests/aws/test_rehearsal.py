@@ -157,13 +157,14 @@ def test_the_guides_remote_state_keeps_state_and_its_lock_in_s3(rehearsal_tools,
     try:
         for i, command in enumerate(own):
             if command.startswith("terraform -chdir=infra init"):  # plus what points the backend at moto
-                command += (f" -plugin-dir={mirror} -backend-config=endpoints={{s3=\"{moto_aws.url}\"}}"
+                command += (f" -plugin-dir={mirror} '-backend-config=endpoints={{s3=\"{moto_aws.url}\"}}'"
                             " -backend-config=use_path_style=true -backend-config=skip_credentials_validation=true"
                             " -backend-config=skip_requesting_account_id=true -backend-config=skip_metadata_api_check=true"
                             " -backend-config=skip_s3_checksum=true -no-color")
             guide.run(command, before + own[:i], checkout, env, tmp_path / "guide.log", timeout_s=300)
         wheel = tmp_path / "dorylus_py-0.1.0-py3-none-any.whl"
         wheel.write_bytes(b"a wheel")
+        tf.env |= creds  # the backend's credentials: the operator's, from the environment as on a laptop
         tf.run("apply", "-auto-approve", "-no-color", "-target=aws_s3_bucket.data",
                *[f"-var={k}={v}" for k, v in (Rehearsal.VARIABLES | {"server_wheel": str(wheel)}).items()])
     finally:
