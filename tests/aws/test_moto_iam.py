@@ -194,3 +194,53 @@ def test_moto_judges_the_s3_calls_the_project_makes_as_aws_would(moto_aws, tmp_p
         ("s3:GetObject", "bkt/d/big"), ("s3:GetObject", "bkt/d/big"), ("s3:ListBucket", "bkt"), ("s3:ListBucket", "bkt"),
         ("s3:GetObject", "bkt/d/big"), ("s3:PutObject", "bkt/d/copy"), ("s3:ListBucketVersions", "bkt"),
         ("s3:DeleteObjectVersion", "bkt/d/big"), ("s3:DeleteObjectVersion", "bkt/d/copy"), ("s3:GetBucketVersioning", "bkt")]
+
+
+def test_the_moto_internals_the_rehearsal_relies_on_are_there():
+    """rehearsal/moto_aws.py replaces moto's IAM check, and checks.py reads moto's backends, through these
+    names; a moto release that moves one fails here, naming it (pyproject's dev extra bounds moto to the
+    releases tried)."""
+    import inspect
+
+    from moto.core import authorization
+    from moto.ec2.models import ec2_backends
+    from moto.iam import access_control
+    from moto.iam.models import iam_backends
+    from moto.kms.models import kms_backends
+    from moto.s3.models import FakeBucket, s3_backends
+
+    def params(fn) -> list[str]:
+        return list(inspect.signature(fn).parameters)
+
+    mixin = authorization.ActionAuthenticatorMixin
+    need = {
+        "ActionAuthenticatorMixin._authenticate_and_authorize_normal_action(self, resource)":
+            lambda: params(mixin._authenticate_and_authorize_normal_action)[:2] == ["self", "resource"],
+        "ActionAuthenticatorMixin._authenticate_and_authorize_s3_action(self, bucket_name, key_name)":
+            lambda: params(mixin._authenticate_and_authorize_s3_action) == ["self", "bucket_name", "key_name"],
+        "ActionAuthenticatorMixin._authenticate_and_authorize_action(self, iam_request_cls, resource)":
+            lambda: params(mixin._authenticate_and_authorize_action)[:3] == ["self", "iam_request_cls", "resource"],
+        "IAMRequest, S3IAMRequest: check_action_permitted, _create_aws_request, _raise_access_denied":
+            lambda: all(hasattr(c, m) for c in (access_control.IAMRequest, access_control.S3IAMRequest)
+                        for m in ("check_action_permitted", "_create_aws_request", "_raise_access_denied")),
+        "IAMPolicy(doc)._policy_json": lambda: access_control.IAMPolicy('{"Statement": []}')._policy_json is not None,
+        "PermissionResult.PERMITTED, DENIED, NEUTRAL":
+            lambda: all(hasattr(access_control.PermissionResult, n) for n in ("PERMITTED", "DENIED", "NEUTRAL")),
+        "FakeBucket.get_permission": lambda: callable(FakeBucket.get_permission),
+        "s3_backends[account]['aws'].get_object": lambda: callable(s3_backends["123456789012"]["aws"].get_object),
+        "ec2_backends[account][region].tags, .route_tables":
+            lambda: all(hasattr(ec2_backends["123456789012"]["us-east-1"], a) for a in ("tags", "route_tables")),
+        "kms_backends[account][region].describe_key": lambda: callable(kms_backends["123456789012"]["us-east-1"].describe_key),
+        "iam_backends[account]['aws'].get_role_by_arn, get_instance_profile":
+            lambda: all(callable(getattr(iam_backends["123456789012"]["aws"], m))
+                        for m in ("get_role_by_arn", "get_instance_profile")),
+    }
+    moved = []
+    for name, check in need.items():
+        try:
+            ok = check()
+        except Exception as e:  # noqa: BLE001  (an import or attribute that moved: that is the finding)
+            ok, name = False, f"{name} ({type(e).__name__}: {e})"
+        if not ok:
+            moved.append(name)
+    assert moved == [], f"moto moved what the rehearsal relies on: {moved}"
