@@ -1,8 +1,9 @@
 """`dorylus aws rehearse`: docs/aws.md from the Lambda image's build context to two trained models and back
-to nothing, against moto with IAM enforced (dorylus_py/rehearsal/); the guide's remote state against moto. Without terraform or the provider mirror these
-tests skip, naming what is missing; with DORYLUS_REQUIRE_TERRAFORM=1 (.ci/run sets it) that is a failure.
-DORYLUS_SKIP_REHEARSAL=1 skips them by hand. About 3-4 minutes on 2 cores (marked long); its own checks
-(losses, leftovers, calls, refusals, docs) raise."""
+to nothing, against moto with IAM enforced (dorylus_py/rehearsal/); the guide's remote state against moto.
+Without terraform, the provider mirror or the AWS CLI these tests skip, naming what is missing; with
+DORYLUS_REQUIRE_TERRAFORM=1 (.ci/run sets it) that is a failure. DORYLUS_SKIP_REHEARSAL=1 skips them by
+hand. About 3-5 minutes on 2 idle cores (marked long); its own checks (losses, leftovers, calls, refusals,
+docs) raise."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ def rehearsal_tools():
     if os.environ.get("DORYLUS_SKIP_REHEARSAL") == "1":
         pytest.skip("DORYLUS_SKIP_REHEARSAL=1")
     from dorylus_py.errors import ConfigError
-    from dorylus_py.rehearsal.terraform import find_tools
+    from dorylus_py.rehearsal.terraform import find_aws_cli, find_tools
 
     try:
+        find_aws_cli()  # the guide's `aws` commands
         return find_tools()
     except ConfigError as e:
         if os.environ.get("DORYLUS_REQUIRE_TERRAFORM") == "1":
