@@ -120,16 +120,18 @@ def test_the_rehearsals_lambda_service_answers_the_invoke_api_from_containers(mo
         made[name] = lam.create_function(FunctionName=f"fn-{name}", Role=role, PackageType="Image", Timeout=3,
                                          MemorySize=256, Code={"ImageUri": "1.dkr.ecr.us-east-1.amazonaws.com/x:v1"},
                                          Environment={"Variables": {"GREETING": "hi"}})
-    answers = {}
-    for name in ("echo", "boom"):
-        (code / "lambda_functions").mkdir(exist_ok=True)
-        (code / "lambda_functions" / "__init__.py").write_text("")
-        (code / "lambda_functions" / "handler.py").write_text(
+    answers, roots = {}, {}
+    for name in ("echo", "boom"):  # each function's code in a folder of its own, as each image has it
+        root = roots[name] = tmp_path / name
+        (root / "lambda_functions").mkdir(parents=True)
+        (root / "fn.py").write_text((code / "fn.py").read_text())
+        (root / "lambda_functions" / "__init__.py").write_text("")
+        (root / "lambda_functions" / "handler.py").write_text(
             f"import os\nfrom fn import {name}\n"
             "def handler(event, context):\n"
             f"    out = {name}(event, context)\n"
             "    return out | {'greeting': os.environ['GREETING'], 'path': __import__('sys').path}\n")
-        service = LambdaService(moto_aws.url, made[name], [str(code), PACKAGES], {"PATH": os.environ["PATH"]},
+        service = LambdaService(moto_aws.url, made[name], [str(root), PACKAGES], {"PATH": os.environ["PATH"]},
                                 log=tmp_path / "l.log")
         url = service.start()
         try:
@@ -142,7 +144,8 @@ def test_the_rehearsals_lambda_service_answers_the_invoke_api_from_containers(mo
     echo, boom = answers["echo"], answers["boom"]
     assert "FunctionError" not in echo and echo["Payload"]["event"] == {"x": 7} and echo["Payload"]["greeting"] == "hi"
     path = echo["Payload"]["path"]  # the task root (cwd), then PYTHONPATH, then the standard library: no .pth entries
-    assert path[:3] == [str(code), str(code), PACKAGES] and REPO not in path and not any("site-packages" in p for p in path[3:])
+    root = str(roots["echo"])
+    assert path[:3] == [root, root, PACKAGES] and REPO not in path and not any("site-packages" in p for p in path[3:])
     assert "Billed Duration: " in base64.b64decode(echo["LogResult"]).decode()
     assert boom["FunctionError"] == "Unhandled"
     assert boom["Payload"]["errorType"] == "ValueError" and boom["Payload"]["errorMessage"] == "no good: 7"
