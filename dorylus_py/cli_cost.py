@@ -21,6 +21,7 @@ def add_report(sub) -> None:
     p.add_argument("--region", default="us-east-1", help="price region (default us-east-1)")
     p.add_argument("--prices", metavar="FILE", help="price table JSON replacing the built-in one (same layout)")
     p.add_argument("--arch", choices=("x86", "arm"), default="x86", help="Lambda architecture priced (default x86)")
+    _add_lambda_zones(p)
     p.add_argument("--target-acc", type=float, help="also report the wall time to reach this validation accuracy")
     p.add_argument("--markdown", metavar="FILE.md", help="also write the report as Markdown")
     p.add_argument("--html", metavar="FILE.html", help="also write a self-contained HTML report, plots inlined")
@@ -30,6 +31,12 @@ def add_report(sub) -> None:
     p.add_argument("--servers", action="store_true", help="also show what each server did, from its log's start "
                    "and end lines: partition, peers, Lambda pool, epochs, tasks, relaunches, bytes, peak memory")
     p.set_defaults(run=_run_report)
+
+
+def _add_lambda_zones(p) -> None:
+    p.add_argument("--lambda-zones", type=int, choices=(1, 2), default=1, help="zones the Lambdas run in, as infra's "
+                   "lambda_zone_count: 1, the servers' (default), moves their traffic for free; with 2, the half in the "
+                   "other zone pays 0.01 USD per GB each way (the transfer $ column; docs/aws.md)")
 
 
 def _run_report(args) -> int:
@@ -44,7 +51,8 @@ def _run_report(args) -> int:
         prices.hourly(instance)  # an unknown instance type is an error before any work
     # every file is read and checked before anything is printed or written
     timeline = TIMELINE_FIELDS if args.plots or args.html else ()
-    rows = report_rows(args.runs, prices, args.as_instance, args.target_acc, args.weight_instance, timeline)
+    rows = report_rows(args.runs, prices, args.as_instance, args.target_acc, args.weight_instance, timeline,
+                       args.lambda_zones)
     servers = []
     if args.servers:
         from dorylus_py.cost.server_logs import server_rows, server_table
@@ -150,6 +158,7 @@ def add_cost(sub) -> None:
     k.add_argument("--region", default="us-east-1", help="price region (default us-east-1)")
     k.add_argument("--prices", metavar="FILE", help="price table JSON replacing the built-in one")
     k.add_argument("--arch", choices=("x86", "arm"), default="x86", help="Lambda architecture priced (default x86)")
+    _add_lambda_zones(k)
     k.add_argument("--search", action="store_true", help="estimate a grid (backend lambda/cpu x 1-16 graph servers x "
                    "CPU instance types x 16-256 Lambdas, and gpu x 1-16 graph servers x GPU instance types), list the "
                    "cheapest, fastest and best-value ones, and the best value of each kind side by side (CPU servers + "
@@ -170,7 +179,7 @@ def add_cost(sub) -> None:
 ESTIMATE_COLUMNS = [
     ("backend", "{}"), ("graph servers", "{}"), ("instance", "{}"), ("lambdas", "{}"), ("epoch s", "{:.3f}"),
     ("wall s", "{:.1f}"), ("server GB/epoch", "{:.2f}"), ("GB-s", "{:.1f}"), ("requests", "{:,}"),
-    ("servers $", "{:.5f}"), ("lambda $", "{:.5f}"),
+    ("servers $", "{:.5f}"), ("lambda $", "{:.5f}"), ("transfer $", "{:.5f}"),
     ("total $", "{:.5f}"), ("value", "{:.4g}"),
 ]  # fmt: skip
 
@@ -231,7 +240,7 @@ def _run_cost_estimate(args) -> int:
     gpu = _gpu_speed(args, cal)
     setup = Setup(args.backend, args.graph_servers, args.weight_servers, args.as_instance, args.lambdas,
                   args.lambda_memory_mb, chunks, args.epochs, args.tensor_threads, args.row_cache_mb, args.wire_dtype,
-                  args.weight_instance)
+                  args.weight_instance, args.lambda_zones)
     print(f"graph: {work.nodes:,} vertices, {work.edges:,} edges, layers {work.dims}; {args.epochs} epochs; "
           f"prices {prices.region} ({prices.date}); calibration: {cal.source}")
     gpu_instances = [i for i in SEARCHED if i in prices.ec2_hourly] if args.search else []

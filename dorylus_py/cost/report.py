@@ -10,7 +10,8 @@ from pathlib import Path
 
 from dorylus_py.config import DECENTRAL_MODES
 from dorylus_py.cost.gpu import weight_server_type
-from dorylus_py.cost.model import Prices, dilation_of, read_record, run_cost
+from dorylus_py.cost.model import Prices, dilation_of, read_record, run_cost, value_of
+from dorylus_py.cost.transfer import recorded_lambda_bytes, transfer_usd
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.models.architectures import architecture
 
@@ -18,7 +19,7 @@ COLUMNS = [
     ("run", "{}"), ("backend", "{}"), ("status", "{}"), ("epochs", "{}"), ("best val", "{:.4f}"), ("test@best", "{:.4f}"),
     ("model", "{}"),
     ("wall s", "{:.1f}"), ("epoch s", "{:.3f}"), ("to target s", "{}"), ("lambda calls", "{:,}"),
-    ("GB-s", "{:.1f}"), ("relaunches", "{}"), ("servers $", "{:.5f}"), ("lambda $", "{:.5f}"),
+    ("GB-s", "{:.1f}"), ("relaunches", "{}"), ("servers $", "{:.5f}"), ("lambda $", "{:.5f}"), ("transfer $", "{:.5f}"),
     ("total $", "{:.5f}"), ("value", "{:.4g}"),
 ]  # fmt: skip
 
@@ -42,13 +43,16 @@ def model_label(config: dict, run_dir: str) -> str:
 
 
 def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: float | None,
-                weight_instance: str = "", task_fields: tuple = ()) -> list[dict]:
-    """One row per run record; ``task_fields``: (fields, why) every task row must also have (``read_record``)."""
+                weight_instance: str = "", task_fields: tuple = (), lambda_zones: int = 1) -> list[dict]:
+    """One row per run record; ``task_fields``: (fields, why) every task row must also have (``read_record``);
+    ``lambda_zones``: the zones the Lambdas ran in, which prices their traffic (``cost/transfer.py``)."""
     rows = []
     for d in run_dirs:
         config, metrics, tasks, summary = read_record(d, *task_fields)
         wall = summary.get("wall_s", metrics[-1]["wall_s"] if metrics else 0.0)  # the last epoch's, as the CLI says
         cost = run_cost(config, wall, tasks, prices, instance, weight_instance)
+        transfer = transfer_usd(recorded_lambda_bytes(config, metrics), lambda_zones)  # cost/transfer.py
+        total = cost.total_usd + transfer
         reached = [m["wall_s"] for m in metrics if target_acc is not None and m["val_acc"] >= target_acc]
         backend = run_kind(config)
         rows.append({
@@ -59,7 +63,8 @@ def report_rows(run_dirs: list[str], prices: Prices, instance: str, target_acc: 
             "epoch s": statistics.median(m["epoch_s"] for m in metrics) if metrics else None,
             "to target s": f"{reached[0]:.1f}" if reached else "-", "lambda calls": cost.lambda_requests,
             "GB-s": cost.lambda_gb_seconds, "relaunches": summary.get("relaunches", 0), "servers $": cost.server_usd,
-            "lambda $": cost.lambda_usd, "total $": cost.total_usd, "value": cost.value,
+            "lambda $": cost.lambda_usd, "transfer $": transfer, "total $": total,
+            "value": value_of(wall, total),
             "_kinds": time_by_kind(tasks),
             "_dilation": dilation_of(config),
         })
