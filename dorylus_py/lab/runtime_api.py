@@ -37,12 +37,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from dorylus_py import children
+from dorylus_py.timescale import scaled
 
 API = "/2018-06-01/runtime"
 MAX_RESPONSE = 6 * 2**20  # a synchronous invocation's response payload, as Lambda limits it
 MAX_ERROR = 2**20
 ENTRYPOINT = ["-m", "awslambdaric"]  # the image's: ENTRYPOINT ["/usr/bin/python3.11", "-m", "awslambdaric"]
 HANDLER = "lambda_functions.handler.handler"  # the image's CMD
+COLD_START_S = 60  # a container's start, before its deadline runs: the client's import of the handler
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ class Container:
                 return self._end(call, Outcome(False, f"exit status {self.proc.returncode}".encode(),
                                                "Runtime.ExitError", request_id=call.id))
             began = call.taken or start  # the deadline runs from the hand-over; before it, the cold start
-            if time.monotonic() - began > timeout_s + (0 if call.taken else 60):
+            if time.monotonic() - began > timeout_s + (0 if call.taken else scaled(COLD_START_S)):
                 self.kill()
                 return self._end(call, Outcome(False, f"Task timed out after {timeout_s:.2f} seconds".encode(),
                                                "Sandbox.Timedout", (time.monotonic() - began) * 1000, call.id))
