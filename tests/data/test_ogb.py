@@ -43,7 +43,7 @@ def graph():
 
 @pytest.fixture()
 def ogb(graph, tmp_path):
-    return write_ogb(graph, tmp_path / "ogbn-test")
+    return write_ogb(graph, tmp_path / "ogbn_test")
 
 
 def test_check_reads_the_graph_the_folder_holds(graph, ogb, capsys):
