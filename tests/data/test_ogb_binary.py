@@ -208,5 +208,4 @@ def test_prepare_holds_a_block_of_edges_not_the_graph(tmp_path):
                              "--out", f"p{edges}")["self_mb"]
         assert json.loads((tmp_path / f"p{edges}" / "manifest.json").read_text())["nodes"] == 50_000
     allowed_mb = OGB_PER_EDGE_B * (2_000_000 - 250_000) / 2**20
-
     assert peaks[2_000_000] - peaks[250_000] < allowed_mb, f"{peaks} MB"
