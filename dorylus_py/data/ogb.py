@@ -14,9 +14,9 @@ The binary layout (``ogbn_papers100M/``, :class:`OgbBinaryFolder`) has ``raw/dat
 The csv files are read in bounded blocks of lines (:func:`csv_blocks`, ``data/textblocks.py``), never
 whole: what ``prepare`` streams costs memory per vertex, not per edge, whatever a file holds. Every block is
 checked as it is parsed, so a ragged or overlong line, a non-number or an id out of range is one line
-naming the file and the line; counts are checked against what the files can hold before they are used. The binary layout's arrays are
-read through ``data/npystream.py`` alike: each header checked against its size in the zip before anything is
-sized by it, the edges streamed a block at a time.
+naming the file and the line; counts are checked against what the files can hold before they are used.
+The binary layout's arrays are read through ``data/npystream.py`` alike: each header checked against its
+size in the zip before anything is sized by it, the edges streamed a block at a time.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dorylus_py.cli import main
 from dorylus_py.data import SynthConfig, generate, load_graph
 from dorylus_py.data.npystream import NpyMember, npz_members
 from dorylus_py.partition import PartitionStore
-from tests.data.test_ogb import write_csv, write_ogb
+from tests.data.test_ogb import write_ogb, write_split
 
 
 def write_ogb_binary(graph, root: Path, split: str = "time", **replace) -> Path:
@@ -34,8 +34,7 @@ def write_ogb_binary(graph, root: Path, split: str = "time", **replace) -> Path:
     (root / "raw").mkdir(parents=True)
     np.savez_compressed(root / "raw" / "data.npz", **arrays)
     np.savez_compressed(root / "raw" / "node-label.npz", node_label=label)
-    for name, mask in (("train", graph.train_mask), ("valid", graph.val_mask), ("test", graph.test_mask)):
-        write_csv(root / "split" / split / f"{name}.csv.gz", np.flatnonzero(mask))
+    write_split(root / "split" / split, graph.train_mask, graph.val_mask, graph.test_mask)
     return root
 
 
@@ -173,39 +172,10 @@ def test_the_root_of_dataset_folders_names_them(graph, tmp_path, capsys, command
     assert err == (f"error: {root}: a folder of OGB datasets, not one; give one of them: {root / 'ogbn_arxiv'}, "
                    f"{root / 'ogbn_papers100M'}\n")
     assert main(["check", str(root / "ogbn_arxiv" / "raw")]) == 2
-    assert f"the raw/ folder of an OGB dataset; give the dataset folder, {root / 'ogbn_arxiv'}\n" in capsys.readouterr().err
-    (root / "ogbn_arxiv" / "raw" / "edge.csv.gz").unlink()  # no dataset left under it but the binary one
+    err = capsys.readouterr().err
+    assert f"the raw/ folder of an OGB dataset; give the dataset folder, {root / 'ogbn_arxiv'}\n" in err
+    (root / "ogbn_arxiv" / "raw" / "edge.csv.gz").unlink()  # no dataset under it any more: the plain line
     (root / "ogbn_papers100M" / "raw" / "data.npz").unlink()
     assert main(["check", str(root)]) == 2
     assert "folder holds neither a manifest.json" in capsys.readouterr().err
 
-
-def write_random_ogb_binary(root: Path, nodes: int, edges: int, seed: int = 0) -> Path:
-    """A binary OGB folder of ``edges`` random undirected edges (read as twice as many directed ones)."""
-    rng = np.random.default_rng(seed)
-    (root / "raw").mkdir(parents=True)
-    np.savez_compressed(root / "raw" / "data.npz", edge_index=rng.integers(0, nodes, (2, edges)),
-                        node_feat=rng.random((nodes, 16), np.float32), num_nodes_list=np.array([nodes]),
-                        num_edges_list=np.array([edges]))
-    np.savez_compressed(root / "raw" / "node-label.npz", node_label=rng.integers(0, 4, (nodes, 1)).astype(float))
-    order = rng.permutation(nodes)
-    for name, ids in zip(("train", "valid", "test"), np.split(order, [nodes // 10, nodes // 5])):
-        write_csv(root / "split" / "random" / f"{name}.csv.gz", ids)
-    return root
-
-
-def test_prepare_holds_a_block_of_edges_not_the_graph(tmp_path):
-    """As the csv layout's test (tests/data/test_ogb.py): 50 k vertices with 250 k and with 2 M directed edges,
-    prepared with Fennel in blocks of 64 k edges, in a fresh process whose peak the kernel measured. Measured
-    (load 9): 66.8 -> 74.1 MB streamed; 66.8 -> 163.4 MB with edge_index read whole."""
-    from tests.data.test_ogb import OGB_PER_EDGE_B
-    from tests.test_memory import BLOCK, probe
-
-    peaks = {}
-    for edges in (250_000, 2_000_000):
-        write_random_ogb_binary(tmp_path / f"ogb{edges}", 50_000, edges // 2)
-        peaks[edges] = probe(tmp_path, BLOCK, "prepare", f"ogb{edges}", "-k", 2, "--partitioner", "fennel",
-                             "--out", f"p{edges}")["self_mb"]
-        assert json.loads((tmp_path / f"p{edges}" / "manifest.json").read_text())["nodes"] == 50_000
-    allowed_mb = OGB_PER_EDGE_B * (2_000_000 - 250_000) / 2**20
-    assert peaks[2_000_000] - peaks[250_000] < allowed_mb, f"{peaks} MB"
