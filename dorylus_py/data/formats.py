@@ -10,7 +10,8 @@
   then one uint32 per vertex).
 - ``.pt``: a saved PyG ``Data`` object (needs torch_geometric; unpickled with only PyG's data classes
   allowed, so a file that would run code is refused: ``torchfile.py``).
-- an OGB node-property dataset folder (``raw/edge.csv.gz``, ..., ``split/<name>/``; ``data/ogb.py``).
+- an OGB node-property dataset folder (``raw/edge.csv.gz``, ..., ``split/<name>/``, or OGB's binary
+  ``raw/data.npz`` and ``raw/node-label.npz``; ``data/ogb.py``).
 - (a folder made by ``dorylus prepare`` is ``partition.load_dataset``'s: the partitions, put back together).
 
 Where a file carries no split, a seeded random split of the labelled vertices is drawn.
@@ -28,7 +29,7 @@ import numpy as np
 from dorylus_py.atomic import atomic_file
 from dorylus_py.data.graph import SPLITS, Graph, class_count, random_split
 from dorylus_py.data.npystream import NpyMember, npz_members
-from dorylus_py.data.ogb import OgbFolder, is_ogb_folder
+from dorylus_py.data.ogb import is_ogb_folder, ogb_hint, open_ogb
 from dorylus_py.data.textblocks import line_blocks, parse_pairs
 from dorylus_py.errors import DataError
 from dorylus_py.settings import check_split
@@ -66,8 +67,11 @@ def load_graph(path: str | os.PathLike, sources: Sources = Sources()) -> Graph:
             return read_bsnap(p, sources)
         if is_ogb_folder(p):
             return read_ogb(p, sources)
+        hint = ogb_hint(p)
+        if hint:
+            raise DataError(f"{p}: {hint}")
         raise DataError(f"{p}: folder holds neither a manifest.json (from `dorylus prepare`), graph.bsnap nor an "
-                        "OGB dataset (raw/edge.csv.gz)")
+                        "OGB dataset (raw/edge.csv.gz or raw/data.npz)")
     if p.name.endswith(".bsnap"):
         return read_bsnap(p.parent, sources)
     if p.suffix == ".npz":
@@ -215,8 +219,9 @@ def _bsnap_u32_header(path: Path) -> int:
 
 
 def read_ogb(path: Path, sources: Sources = Sources()) -> Graph:
-    """An OGB folder whole (its split, unless ``--masks`` gives another); ``prepare`` streams it instead."""
-    folder = OgbFolder(path)
+    """An OGB folder whole, either layout (its split, unless ``--masks`` gives another); ``prepare`` streams it
+    instead."""
+    folder = open_ogb(path)
     blocks = list(folder.edge_blocks(1 << 20))
     src = np.concatenate([s for s, _ in blocks]) if blocks else np.zeros(0, np.int64)
     dst = np.concatenate([d for _, d in blocks]) if blocks else np.zeros(0, np.int64)
