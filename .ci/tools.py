@@ -7,11 +7,11 @@ import shutil
 from dorylus_py import cgroups
 from dorylus_py.errors import ConfigError
 from dorylus_py.lab.network import unavailable as lab_unavailable
-from dorylus_py.rehearsal.terraform import find_tools
+from dorylus_py.rehearsal.terraform import find_aws_cli, find_tools
 
 try:
     terraform, mirror = find_tools()
-    print(f"tools: terraform {terraform}, provider mirror {mirror}")
+    print(f"tools: terraform {terraform}, provider mirror {mirror}, AWS CLI {find_aws_cli()}")
 except ConfigError as e:
     print(f"tools: {e}")
 print(f"tools: checkov {os.environ.get('CHECKOV') or shutil.which('checkov') or 'absent (its test skips)'}")

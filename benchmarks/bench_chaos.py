@@ -10,7 +10,7 @@ run (sync mode is deterministic, so 0 is expected; async is not), wall time agai
 
     python benchmarks/bench_chaos.py [--graphs cora,200k] [--modes sync,async] [--epochs-cora 30 --epochs-big 6]
 
-Cora comes from ../shared/datasets/cora.npz (skipped when absent); "200k" is the 200 k-vertex,
+Cora is the one the package ships (dorylus_py/datasets); "200k" is the 200 k-vertex,
 4 M-edge, 128-feature benchmark graph of bench_runtime.py. About 25 minutes for everything on 2 cores.
 """
 
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import psutil
 
-from dorylus_py import children
+from dorylus_py import children, datasets
 
 HERE = Path(__file__).resolve().parent
-CORA = HERE.parents[1] / "shared" / "datasets" / "cora.npz"
+CORA = datasets.FOLDER / "cora.npz"
 SLOW = ["--lambda-latency-ms", "600"]
 SCENARIOS = [  # name, flags, what to kill (role, rank) or None, baseline scenario
     ("undisturbed", [], None, "undisturbed"),
@@ -109,9 +109,6 @@ def main() -> None:
     py = children.module("dorylus_py")
     for graph in args.graphs.split(","):
         if graph == "cora":
-            if not CORA.exists():
-                print(f"skipping cora: {CORA} absent")
-                continue
             source, epochs = CORA, args.epochs_cora
         else:
             source, epochs = tmp / "big.npz", args.epochs_big

@@ -3,7 +3,7 @@ emulator's per-worker 200 Mbps link (``--lambda-bandwidth-mbps 200``, one machin
 through the lab (``dorylus_py/lab``: a Lambda service on a host of its own, ``--backend lambda`` over a
 link shaped with tc).
 
-Job: Cora (``../shared/datasets/cora.npz``), 2 graph servers, sync, ``--lambdas 4``, dropout 0,
+Job: Cora (the package's ``dorylus_py/datasets/cora.npz``), 2 graph servers, sync, ``--lambdas 4``, dropout 0,
 ``--row-cache-mb 0`` (every epoch pulls the features again, 15.5 MB: without that, epochs after the
 first move a few hundred KB and no link shows) and with the cache. Rows:
 
@@ -33,12 +33,12 @@ import tempfile
 from itertools import combinations
 from pathlib import Path
 
-from dorylus_py import children
+from dorylus_py import children, datasets
 from dorylus_py.lab.cluster import LabCluster, Placement
 from dorylus_py.lab.lambda_service import Function
 from dorylus_py.lab.shaping import Link
 
-DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+DATASETS = datasets.FOLDER
 LAMBDAS = 4
 
 

@@ -41,10 +41,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_runtime import synth_parts
 
-from dorylus_py import children
+from dorylus_py import children, datasets
 from dorylus_py.training.record import BestTracker, read_lines
 
-DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or HERE.parents[1] / "shared" / "datasets")
+DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or datasets.FOLDER)  # the package's own, unless named
 GRAPHS = ("cora", "synth200k", "synthhub")
 # issue 39's graph of another shape: half synth200k's vertices and edges (the same mean degree), heavier-tailed
 # degrees (hubs, whose rows many chunks read) and weaker homophily (neighbours' rows carry less of the label)

@@ -4,7 +4,8 @@
 this call plus its last line) and returns a :class:`TrainRun`: the record's folder, its summary, its
 per-epoch metrics. ``predict(run_dir)`` gives a trained model's outputs for every vertex. A problem a user
 can cause raises a :class:`~dorylus_py.errors.DorylusError` (``ConfigError``, ``DataError``) whose
-message is the one line the command prints after ``error:``.
+message is the one line the command prints after ``error:``, in a caller's words: ``overwrite=True``
+where the command says ``--overwrite`` (``spelling.py``).
 
 Imports nothing heavy at load: ``import dorylus_py`` stays as light as the CLI's ``--help``.
 """
@@ -58,14 +59,32 @@ def train(config: "TrainConfig | None" = None, out: str | os.PathLike | None = N
     (``train(data="g.npz", model="gat", epochs=3)``); the keywords are its other flags (``out``: --out,
     ``sources``: the side files and split of an edge list, ``resume``: --resume RUN_DIR, ``progress``: a bar).
     Settings left at their defaults count as not given (--resume and --cluster ask)."""
+    from dorylus_py.spelling import python_words
+
+    with python_words():
+        return _train(config, out, overwrite, sources, cluster, resume, no_data_copy, progress, settings)
+
+
+def _train(config, out, overwrite, sources, cluster, resume, no_data_copy, progress, settings) -> TrainRun:
     from dorylus_py import progress as bars
     from dorylus_py.cli_train import run_train
-    from dorylus_py.config import TrainConfig
+    from dorylus_py.config import SECTION_OF, TRAIN_KEYWORDS, TrainConfig
     from dorylus_py.data.formats import Sources
+    from dorylus_py.errors import ConfigError
+    from dorylus_py.spelling import nearest
     from dorylus_py.training import record
 
+    if config is not None and not isinstance(config, TrainConfig):
+        raise ConfigError(f"config must be a TrainConfig, got {type(config).__name__} (TrainConfig(**settings) makes "
+                          "one, or pass the settings to train() by name)")
+    for name in settings:
+        if name not in SECTION_OF:
+            near = nearest(name, ["config", *TRAIN_KEYWORDS, *SECTION_OF])
+            what = ("" if near is None else f" (did you mean {near}, a keyword of train()?)"
+                    if near not in SECTION_OF else f" (did you mean the setting {near}?)")
+            raise ConfigError(f"train() has no keyword or setting {name!r}{what}")
     flat = (config or TrainConfig()).to_dict() | settings
-    cfg = TrainConfig(**flat)  # an unknown setting is a TypeError, as for any call
+    cfg = TrainConfig(**flat)
     defaults = TrainConfig().to_dict()
     src = sources or Sources()
     args = Namespace(**cfg.to_dict(), **{name: getattr(src, name) for name in Sources.__dataclass_fields__},
@@ -92,21 +111,28 @@ def predict(run_dir: str | os.PathLike, data: str | os.PathLike | None = None, w
     """The model of the run recorded in ``run_dir`` (its ``best`` or ``final`` weights) on ``data`` (default:
     the run's own dataset): logits, probabilities and, with ``embeddings``, the last hidden layer. In this
     process, or with ``backend`` (``local``, ``cpu``) through the graph servers of a prepared store."""
+    from dorylus_py.spelling import python_words
+
+    with python_words():
+        return _predict(run_dir, data, weights, embeddings, sources, backend)
+
+
+def _predict(run_dir, data, weights, embeddings, sources, backend) -> "Predictions":
     from dorylus_py.cli_train import is_prepared_store
     from dorylus_py.errors import ConfigError
     from dorylus_py.inference import load_trained, predict_graph, run_dataset
+    from dorylus_py.inference.predict import recorded_dataset
 
     trained = load_trained(run_dir, weights)
-    store = _str(data) or trained.config.data
-    if backend is not None and not is_prepared_store(store):
+    if backend is None:
+        return predict_graph(trained, run_dataset(trained, _str(data), sources), embeddings)
+    store, sources = (_str(data), sources) if data is not None else recorded_dataset(trained)
+    if not is_prepared_store(store):
         raise ConfigError(f"--backend {backend}: predict runs through graph servers on a prepared store; pass --data "
                           "a folder made by `dorylus prepare` (or its s3:// address)")
-    graph = run_dataset(trained, _str(data), sources)
-    if backend is None:
-        return predict_graph(trained, graph, embeddings)
     from dorylus_py.inference.distributed import predict_distributed
 
-    return predict_distributed(trained, store, backend, embeddings, graph)
+    return predict_distributed(trained, store, backend, embeddings, run_dataset(trained, store, sources))
 
 
 def _str(path) -> str | None:

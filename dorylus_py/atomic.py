@@ -43,13 +43,16 @@ def atomic_file(path: str | os.PathLike):
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike, owned: Owned | set[str] | None = None):
+def atomic_dir(path: str | os.PathLike, owned: Owned | set[str] | None = None, private: bool = True):
     """Yield a temporary folder beside ``path``; move it onto ``path`` only if the block succeeds. A
     ``path`` there already is replaced if it is empty or holds only what ``owned`` claims (those files
-    are deleted one by one); anything else is refused (ConfigError) and nothing is deleted."""
+    are deleted one by one); anything else is refused (ConfigError) and nothing is deleted. ``private``:
+    the folder keeps mkdtemp's mode 0700 (keys); else it is an ordinary folder (0777 less the umask)."""
     path = Path(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
+        if not private:
+            os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
         if path.exists() or path.is_symlink():
             remove_owned(path, owned or set())
@@ -97,6 +100,24 @@ def check_replaceable(out: Path, owned: Owned | set[str], overwrite: bool, what:
     if other:
         raise ConfigError(f"{out}: holds {len(other)} file(s) that are not {what} ({_some(other)}); --overwrite "
                           "replaces only those: choose an empty or new folder")
+
+
+def check_replaceable_file(path: Path, ours: Callable[[bytes], bool], overwrite: bool, what: str) -> None:
+    """Refuse to write the file ``path`` over anything but an earlier one of ours: without ``overwrite`` it
+    must not exist; with it, it must be a regular file whose first 4 KiB ``ours`` claims (a report's mark).
+    Its folder must exist. ``what``: such a file, in words."""
+    if not path.parent.is_dir():
+        raise ConfigError(f"{path.parent}: no such folder (for {path})")
+    if not (path.exists() or path.is_symlink()):
+        return
+    if path.is_symlink() or not path.is_file():
+        raise ConfigError(f"{path}: exists and is not a regular file")
+    if not overwrite:
+        raise ConfigError(f"{path}: exists (pass --overwrite to replace {what})")
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if not ours(head):
+        raise ConfigError(f"{path}: exists and is not {what}; --overwrite replaces only those: choose another file")
 
 
 def remove_owned(out: Path, owned: Owned | set[str]) -> None:

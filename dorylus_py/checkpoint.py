@@ -20,24 +20,24 @@ refused with one line.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
 import math
 import os
 import re
-import stat
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 from dorylus_py import s3
 from dorylus_py.atomic import atomic_file
-from dorylus_py.checksum import sha256_file
+from dorylus_py.checksum import sha256_file, sha256_open
 from dorylus_py.errors import ConfigError, DataError
+from dorylus_py.regular_file import open_regular
 
 log = logging.getLogger(__name__)
 LATEST = "latest.json"
@@ -63,10 +63,18 @@ def fingerprint(manifest: dict, model: str, widths: list[int]) -> dict:
     """What a checkpoint belongs to: the partition store (a hash of what its manifest says of the data:
     every file's checksum, the counts, the feature dtype; not where it came from or how long it took),
     the model and its layer widths, the partition count."""
+    return {"store": store_content(manifest)[0][:32], "model": model, "widths": [int(w) for w in widths],
+            "partitions": int(manifest["partitions"])}
+
+
+def store_content(manifest: dict) -> tuple[str, int]:
+    """SHA-256 (and length) of what a prepared store's ``manifest`` says of its data: every file's checksum,
+    the counts, the feature dtype; not where it came from or how long it took, so preparing the same data
+    again gives the same."""
     content = {k: manifest.get(k) for k in ("nodes", "edges", "features", "classes", "summary", "feature_dtype",
                                             "partitions", "parts")}
-    store = hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
-    return {"store": store, "model": model, "widths": [int(w) for w in widths], "partitions": int(manifest["partitions"])}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(text).hexdigest(), len(text)
 
 
 def model_shapes(cfg, widths: list[int]) -> dict[str, tuple[int, ...]]:
@@ -156,18 +164,8 @@ def _latest(root: str, missing_ok: bool = False) -> dict | None:
 
 
 def _read_small(path: Path, where: str) -> bytes:
-    """The bytes of the small file ``path``, not through a symlink (FileNotFoundError if absent)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        raise
-    except OSError as e:  # access denied, a symlink: there, but not to be read
-        what = "a symlink (refused)" if e.errno == errno.ELOOP else "unreadable"
-        raise DataError(f"{where}: {what} ({e.strerror})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise DataError(f"{where}: not a file")
-    with os.fdopen(fd, "rb") as f:
+    """The bytes of the small regular file ``path``, not through a symlink (FileNotFoundError if absent)."""
+    with open_regular(path, where) as f:
         data = f.read(MAX_INDEX_BYTES + 1)
     if len(data) > MAX_INDEX_BYTES:
         raise DataError(f"{where}: larger than {MAX_INDEX_BYTES} bytes: not a checkpoint index")
@@ -224,33 +222,32 @@ def _read(root: str, entry: dict, shapes: dict | None) -> dict[str, np.ndarray]:
         else:
             path = Path(root) / name
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError as e:
-            raise DataError(f"{where}: {'a symlink (refused)' if e.errno == errno.ELOOP else 'missing or unreadable'} "
-                            f"({e.strerror})") from None
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise DataError(f"{path}: not a file")
-        with os.fdopen(fd, "rb") as f:  # one open file: what is checked is what is read
-            if st.st_size != entry["bytes"] or _sha256(f) != entry["sha256"]:
+            f = open_regular(path, where)
+        except FileNotFoundError:
+            raise DataError(f"{where}: missing") from None
+        with f:  # one open file: what is checked is what is read
+            size = os.fstat(f.fileno()).st_size
+            if size != entry["bytes"] or sha256_open(f, size) != entry["sha256"]:
                 raise DataError(f"{path}: missing or does not match {LATEST}")
             f.seek(0)
-            arrays = read_npz(f, where, shapes, st.st_size)
+            arrays = read_npz(f, where, shapes, size)
     if "epoch" not in arrays or arrays["epoch"].shape != () or int(arrays["epoch"]) != entry["epoch"]:
         raise DataError(f"{where}: holds no epoch {entry['epoch']}")
     return arrays
 
 
-def read_npz(f, where: str, shapes: dict | None, file_bytes: int) -> dict[str, np.ndarray]:
+def read_npz(f, where: str, shapes: dict | None, file_bytes: int, wanted: set[str] | None = None
+             ) -> dict[str, np.ndarray]:
     """The arrays of the ``.npz`` open as ``f``, each member's size checked before it is read: its header
-    must give exactly the member's size in the zip; with ``shapes`` (tensor -> shape), member ``T:FIELD``
-    may hold at most T's elements (``epoch``: one); without, all members together at most ``file_bytes``
-    (what stored members take)."""
+    must give exactly the member's size in the zip; with ``shapes`` (tensor -> shape), member ``T`` or
+    ``T:FIELD`` may hold at most T's elements (``epoch``: one), and its size in the zip is checked against
+    that before even its header is read; without, all members together at most ``file_bytes`` (what
+    stored members take). ``wanted``: the only members read (others are passed over unopened). Any
+    failure is a DataError naming the file."""
     try:
         z = zipfile.ZipFile(f)
-    except (zipfile.BadZipFile, OSError, ValueError) as e:
-        raise DataError(f"{where}: not a zip file ({e})") from None
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
+        raise DataError(f"{where}: not a zip file ({_reason(e)})") from None
     with z:
         members = z.infolist()
         if len(members) > MAX_MEMBERS or len({m.filename for m in members}) != len(members):
@@ -261,22 +258,31 @@ def read_npz(f, where: str, shapes: dict | None, file_bytes: int) -> dict[str, n
         arrays = {}
         for m in members:
             if not m.filename.endswith(".npy") or m.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-                raise DataError(f"{where}: member {m.filename[:40]!r} is not an .npy array")
+                raise DataError(f"{where}: member {m.filename[:40]!r} is not an .npy array, stored or deflated")
             key = m.filename[:-4]
-            with z.open(m) as member:
-                arrays[key] = _member(member, m.file_size, f"{where}:{key[:40]}", _limit(key, shapes))
+            if wanted is not None and key not in wanted:
+                continue
+            name, limit = f"{where}:{key[:40]}", _limit(key, shapes)
+            if limit is not None and m.file_size > MAX_HEADER + 16 + 8 * limit:
+                raise DataError(f"{name}: {m.file_size:,} bytes, more than the model's {limit:,} elements take")
+            try:
+                with z.open(m) as member:
+                    arrays[key] = _member(member, m.file_size, name, limit)
+            except (zipfile.BadZipFile, zlib.error, OSError, EOFError, RuntimeError, NotImplementedError) as e:
+                raise DataError(f"{name}: unreadable ({_reason(e)})") from None
     return arrays
 
 
 def _limit(key: str, shapes: dict | None) -> int | None:
-    """The most elements the member ``key`` may hold in a checkpoint of a model of ``shapes``."""
+    """The most elements the member ``key`` (``T`` in a weights file, ``T:FIELD`` in a checkpoint) may hold
+    for a model of ``shapes``."""
     if shapes is None:
         return None
     if key == "epoch":
         return 1
-    tensor = key.rpartition(":")[0]
+    tensor = key.partition(":")[0]
     if tensor not in shapes:
-        raise DataError(f"{key[:40]}: not an array of this model's checkpoints")
+        raise DataError(f"{key[:40]}: not an array of this model")
     return math.prod(shapes[tensor])
 
 
@@ -290,14 +296,14 @@ def _member(member, size: int, where: str, limit: int | None) -> np.ndarray:
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, fortran, dtype = read_header(member, max_header_size=MAX_HEADER)
     except (ValueError, SyntaxError, TypeError) as e:
-        raise DataError(f"{where}: not an .npy header ({str(e)[:80]})") from None
-    if dtype.hasobject or dtype.kind not in "biuf" or dtype.itemsize > 8 or len(shape) > 8:
-        raise DataError(f"{where}: {dtype} x {len(shape)} dimensions is not a plain numeric array")
+        raise DataError(f"{where}: not an .npy header ({_reason(e)})") from None
+    if dtype.hasobject or dtype.kind not in "biuf" or dtype.itemsize > 8 or len(shape) > 8 or min(shape, default=0) < 0:
+        raise DataError(f"{where}: {dtype} x {shape[:8]} is not a plain numeric array")
     count = math.prod(shape)
     data_bytes = count * dtype.itemsize
     if member.tell() + data_bytes != size:
-        raise DataError(f"{where}: its header claims shape {shape[:4]} of {dtype} ({data_bytes:,} bytes), but the "
-                        f"member holds {size:,} bytes")
+        raise DataError(f"{where}: its header claims shape {shape[:4]} of {dtype} ({data_bytes:,} bytes), but "
+                        f"{size - member.tell():,} bytes follow it")
     if limit is not None and count > limit:
         raise DataError(f"{where}: {count:,} elements, more than the model's {limit:,}")
     data = member.read(data_bytes)
@@ -306,12 +312,10 @@ def _member(member, size: int, where: str, limit: int | None) -> np.ndarray:
     return np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C").copy()
 
 
-def _sha256(f) -> str:
-    """SHA-256 of an open file, from where it stands."""
-    h = hashlib.sha256()
-    for block in iter(lambda: f.read(1 << 20), b""):
-        h.update(block)
-    return h.hexdigest()
+def _reason(e: BaseException) -> str:
+    """``e`` in a few words, on one line."""
+    line = (str(e).strip().splitlines() or [""])[0][:80]
+    return f"{type(e).__name__}: {line}" if line else type(e).__name__
 
 
 def _difference(theirs, ours: dict) -> str:

@@ -15,13 +15,15 @@ from pathlib import Path
 from dorylus_py import __version__
 from dorylus_py.cli_parser import Parser, command
 from dorylus_py.errors import DorylusError, interrupted_by_user
+from dorylus_py.spelling import speaking_flags
 
 DESCRIPTION = """\
 dorylus-py: train graph neural networks on CPU graph servers, with dense tensor work shipped to
 serverless workers (after Dorylus, OSDI 2021).
 
 Typical flow:
-  dorylus synth --out graph.npz               generate a graph (or bring your own)
+  dorylus synth --out graph.npz               generate a graph (or bring your own, or use the
+                                              shipped cora or citeseer by name: `dorylus check cora`)
   dorylus check graph.npz                     validate it and print its counts
   dorylus prepare graph.npz --partitions 4 --out parts/
   dorylus train --data parts/ --out runs/demo train, leaving a run record in runs/demo
@@ -34,9 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s", stream=sys.stderr)
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     try:
-        args = build_parser().parse_args(argv)
-        args.given = given_flags(argv)
-        return args.run(args) or 0
+        with speaking_flags():  # its errors name flags, not the Python API's settings
+            args = build_parser().parse_args(argv)
+            args.given = given_flags(argv)
+            return args.run(args) or 0
     except DorylusError as e:
         _wind_up(e)
         print(f"error: {e}", file=sys.stderr)

@@ -29,10 +29,11 @@ def add_aws(sub) -> None:
     u.add_argument("--profile", default="", help="AWS credentials profile (default: from the AWS environment)")
     u.set_defaults(run=_run_update_function)
     add_put_secret_command(aws, command)
-    r = command(aws, "rehearse", "rehearse docs/aws.md on this machine, no account needed: terraform apply of infra/ "
-                "against moto with IAM enforced, the servers as their boot script starts them, two training jobs "
-                "through the Lambda API, terraform destroy (needs a source checkout, terraform, the hashicorp/aws "
-                "provider and moto[server]; about 3 minutes)")
+    r = command(aws, "rehearse", "rehearse docs/aws.md on this machine, no account needed: its commands against moto "
+                "with IAM enforced (sections 1 and 5 as written), terraform apply of infra/, the servers as their boot "
+                "script starts them, two training jobs whose Lambdas run as the image runs them (awslambdaric), "
+                "destroy (needs a source checkout, terraform, the AWS CLI, the hashicorp/aws provider for offline use "
+                "and the dev extra: moto[server], awslambdaric; about 3 to 5 minutes)")
     r.add_argument("--work", default="", metavar="DIR", help="folder for its files and logs (default: a temporary "
                    "folder, removed after a successful rehearsal)")
     r.add_argument("--plugin-dir", default="", metavar="DIR", help="a provider mirror holding "

@@ -21,30 +21,42 @@ def add_report(sub) -> None:
     p.add_argument("--region", default="us-east-1", help="price region (default us-east-1)")
     p.add_argument("--prices", metavar="FILE", help="price table JSON replacing the built-in one (same layout)")
     p.add_argument("--arch", choices=("x86", "arm"), default="x86", help="Lambda architecture priced (default x86)")
+    _add_lambda_zones(p)
     p.add_argument("--target-acc", type=float, help="also report the wall time to reach this validation accuracy")
     p.add_argument("--markdown", metavar="FILE.md", help="also write the report as Markdown")
     p.add_argument("--html", metavar="FILE.html", help="also write a self-contained HTML report, plots inlined")
-    p.add_argument("--plots", metavar="DIR", help="also write PNG plots: accuracy vs time and vs cost, and one "
-                   "pipeline timeline per run (its first epochs)")
+    p.add_argument("--plots", metavar="DIR", help="also write PNG plots into DIR: accuracy vs time and vs cost, and "
+                   "one pipeline timeline per run (its first epochs)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier report's --markdown or --html file "
+                   "and the plots in --plots DIR (and nothing else: a file or folder holding anything the report did "
+                   "not write is refused)")
     p.add_argument("--timeline-epochs", type=int, default=2, help="epochs shown in a timeline (default 2)")
     p.add_argument("--servers", action="store_true", help="also show what each server did, from its log's start "
                    "and end lines: partition, peers, Lambda pool, epochs, tasks, relaunches, bytes, peak memory")
     p.set_defaults(run=_run_report)
 
 
+def _add_lambda_zones(p) -> None:
+    p.add_argument("--lambda-zones", type=int, choices=(1, 2), default=1, help="zones the Lambdas run in, as infra's "
+                   "lambda_zone_count: 1, the servers' (default), moves their traffic for free; with 2, the half in the "
+                   "other zone pays 0.01 USD per GB each way (the transfer $ column; docs/aws.md)")
+
+
 def _run_report(args) -> int:
     import tempfile
 
-    from dorylus_py.atomic import atomic_file
+    from dorylus_py.atomic import atomic_dir, atomic_file
     from dorylus_py.cost.model import Prices
     from dorylus_py.cost.report import html, markdown, report_rows, text_table
 
     prices = Prices.load(args.prices, args.region, args.arch)
     for instance in (args.as_instance, args.weight_instance or args.as_instance):
         prices.hourly(instance)  # an unknown instance type is an error before any work
+    plots_owned = _check_report_targets(args)
     # every file is read and checked before anything is printed or written
     timeline = TIMELINE_FIELDS if args.plots or args.html else ()
-    rows = report_rows(args.runs, prices, args.as_instance, args.target_acc, args.weight_instance, timeline)
+    rows = report_rows(args.runs, prices, args.as_instance, args.target_acc, args.weight_instance, timeline,
+                       args.lambda_zones)
     servers = []
     if args.servers:
         from dorylus_py.cost.server_logs import server_rows, server_table
@@ -61,10 +73,15 @@ def _run_report(args) -> int:
         print(table)
     with tempfile.TemporaryDirectory() as tmp:
         images = []
-        if args.plots or args.html:
-            images = _report_plots(args, rows, Path(args.plots or tmp))
-            if args.plots:
-                print("wrote " + ", ".join(str(p) for p in images))
+        if args.plots:
+            folder = Path(args.plots)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_dir(folder, plots_owned, private=False) as staging:  # the earlier plots go once these are made
+                names = _report_plots(args, rows, staging)
+            images = [folder / name for name in names]
+            print("wrote " + ", ".join(str(p) for p in images))
+        elif args.html:
+            images = [Path(tmp) / name for name in _report_plots(args, rows, Path(tmp))]
         if args.markdown:
             with atomic_file(args.markdown) as out:
                 out.write_text(markdown(rows, prices, args.as_instance, args.weight_instance))
@@ -79,19 +96,45 @@ def _run_report(args) -> int:
 TIMELINE_FIELDS = (("epoch", "server", "chunk"), "the timeline of --plots and --html draws it")  # of a task row
 
 
-def _report_plots(args, rows: list[dict], out: Path) -> list[Path]:
+def _check_report_targets(args):
+    """Refuse, before anything is read or written, to write over what is not an earlier report's: without
+    ``--overwrite`` no target may exist (a --plots folder may be empty); with it, the --markdown and --html
+    files must carry a report's mark, and the --plots folder hold only plots (and those two files, if they lie
+    in it). Returns what the plots folder may hold (``atomic.Owned``)."""
+    from dorylus_py.atomic import check_replaceable, check_replaceable_file
+    from dorylus_py.cost.report import HTML_MARK, MARKDOWN_MARK
+
+    folder = Path(args.plots) if args.plots else None
+    files = [(args.markdown, MARKDOWN_MARK, "a Markdown report"), (args.html, HTML_MARK, "an HTML report")]
+    files = [(Path(path), mark, what) for path, mark, what in files if path]
+    beside = {path.name for path, _, _ in files if folder and path.parent.resolve() == folder.resolve()}
+    for path, mark, what in files:
+        if path.name not in beside or folder.exists():  # in a plots folder yet to be made, it is new
+            check_replaceable_file(path, lambda head, mark=mark: mark.encode() in head, args.overwrite, what)
+    if folder is None:
+        return None
+    from dorylus_py.cost.plots import is_plot_file
+
+    owned = lambda rel, is_dir: is_plot_file(rel, is_dir) or not is_dir and rel in beside  # noqa: E731
+    check_replaceable(folder, owned, args.overwrite, "a report's plots")
+    return owned
+
+
+def _report_plots(args, rows: list[dict], out: Path) -> list[str]:
+    """Write the plots into the folder ``out``; their file names."""
     from dorylus_py.cost.model import read_record
     from dorylus_py.cost.plots import accuracy_plots, timeline
 
-    out.mkdir(parents=True, exist_ok=True)
-    runs, written = [], []
+    runs, written, used = [], [], set()
     for d, row in zip(args.runs, rows):
         _, metrics, tasks, _ = read_record(d, *TIMELINE_FIELDS)
         runs.append((row["run"], metrics, row["total $"] / max(row["wall s"], 1e-9)))
         shown = [t for t in tasks if t["epoch"] <= args.timeline_epochs]
-        written.append(timeline(row["run"], shown, out / f"timeline_{row['run']}.png"))
-    return accuracy_plots(runs, out) + [p for p in written if p is not None]
-
+        name = next(n for i in range(1, len(rows) + 2)
+                    if (n := f"timeline_{row['run']}" + (f"_{i}" if i > 1 else "") + ".png") not in used)
+        used.add(name)  # two runs of one name (a/run, b/run) get a timeline each
+        written.append(timeline(row["run"], shown, out / name))
+    return [p.name for p in accuracy_plots(runs, out) + [p for p in written if p is not None]]
 
 def add_cost(sub) -> None:
     from dorylus_py.config import TrainConfig
@@ -150,6 +193,7 @@ def add_cost(sub) -> None:
     k.add_argument("--region", default="us-east-1", help="price region (default us-east-1)")
     k.add_argument("--prices", metavar="FILE", help="price table JSON replacing the built-in one")
     k.add_argument("--arch", choices=("x86", "arm"), default="x86", help="Lambda architecture priced (default x86)")
+    _add_lambda_zones(k)
     k.add_argument("--search", action="store_true", help="estimate a grid (backend lambda/cpu x 1-16 graph servers x "
                    "CPU instance types x 16-256 Lambdas, and gpu x 1-16 graph servers x GPU instance types), list the "
                    "cheapest, fastest and best-value ones, and the best value of each kind side by side (CPU servers + "
@@ -167,12 +211,18 @@ def add_cost(sub) -> None:
     e.set_defaults(run=_run_cost_estimate)
 
 
-ESTIMATE_COLUMNS = [
-    ("backend", "{}"), ("graph servers", "{}"), ("instance", "{}"), ("lambdas", "{}"), ("epoch s", "{:.3f}"),
-    ("wall s", "{:.1f}"), ("server GB/epoch", "{:.2f}"), ("GB-s", "{:.1f}"), ("requests", "{:,}"),
-    ("servers $", "{:.5f}"), ("lambda $", "{:.5f}"),
-    ("total $", "{:.5f}"), ("value", "{:.4g}"),
-]  # fmt: skip
+def _estimate_columns():
+    """The estimate's columns, in the report's formats (``cost/report.py``: one per kind of column)."""
+    from dorylus_py.cost.report import COUNT, EPOCH_SECONDS, GB_SECONDS, SECONDS, TEXT, USD, VALUE
+
+    estimate = [
+        ("backend", TEXT), ("graph servers", COUNT), ("instance", TEXT), ("lambdas", COUNT), ("epoch s", EPOCH_SECONDS),
+        ("wall s", SECONDS), ("server GB/epoch", "{:,.2f}"), ("GB-s", GB_SECONDS), ("requests", COUNT),
+        ("servers $", USD), ("lambda $", USD), ("transfer $", USD), ("total $", USD), ("value", VALUE),
+    ]  # fmt: skip
+    comparison = [("kind", TEXT), *estimate[:3], ("lambdas", COUNT), ("epoch s", EPOCH_SECONDS), ("wall s", SECONDS),
+                  ("total $", USD), ("value", VALUE), ("value vs lambda", "{:.2f}x")]
+    return estimate, comparison
 
 
 def _run_cost_estimate(args) -> int:
@@ -183,6 +233,7 @@ def _run_cost_estimate(args) -> int:
     from dorylus_py.cost.report import text_table
     from dorylus_py.plan import plan
 
+    columns, comparison_columns = _estimate_columns()
     prices = Prices.load(args.prices, args.region, args.arch)
     prices.hourly(args.as_instance)
     if args.weight_instance:
@@ -231,28 +282,24 @@ def _run_cost_estimate(args) -> int:
     gpu = _gpu_speed(args, cal)
     setup = Setup(args.backend, args.graph_servers, args.weight_servers, args.as_instance, args.lambdas,
                   args.lambda_memory_mb, chunks, args.epochs, args.tensor_threads, args.row_cache_mb, args.wire_dtype,
-                  args.weight_instance)
+                  args.weight_instance, args.lambda_zones)
     print(f"graph: {work.nodes:,} vertices, {work.edges:,} edges, layers {work.dims}; {args.epochs} epochs; "
           f"prices {prices.region} ({prices.date}); calibration: {cal.source}")
     gpu_instances = [i for i in SEARCHED if i in prices.ec2_hourly] if args.search else []
     if args.backend == "gpu" or gpu_instances:
         print(gpu.describe([args.as_instance] if args.backend == "gpu" and not args.search else gpu_instances))
     if not args.search:
-        print(text_table([cal.estimate(work, setup, prices, gpu)], ESTIMATE_COLUMNS))
+        print(text_table([cal.estimate(work, setup, prices, gpu)], columns))
         return 0
     instances = [i for i in ("c5.xlarge", "c5.2xlarge", "c5.4xlarge", "c5n.2xlarge", "c5n.4xlarge", "m5.2xlarge",
                              "r5.2xlarge") if i in prices.ec2_hourly]
     rows = search(cal, work, setup, prices, instances, args.chunks, gpu_instances, gpu)
     for title, key, reverse in (("cheapest", "total $", False), ("fastest", "wall s", False), ("best value", "value", True)):
         print(f"\n{title} of {len(rows)} configurations:")
-        print(text_table(sorted(rows, key=lambda r: r[key], reverse=reverse)[:args.top], ESTIMATE_COLUMNS))
+        print(text_table(sorted(rows, key=lambda r: r[key], reverse=reverse)[:args.top], columns))
     print("\nthe best value of each kind (value = 1 / (hours x USD); the Dorylus paper's comparison):")
-    print(text_table(comparison(rows), COMPARISON_COLUMNS))
+    print(text_table(comparison(rows), comparison_columns))
     return 0
-
-
-COMPARISON_COLUMNS = [("kind", "{}"), *ESTIMATE_COLUMNS[:3], ("lambdas", "{}"), ("epoch s", "{:.3f}"),
-                      ("wall s", "{:.1f}"), ("total $", "{:.5f}"), ("value", "{:.4g}"), ("value vs lambda", "{:.2f}x")]
 
 
 def _gpu_speed(args, cal):

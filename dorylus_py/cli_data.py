@@ -19,9 +19,11 @@ Dataset formats (PATH):
   FILE (other)    text edge list 'src dst' per line, '#' comments; needs --features and --labels
   DIR/ or graph.bsnap
                   Dorylus binary files graph.bsnap, features.bsnap, labels.bsnap
-  FILE.pt         a saved PyG Data object (needs torch_geometric; a pickle: trusted files only)
+  FILE.pt         a saved PyG Data object (needs torch_geometric; only PyG's data classes are unpickled)
   DIR/            an OGB node-property dataset (raw/edge.csv.gz, raw/node-feat.csv.gz, ..., split/NAME/)
   DIR/            a folder made by `dorylus prepare` (the partitions are put back together)
+  cora, citeseer  the reference graphs shipped with dorylus-py (Planetoid split): a name is read as a
+                  path first; only where no file or folder of that name exists is it the bundled graph
 Without split masks, a seeded random split of the labelled vertices is drawn (--train-frac, --val-frac).
 """
 

@@ -9,6 +9,7 @@ Only the standard library is imported at the top, like the CLI's: the parser sta
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -21,11 +22,12 @@ from dorylus_py.cli_data import (
 )
 from dorylus_py.cli_parser import command
 from dorylus_py.errors import ConfigError, DorylusError
-from dorylus_py.models.architectures import architecture
 
 # What --resume RUN_DIR lets change; the rest of the configuration is the record's.
 RESUME_OVERRIDES = ("epochs", "checkpoint_every", "target_acc", "max_restarts", "wait_timeout_s", "hang_timeout_s",
                     "replace_timeout_s", "relaunch_min_s", "relaunch_factor")
+# The data a resumed run reads: the record's, checked against its checksums, unless --data names it now.
+DATA_FLAGS = ("data", "features", "labels", "masks")
 
 
 ABSENT_AS = {"fresh_wait_ms": 0.0}  # settings newer than a record: what a run recorded without them did
@@ -33,8 +35,11 @@ ABSENT_AS = {"fresh_wait_ms": 0.0}  # settings newer than a record: what a run r
 
 def resume_args(args, given: set[str]) -> dict:
     """``--resume RUN_DIR``: the run's flags and data from RUN_DIR/config.json (but RESUME_OVERRIDES given
-    now) and --out RUN_DIR. Returns the recorded configuration."""
+    now) and --out RUN_DIR. Returns the recorded configuration. The data is --data (and its side files)
+    if given now; else the record's own copy of it (RUN_DIR/partitions), if kept; else what config.json
+    names, if it still holds what the record's checksums say (``training/provenance.py``)."""
     from dorylus_py.config import DECENTRAL_MODES, SECTION_OF, TrainConfig
+    from dorylus_py.training.provenance import follow
     from dorylus_py.training.record_schema import read_config
 
     run_dir = Path(args.resume_dir)
@@ -42,12 +47,17 @@ def resume_args(args, given: set[str]) -> dict:
     if old.get("backend", "reference") == "reference" or old.get("mode") in DECENTRAL_MODES:
         raise ConfigError(f"--resume {run_dir}: only distributed runs (local, lambda, cpu, gpu) continue from a "
                           "checkpoint; train this one again with --overwrite")
-    fixed = sorted(given - set(RESUME_OVERRIDES) - {"resume_dir", "quiet", "no_data_copy"})
+    data_now = "data" in given  # then its side files may be given too
+    fixed = sorted(given - set(RESUME_OVERRIDES) - set(DATA_FLAGS if data_now else ())
+                   - {"resume_dir", "quiet", "no_data_copy"})
     if fixed:
         raise ConfigError(f"--{fixed[0].replace('_', '-')}: --resume {run_dir} continues the run as configured in its "
-                          f"config.json; only {', '.join('--' + k.replace('_', '-') for k in RESUME_OVERRIDES)} may change")
+                          f"config.json; only {', '.join('--' + k.replace('_', '-') for k in RESUME_OVERRIDES)} "
+                          "may change, and --data with its side files")
     recorded = TrainConfig.from_dict({k: v for k, v in old.items() if k in SECTION_OF})  # checked, typed
     for name in [*SECTION_OF, *old.get("sources", {})]:
+        if name in DATA_FLAGS and data_now:
+            continue  # the data given now, with its side files (or none)
         if name in old.get("sources", {}):
             setattr(args, name, old["sources"][name])
         elif name in old and name not in given:
@@ -57,6 +67,10 @@ def resume_args(args, given: set[str]) -> dict:
     args.out, args.resume, args.cluster = str(run_dir), True, old.get("cluster")
     if "no_data_copy" not in given:
         args.no_data_copy = old.get("no_data_copy", False)
+    args.kept_copy = None if data_now else kept_copy(run_dir, recorded.graph_servers)
+    if not data_now and args.kept_copy is None:
+        for name, path in follow(run_dir, old).items():
+            setattr(args, name, path)
     return old
 
 
@@ -122,30 +136,14 @@ def with_deployed_memory(cfg, given: set[str]):
     return dataclasses.replace(cfg, lambda_memory_mb=mb)
 
 
-def last_layer_note(cfg, asked: str) -> str:
-    """Whether the run fuses its last layer, and why not (--fuse off, the backend, the widths, the model);
-    ``cfg``: the planned configuration (``auto`` resolved), ``asked``: the ``--fuse`` given."""
-    from dorylus_py.models.spec import fuses_last_layer
-
-    if fuses_last_layer(cfg.model, cfg.layers, cfg.fuse):
-        return "last layer fused: one task per chunk does its forward, the loss and its first backward step"
-    if not architecture(cfg.model).can_fuse(cfg.layers):
-        why = f"fusion is gcn's with --layers >= 2, not --model {cfg.model} --layers {cfg.layers}"
-    elif asked == "off":
-        why = "--fuse off"
-    else:
-        why = ("--fuse auto fuses on lambda, and on local with --lambda-latency-ms or --lambda-bandwidth-mbps above "
-               "0, where a task saved is a round trip or link time saved, and only where --hidden is at most twice "
-               "the classes (the fused layer gathers hidden-wide rows on the graph servers); --fuse on to fuse here")
-    return f"last layer unfused ({why}): forward, loss and backward tasks"
-
-
-def store_for(cfg, run_dir: Path, reuse: bool = False) -> tuple[str, bool]:
-    """The partition store a distributed run reads, and whether the run makes it: --data itself when it
-    is a store of K parts, else RUN_DIR/partitions (the record's copy of the data; ``reuse``: a resumed
-    run's, if still there)."""
+def store_for(cfg, run_dir: Path, kept: str | None = None) -> tuple[str, bool]:
+    """The partition store a distributed run reads, and whether the run makes it: ``kept`` (a resumed
+    run's copy of its data, :func:`kept_copy`) if given, else --data itself when it is a store of K parts,
+    else RUN_DIR/partitions (the record's copy of the data)."""
     from dorylus_py.partition import PartitionStore
 
+    if kept is not None:
+        return kept, False
     if cfg.data and is_s3(cfg.data):  # cannot be re-partitioned here: it must fit as it is
         parts = PartitionStore.open(cfg.data).num_parts
         if parts != cfg.graph_servers:
@@ -153,16 +151,24 @@ def store_for(cfg, run_dir: Path, reuse: bool = False) -> tuple[str, bool]:
         return cfg.data, False
     if is_prepared_store(cfg.data) and PartitionStore.open(cfg.data).num_parts == cfg.graph_servers:
         return cfg.data, False
+    return str(run_dir / "partitions"), True
+
+
+def kept_copy(run_dir: Path, graph_servers: int) -> str | None:
+    """RUN_DIR/partitions, the record's copy of its data, if it is there with ``graph_servers`` parts."""
+    from dorylus_py.partition import PartitionStore
+
     copy = run_dir / "partitions"
-    kept = reuse and (copy / "manifest.json").exists() and PartitionStore.open(copy).num_parts == cfg.graph_servers
-    return str(copy), not kept
+    if (copy / "manifest.json").exists() and PartitionStore.open(copy).num_parts == graph_servers:
+        return str(copy)
+    return None
 
 
 def partition_into(cfg, graph, store: Path) -> None:
     from dorylus_py.partition import prepare
     from dorylus_py.progress import status
 
-    status(f"partitioning into {cfg.graph_servers} parts ({cfg.partitioner})")
+    status(f"partitioning {cfg.data or 'the graph'} into {cfg.graph_servers} parts, one per graph server")
     prepare(graph, store, cfg.graph_servers, cfg.partitioner, overwrite=True)
 
 
@@ -186,18 +192,6 @@ def is_s3(path: str) -> bool:
     return s3.is_s3(path)
 
 
-TRAIN_GROUPS = {  # the settings sections of TrainConfig, as --help groups them
-    "run": "what to train on, and how long",
-    "gnn": "model and optimiser",
-    "pipeline": "distributed backends (local, lambda, cpu, gpu)",
-    "pool": "Lambda pool (--backend local or lambda)",
-    "aws": "AWS Lambda (--backend lambda; docs/aws.md)",
-    "recovery": "timeouts, checkpoints and restarts (distributed backends)",
-    "gossip": "decentralised modes (--mode gossip | allreduce): Cluster-GCN batches on data-parallel workers",
-    "scale": "a scale model of a bigger cluster on this box (docs/lab.md): CPU groups and time dilation",
-}
-
-
 def add_train(sub, data) -> None:
     from dorylus_py.config import SECTIONS
     from dorylus_py.settings import add_flags, path_arg
@@ -218,7 +212,7 @@ def add_train(sub, data) -> None:
                         "are deleted when the run ends (so is its --resume point; pass a `dorylus prepare` store as "
                         "--data to keep both out of the record)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    groups = {name: p.add_argument_group(title) for name, title in TRAIN_GROUPS.items()}
+    groups = {name: p.add_argument_group(section.__doc__) for name, section in SECTIONS.items()}  # its title
     for name, section in SECTIONS.items():
         add_flags(groups[name], section)
     groups["pipeline"].add_argument("--no-fuse", dest="fuse", action="store_const", const="off",
@@ -230,7 +224,9 @@ def add_train(sub, data) -> None:
         "--resume", dest="resume_dir", type=path_arg, metavar="RUN_DIR",
         help="continue the distributed run recorded in RUN_DIR (interrupted, failed, or to go on to more --epochs) "
              "from its newest checkpoint, in that record and with its configuration; only "
-             + ", ".join("--" + k.replace("_", "-") for k in RESUME_OVERRIDES) + " may change")
+             + ", ".join("--" + k.replace("_", "-") for k in RESUME_OVERRIDES) + " may change, and --data (with "
+             "its side files) to read other data than the record's own, which is read only if it still holds what "
+             "config.json's checksums say")
     p.set_defaults(run=_run_train)
 
 
@@ -238,11 +234,13 @@ def _run_train(args) -> int:
     ran = run_train(args)
     if ran is not None:  # None: a torchrun rank that did not write the record
         s, run_dir = ran
+        config = json.loads((run_dir / "config.json").read_text())
+        epochs = f"{s['epochs']} epoch{'s' if s['epochs'] != 1 else ''}"
         print(
             f"best validation accuracy {s['best_val_acc']:.4f} at epoch {s['best_epoch']}, "
             f"test accuracy there {s['test_acc_at_best_val']:.4f}; final loss {s['final_loss']:.4f}; "
-            f"{s['epochs']} epochs in {s['wall_s']:.1f} s (median {1000 * s['median_epoch_s']:.1f} ms/epoch); "
-            f"run record in {run_dir}"
+            f"{epochs} on {trained_on(config['data'], config['graph'])} in {s['wall_s']:.1f} s "
+            f"(median {1000 * s['median_epoch_s']:.1f} ms/epoch); run record in {run_dir}"
         )
         from dorylus_py.training.record import refusals
 
@@ -250,6 +248,13 @@ def _run_train(args) -> int:
         if refused:
             print(f"warning: {refused}", file=sys.stderr)
     return 0
+
+
+def trained_on(data: str | None, graph: dict) -> str:
+    """The data a run trained on, as its closing line names it: what --data said, or that it was generated,
+    with the counts that make its accuracy mean something."""
+    return (f"{data or 'a generated graph'} ({graph['nodes']:,} vertices, {graph['edges']:,} edges, "
+            f"{graph['classes']} classes)")
 
 
 def run_train(args) -> tuple[dict, Path] | None:
@@ -262,6 +267,7 @@ def run_train(args) -> tuple[dict, Path] | None:
     from dorylus_py.progress import status
     from dorylus_py.settings import AUTO
     from dorylus_py.training import RunRecord, train_reference
+    from dorylus_py.training.provenance import note, recorded_paths
     from dorylus_py.training.reference import feature_norm_for, resolve_feature_norm
 
     given = args.given
@@ -292,7 +298,8 @@ def run_train(args) -> tuple[dict, Path] | None:
         cfg = with_deployed_memory(cfg, given)
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode if cfg.mode in DECENTRAL_MODES else cfg.backend}")
     checkpoints = checkpoints_of(cfg, run_dir)
-    store, copy = (store_for(cfg, run_dir, reuse=resumed is not None) if distributed
+    data_now = resumed is None or "data" in given  # data named now: what the record notes of it
+    store, copy = (store_for(cfg, run_dir, getattr(args, "kept_copy", None)) if distributed
                    else (None, cfg.mode in DECENTRAL_MODES))  # copy: the run writes the data into its record
     done = (checkpoint_epoch(cfg, checkpoints, None if copy else store) if resumed is not None
             else None)  # before any write
@@ -315,19 +322,15 @@ def run_train(args) -> tuple[dict, Path] | None:
     if args.overwrite and cfg.data and not is_s3(cfg.data) and Path(cfg.data).resolve().is_relative_to(run_dir.resolve()):
         raise ConfigError(f"--data {cfg.data} lies inside {run_dir}, which --overwrite would delete")
     if distributed:  # the record keeps what the run used: the run plan's counts
-        auto_chunks, auto_stream, asked_fuse = cfg.chunks is AUTO, cfg.stream_rows is AUTO, cfg.fuse
         cfg = plan(cfg, summary["features"], summary["classes"], summary["nodes"], sizes).config
-        if auto_chunks:
-            status(f"--chunks auto: {cfg.chunks} a graph server ({cfg.mode}, {cfg.backend}"
-                   f"{', --lambdas ' + str(cfg.lambdas) if cfg.backend in ('local', 'lambda') else ''})")
-        if auto_stream and cfg.stream_rows:
-            status(f"--stream-rows auto: tasks stream in blocks of {cfg.stream_rows:,} rows (links capped at "
-                   f"{cfg.lambda_bandwidth_mbps:g} Mbps)")
     config = cfg.to_dict() | {"feature_norm": norm, "graph": summary, "graph_source": source,
                               "sources": dataclasses.asdict(sources_of(args)), "cluster": args.cluster,
                               "no_data_copy": args.no_data_copy, "store": None if copy and args.no_data_copy else store}
+    if data_now:  # what each data path held, checked before `predict` or --resume reads it again
+        config["checksums"] = note(recorded_paths(config))
     if resumed is not None:  # the record's configuration, with what may change and when it was resumed
-        config = resumed | {k: config[k] for k in RESUME_OVERRIDES} | {
+        changed = [*RESUME_OVERRIDES, *(("data", "sources", "graph_source", "checksums") if data_now else ())]
+        config = resumed | {k: config[k] for k in changed} | {
             "resumed_after": [*resumed.get("resumed_after", []), done]}
     try:
         if cfg.mode in DECENTRAL_MODES:
@@ -348,7 +351,6 @@ def run_train(args) -> tuple[dict, Path] | None:
             from dorylus_py.cluster.launcher import train_distributed
 
             record = RunRecord(run_dir, config, overwrite=args.overwrite, continue_after=done)
-            status(last_layer_note(cfg, asked_fuse))
             if copy:
                 partition_into(cfg, graph, Path(store))
             from dorylus_py.scale_model import scale_model

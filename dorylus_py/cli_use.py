@@ -12,8 +12,9 @@ Outputs (--out):
   FILE.npy   (N, C) float32 class probabilities, one row per vertex in the dataset's order;
              with --embeddings, the (N, H) last hidden layer instead
   FILE.npz   ids (N,), probabilities (N, C) [, embeddings (N, H) with --embeddings]
-The dataset is the run's own (config.json's data, side files and split) unless --data names another,
-which must have the feature width and class count the model was trained on. The forward pass runs
+The dataset is the run's own (config.json's data, side files and split; read only if it still holds
+what config.json's checksums say, else pass --data) unless --data names another, which must have the
+feature width and class count the model was trained on. The forward pass runs
 in this process (a prepared folder is put back together), or with --backend through graph servers,
 one per partition of a prepared folder: the training pipeline's evaluation forward, no weight updates.
 """

@@ -14,8 +14,11 @@ relate sections are :meth:`TrainConfig.check`'s. Field names are unique across s
 
 from __future__ import annotations
 
+import numbers
+import os
 from dataclasses import asdict, dataclass, replace
 
+from dorylus_py import settings_doc
 from dorylus_py.devices import cuda_devices, device_for, device_list
 from dorylus_py.errors import ConfigError
 from dorylus_py.models.architectures import architecture
@@ -37,6 +40,10 @@ from dorylus_py.sections import (  # noqa: F401  (re-exported: what a run's sett
     at_least,
 )
 from dorylus_py.settings import AUTO, check_number, check_split, fits
+from dorylus_py.spelling import nearest, python_words
+
+# The keywords of the Python ``train()`` that are not settings (api.py): named when a TrainConfig is given one.
+TRAIN_KEYWORDS = ("out", "overwrite", "sources", "cluster", "resume", "no_data_copy", "progress")
 
 
 @dataclass(frozen=True, init=False)
@@ -53,19 +60,21 @@ class TrainConfig:
     scale: ScaleSettings
 
     def __init__(self, **values):
-        """Settings by name, flat (``lambdas="auto"`` is :data:`AUTO`), or whole sections by section name."""
-        by_section: dict[str, dict] = {name: {} for name in SECTIONS}
-        for name, value in values.items():
-            if name in SECTIONS:
-                continue
-            if name not in SECTION_OF:
-                raise TypeError(f"TrainConfig has no setting {name!r}")
-            if value == "auto" and "Auto" in FIELD_TYPES[name]:  # as JSON and the flags spell it
-                value = AUTO
-            by_section[SECTION_OF[name]][name] = value
-        for name, cls in SECTIONS.items():
-            base = values.get(name) or cls()
-            object.__setattr__(self, name, replace(base, **by_section[name]) if by_section[name] else base)
+        """Settings by name, flat (``lambdas="auto"`` is :data:`AUTO`), or whole sections by section name;
+        each value's type and range checked here (a ConfigError naming the setting)."""
+        with python_words():
+            by_section: dict[str, dict] = {name: {} for name in SECTIONS}
+            for name, value in values.items():
+                if name in SECTIONS:
+                    continue
+                section = SECTION_OF.get(name) or _unknown(name)
+                by_section[section][name] = _typed(name, value)
+            for name, cls in SECTIONS.items():
+                base = values.get(name) or cls()
+                object.__setattr__(self, name, replace(base, **by_section[name]) if by_section[name] else base)
+            for name in SECTIONS:  # each section's numbers finite and within bounds first, then its own checks
+                getattr(self, name).check_limits()
+                getattr(self, name).check()
 
     def __getattr__(self, name: str):
         section = SECTION_OF.get(name)
@@ -79,23 +88,21 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
-        """The settings :meth:`to_dict` wrote, each checked against its field (ConfigError naming it);
+        """The settings :meth:`to_dict` wrote, each checked against its field as any TrainConfig's are;
         ``auto`` back to :data:`AUTO`. Every name must be a setting."""
         if not isinstance(values, dict):
             raise ConfigError("the settings must be an object")
         unknown = sorted(set(values) - set(SECTION_OF))
         if unknown:
             raise ConfigError(f"unknown settings {unknown[:5]}")
-        for name, value in values.items():
-            if not fits(FIELD_TYPES[name], value):
-                raise ConfigError(f"setting {name}: {str(value)[:40]!r} is not {FIELD_TYPES[name]}")
         return cls(**values)
 
     def check(self) -> None:
-        """Each section's own values (its numbers finite and within their bounds first), then what relates them."""
-        for name in SECTIONS:
-            getattr(self, name).check_limits()
-            getattr(self, name).check()
+        """What relates the sections (each section's own values were checked when it was made)."""
+        with python_words():
+            self._check_related()
+
+    def _check_related(self) -> None:
         p, pool = self.pipeline, self.pool
         if pool.lambdas is AUTO and p.backend not in LAMBDA_BACKENDS:
             raise ConfigError(f"--lambdas auto sizes Lambda pools (--backend local or lambda); --backend {p.backend} "
@@ -194,6 +201,45 @@ class TrainConfig:
 
     def resolved_row_cache_mb(self) -> int:
         return row_cache_mb(self.pipeline.backend, self.pool.lambda_memory_mb, self.pool.row_cache_mb)
+
+
+def _unknown(name: str):
+    """A name that is no setting: the nearest setting, or the train() keyword it is."""
+    if name in TRAIN_KEYWORDS:
+        raise ConfigError(f"{name} is a keyword of train(), not a setting: train(config, {name}=...)")
+    near = nearest(name, SECTION_OF)
+    raise ConfigError(f"TrainConfig has no setting {name!r}" + (f" (did you mean {near}?)" if near else
+                                                                 " (help(TrainConfig) lists them)"))
+
+
+def _typed(name: str, value):
+    """``value`` as the setting ``name`` holds it: ``auto`` as :data:`AUTO`, a numpy number as Python's, a
+    ``pathlib.Path`` as its string. A value of another type is a ConfigError in Python's words wherever it
+    comes from (the command's flags are parsed to their types: only a caller's value, or a record's
+    ``config.json``, meets this)."""
+    kind = FIELD_TYPES[name]
+    if value == "auto" and "Auto" in kind:  # as JSON and the flags spell it
+        return AUTO
+    if isinstance(value, os.PathLike) and kind.startswith("str"):
+        return _typed(name, os.fspath(value))
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        value = int(value)  # numpy.int64 from a sweep's grid
+    elif isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
+        value = float(value)
+    if not fits(kind, value):
+        raise ConfigError(f"{name} must be {_described(kind)}, got {value!r}")
+    return value
+
+
+def _described(kind: str) -> str:
+    words = {"int": "an integer", "float": "a number", "str": "a string", "bool": "True or False", "None": "None",
+             "Auto": "'auto'"}
+    options = [words.get(o, o) for o in kind.replace(" ", "").split("|")]
+    return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
+
+
+TrainConfig.__doc__ = settings_doc.docstring()  # help(TrainConfig): every setting, its default and meaning
+TrainConfig.__signature__ = settings_doc.signature()
 
 
 MAX_SYNTH_EDGES = 2**36  # about 1 TB of edge buckets on disk

@@ -62,8 +62,10 @@ def build_context(out: Path, overwrite: bool = False) -> list[Path]:
     layout = {src: Path("Dockerfile") if src.name == "Dockerfile" else src.relative_to(REPO) for src in sources}
     names = {str(rel) for rel in layout.values()}
     check_replaceable(out, names, overwrite, "a Lambda build context")
-    if not out.parent.exists():
-        raise ConfigError(f"{out.parent}: folder does not exist")
+    try:  # docs/aws.md's `build-context build/lambda` in a fresh clone, which has no build/ yet
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{out.parent}: cannot make the folder ({e.strerror})") from None
     written = []
     with atomic_dir(out, names) as staging:
         for src, rel in layout.items():

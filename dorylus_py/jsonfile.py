@@ -32,7 +32,7 @@ def read_json(path: str | Path, error: type[DorylusError] = DataError, missing: 
     with open_regular(path, error, missing) as f:
         if (size := os.fstat(f.fileno()).st_size) > max_bytes:
             raise error(f"{path}: {size:,} bytes, more than the {max_bytes:,} such a file may have")
-        raw = f.read(max_bytes + 1)
+        raw = f.read(min(size, max_bytes) + 1)  # the size it says (a file growing meanwhile: cut, and refused)
     return parse_json(raw, path, error, max_bytes)
 
 

@@ -6,6 +6,11 @@ needs, into a local cache (``$DORYLUS_CACHE``, default ``~/.cache/dorylus``), ch
 and SHA-256 against the manifest; a missing or corrupt object is named by its ``s3://`` address and
 never used. Credentials, region and endpoint come from the standard AWS chain (``AWS_PROFILE``,
 ``AWS_REGION``, ``AWS_ENDPOINT_URL`` for moto or LocalStack).
+
+Absence is learnt by listing, never from a failed read: S3 answers a read of a missing key with 403
+AccessDenied, not 404, to a caller without ``s3:ListBucket`` (how a prefix condition on that permission
+counts is not documented), so a 403 is a permission problem, named with its fix, unless a listing shows
+the key is not there.
 """
 
 from __future__ import annotations
@@ -69,12 +74,29 @@ def _key(prefix: str, name: str) -> str:
 
 # A HEAD response has no body, so botocore's code is the bare HTTP status: name it as a GET's would be.
 HEAD_CODES = {"403": "AccessDenied", "404": "NotFound"}
+ABSENT = ("404", "NoSuchKey", "NotFound")
+DENIED_FIX = ("the caller needs s3:ListBucket on the bucket for this prefix and s3:GetObject (s3:PutObject to write) "
+              "on the key; on infra/'s deployment the servers' role has them under datasets/ (read) and "
+              "checkpoints/ (read, write) only (infra/iam.tf)")
+
+
+def _code(e) -> str:
+    code = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
+    return HEAD_CODES.get(code, code)
 
 
 def _error(e, what: str) -> DataError:
-    code = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
-    code = HEAD_CODES.get(code, code)
+    code = _code(e)
+    if code == "AccessDenied":
+        return DataError(f"{what}: AccessDenied: {DENIED_FIX}")
     return DataError(f"{what}: {code} ({e})")
+
+
+def _listed(s3, bucket: str, key: str) -> bool:
+    """Whether ``key`` is in ``bucket``, by listing its name as a prefix: the key itself, if there, is the
+    first name the listing returns (a name sorts before every longer one it begins)."""
+    page = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+    return any(o["Key"] == key for o in page.get("Contents", []))
 
 
 def upload_store(local: Path, uri: str, overwrite: bool = False, progress=None) -> None:
@@ -143,11 +165,14 @@ def read_small(uri: str, name: str, cap: int) -> bytes | None:
 
     bucket, prefix = split(uri)
     where = f"{uri.rstrip('/')}/{name}"
+    s3, key = client(), _key(prefix, name)
     try:
-        obj = client().get_object(Bucket=bucket, Key=_key(prefix, name), Range=f"bytes=0-{cap}")
+        if not _listed(s3, bucket, key):
+            return None
+        obj = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{cap}")
         body = obj["Body"].read(cap + 1)
     except ClientError as e:
-        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+        if _code(e) in ABSENT:  # deleted since the listing
             return None
         raise _error(e, where) from None
     except BotoCoreError as e:
@@ -188,7 +213,7 @@ def fetch(uri: str, name: str, dest: Path, size: int | None = None, sha256: str 
         try:
             client().download_file(bucket, _key(prefix, name), str(tmp))
         except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NoSuchBucket"):
+            if _code(e) in (*ABSENT, "NoSuchBucket") or (_code(e) == "AccessDenied" and not _there(bucket, prefix, name, where)):
                 raise Missing(f"{where}: missing") from None
             raise _error(e, where) from None
         except BotoCoreError as e:
@@ -201,3 +226,13 @@ def fetch(uri: str, name: str, dest: Path, size: int | None = None, sha256: str 
     finally:
         tmp.unlink(missing_ok=True)
     return dest
+
+
+def _there(bucket: str, prefix: str, name: str, where: str) -> bool:
+    """After a read was refused: whether the object is there at all (a refused listing is the error)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return _listed(client(), bucket, _key(prefix, name))
+    except (ClientError, BotoCoreError) as e:
+        raise _error(e, where) from None

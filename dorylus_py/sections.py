@@ -57,8 +57,11 @@ def count(flag: str, value, low: int = 1) -> None:
 
 @section
 class RunSettings(Section):
-    data: str | None = setting(None, "dataset or prepared folder (default: a generated graph)", metavar="PATH",
-                               show_default=False)
+    """what to train on, and how long"""
+
+    data: str | None = setting(None, "dataset or prepared folder, or a reference graph shipped with dorylus-py by name "
+                               "(cora, citeseer) where nothing of that name exists (default: a generated graph)",
+                               metavar="PATH", show_default=False)
     epochs: int = setting(200, "epochs", most=MAX_EPOCHS)
     seed: int = setting(0, "weights and dropout seed", most=MAX_SEED)
     threads: int = setting(0, "torch threads (default: torch's choice)", most=1024)
@@ -76,6 +79,8 @@ class RunSettings(Section):
 
 @section
 class ModelSettings(Section):
+    """model and optimiser"""
+
     model: str = setting("gcn", "gcn: Kipf & Welling; gat: graph attention (Velickovic et al.), attention per edge "
                          "computed in ApplyEdge tasks; sage: GraphSAGE with the mean aggregator", choices=MODELS)
     layers: int = setting(2, "layers (Gather + ApplyVertex each)")
@@ -101,10 +106,10 @@ class ModelSettings(Section):
         at_least("--heads", self.heads, 1)
         at_least("--out-heads", self.out_heads, 1)
         at_least("--negative-slope", self.negative_slope, 0)
-        if not 0.0 <= self.attention_dropout() < 1.0:
-            raise ConfigError(f"--attn-dropout must be in [0, 1), got {self.attention_dropout()}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.attn_dropout is not None and not 0.0 <= self.attn_dropout < 1.0:  # unset: --dropout's, checked
+            raise ConfigError(f"--attn-dropout must be in [0, 1), got {self.attn_dropout}")
         above("--lr", self.lr, 0)
         at_least("--weight-decay", self.weight_decay, 0)
         one_of("--feature-norm", self.feature_norm, FEATURE_NORMS)
@@ -120,6 +125,8 @@ class ModelSettings(Section):
 
 @section
 class PipelineSettings(Section):
+    """distributed backends (local, lambda, cpu, gpu)"""
+
     backend: str = setting("reference", "reference: single-process full-batch oracle; local: graph/weight server "
                            "processes with tensor work in emulated Lambdas; lambda: the same with AWS Lambda (see "
                            "docs/aws.md); cpu/gpu: the same pipeline with tensor work inside the graph servers, on the "
@@ -233,6 +240,8 @@ class PipelineSettings(Section):
 
 @section
 class PoolSettings(Section):
+    """Lambda pool (--backend local or lambda)"""
+
     lambdas: int | Auto = setting(4, "tensor workers (emulated Lambdas, or concurrent AWS invocations) at once in all, "
                                   "shared out among the graph servers; auto: each graph server sizes its pool as the run "
                                   "goes, growing while tasks wait for a worker and its graph stages idle (keeping a "
@@ -292,6 +301,8 @@ class PoolSettings(Section):
 
 @section
 class AwsSettings(Section):
+    """AWS Lambda (--backend lambda; docs/aws.md)"""
+
     lambda_function: str = setting("", "lambda: function name or ARN (default: the cluster file's)")
     aws_region: str = setting("", "lambda: AWS region (default: from the AWS environment)")
     aws_profile: str = setting("", "lambda: AWS credentials profile (default: from the AWS environment)")
@@ -306,6 +317,8 @@ class AwsSettings(Section):
 
 @section
 class RecoverySettings(Section):
+    """timeouts, checkpoints and restarts (distributed backends)"""
+
     checkpoint_every: int | None = setting(None, "save every layer's weights and Adam state, all at the same epoch, "
                                            "every N epochs and at the end, into RUN_DIR/checkpoints/; a dead server is "
                                            "restarted from the newest (default 10; 0: never)",
@@ -343,6 +356,8 @@ class RecoverySettings(Section):
 
 @section
 class GossipSettings(Section):
+    """decentralised modes (--mode gossip | allreduce): Cluster-GCN batches on data-parallel workers"""
+
     workers: int = setting(4, "worker processes (default 4; under torchrun: its world size)", most=1024)
     clusters: int = setting(40, "METIS clusters of the graph", most=1_000_000)
     clusters_per_batch: int = setting(4, "clusters joined into one batch")
@@ -377,6 +392,8 @@ class GossipSettings(Section):
 
 @section
 class ScaleSettings(Section):
+    """a scale model of a bigger cluster on this box (docs/lab.md): CPU groups and time dilation"""
+
     dilation: float = setting(1.0, "a scale model (docs/lab.md): each host gets 1/D of its cores, and every delay, "
                               "timeout and heartbeat is D times longer, every emulated link rate D times lower; the "
                               "record keeps the raw times and the model's (raw / D), which reports read", metavar="D")
@@ -403,5 +420,6 @@ class ScaleSettings(Section):
 SECTIONS = {"run": RunSettings, "gnn": ModelSettings, "pipeline": PipelineSettings, "pool": PoolSettings,
             "aws": AwsSettings, "recovery": RecoverySettings, "gossip": GossipSettings,
             "scale": ScaleSettings}
+FIELDS = {f.name: f for cls in SECTIONS.values() for f in fields(cls)}  # every setting's field, by name
 SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}  # field -> its section
-FIELD_TYPES = {f.name: str(f.type) for cls in SECTIONS.values() for f in fields(cls)}  # field -> its annotation
+FIELD_TYPES = {name: str(f.type) for name, f in FIELDS.items()}  # field -> its annotation

@@ -36,14 +36,22 @@ locals {
   )
   # the lock without its CPU torch, for a server that keeps its image's CUDA build
   lock_without_torch = join("\n", [for line in split("\n", local.lock) : line if !startswith(line, "torch==")])
+  # destroy and a targeted apply run without the wheel (server_wheel = ""): nothing below reads the file then
+  wheel_sha256 = var.server_wheel == "" ? "" : filesha256(var.server_wheel)
 }
 
 resource "aws_s3_object" "server_wheel" {
   bucket      = aws_s3_bucket.data.id
   key         = "packages/${basename(var.server_wheel)}"
   source      = var.server_wheel
-  source_hash = filesha256(var.server_wheel) # a rebuilt wheel is uploaded again
+  source_hash = local.wheel_sha256 # a rebuilt wheel is uploaded again (and the servers replaced: their user data names it)
   kms_key_id  = aws_kms_key.data.arn
+  lifecycle {
+    precondition {
+      condition     = var.server_wheel != ""
+      error_message = "server_wheel: give the wheel the servers install, -var server_wheel=$(ls ../dist/dorylus_py-*.whl) (pip wheel --no-deps -w dist . first)."
+    }
+  }
 }
 
 resource "aws_instance" "server" {
@@ -65,10 +73,16 @@ resource "aws_instance" "server" {
   user_data = templatefile("${path.module}/templates/server.sh.tftpl", {
     role         = each.value.role, rank = each.value.rank, cluster_json = jsonencode(local.cluster), region = var.region,
     bucket       = aws_s3_bucket.data.bucket, wheel_key = aws_s3_object.server_wheel.key,
-    wheel_file   = basename(var.server_wheel), wheel_sha256 = filesha256(var.server_wheel),
+    wheel_file   = basename(var.server_wheel), wheel_sha256 = local.wheel_sha256,
     python       = each.value.python, image_torch = each.value.image_torch,
     requirements = each.value.image_torch ? local.lock_without_torch : local.lock
   })
+  lifecycle {
+    precondition {
+      condition     = var.operator_cidr != ""
+      error_message = "operator_cidr: give your address, -var operator_cidr=$(curl -s https://checkip.amazonaws.com)/32 (the only network SSH is open to)."
+    }
+  }
   metadata_options {
     http_tokens   = "required" # IMDSv2 only
     http_endpoint = "enabled"

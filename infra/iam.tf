@@ -1,5 +1,5 @@
 # Least privilege. Lambda: write its own logs, the ENI calls AWS requires of any function in a VPC,
-# read the job key's secret. Servers: read their wheel and the dataset prefix, read and write the
+# read the job key's secret. Servers: read their wheel and the dataset prefix, list, read and write the
 # checkpoint prefix (the driver on graph server 0 writes there), invoke that one function and read its
 # memory size (what AWS bills a run for), read the job key's secret. Every action is used by a step of
 # `dorylus aws rehearse` or listed in docs/aws.md with why (tests/aws/test_rehearsal.py checks both).
@@ -65,13 +65,16 @@ data "aws_iam_policy_document" "server_assume" {
 
 data "aws_iam_policy_document" "server" {
   statement {
-    sid       = "ListDatasets"
+    # Reading a key needs it too: S3 answers a read of a missing key with AccessDenied, not 404, to a
+    # caller that may not list it, and the code learns absence (the first checkpoint's latest.json) by
+    # listing the key's name, never from a failed read (dorylus_py/s3.py).
+    sid       = "ListDatasetsAndCheckpoints"
     actions   = ["s3:ListBucket"]
     resources = [aws_s3_bucket.data.arn]
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["${var.dataset_prefix}/*"]
+      values   = ["${var.dataset_prefix}/*", "${var.checkpoint_prefix}/*"]
     }
   }
   statement {

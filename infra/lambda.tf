@@ -25,8 +25,17 @@ resource "aws_lambda_function" "tensor" {
     }
   }
   vpc_config {
-    subnet_ids         = aws_subnet.lambda[*].id
+    subnet_ids         = aws_subnet.lambda[*].id # the servers' zone (and one more with lambda_zone_count = 2)
     security_group_ids = [aws_security_group.lambda.id]
   }
   depends_on = [aws_cloudwatch_log_group.lambda, aws_iam_role_policy.lambda]
+  lifecycle {
+    # `dorylus aws update-function` puts later images live; an apply (force_destroy's, say) must not put
+    # the function back on the first one
+    ignore_changes = [image_uri]
+    precondition {
+      condition     = var.lambda_image_uri != ""
+      error_message = "lambda_image_uri: give the image pushed in docs/aws.md section 1 (-var lambda_image_uri=$REPO:v1)."
+    }
+  }
 }

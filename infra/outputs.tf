@@ -30,6 +30,13 @@ output "graph_server_instance_ids" {
   value       = [for i in range(var.graph_server_count) : aws_instance.server["graph-server-${i}"].id]
 }
 
+output "servers" {
+  description = "Every server by name: its instance id and public address (restarting them all: docs/aws.md)"
+  value = { for name, instance in aws_instance.server : name => {
+    id = instance.id, public_ip = instance.public_ip, private_ip = instance.private_ip
+  } }
+}
+
 output "lambda_function" {
   description = "Tensor worker function name"
   value       = aws_lambda_function.tensor.function_name

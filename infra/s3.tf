@@ -29,6 +29,11 @@ resource "aws_kms_key" "data" {
 
 data "aws_caller_identity" "current" {}
 
+# The identity running the apply, as a principal a key policy can name (an assumed role's role, not its session).
+data "aws_iam_session_context" "operator" {
+  arn = data.aws_caller_identity.current.arn
+}
+
 data "aws_iam_policy_document" "kms" {
   # checkov:skip=CKV_AWS_109: a key policy's "*" resource is this key only; the account root must administer it
   # checkov:skip=CKV_AWS_111: same: "*" in a key policy is the key itself, not every resource
@@ -40,6 +45,20 @@ data "aws_iam_policy_document" "kms" {
     principals {
       type        = "AWS"
       identifiers = ["arn:aws:iam::${data.aws_caller_identity.current.account_id}:root"]
+    }
+  }
+  statement {
+    # The operator's IAM policy grants no KMS key: what it may do with a key, and to retire it, this key's
+    # policy grants, so no other key of the account can be decrypted with or deleted through it.
+    sid = "OperatorUsesAndRetiresTheKey"
+    actions = [
+      "kms:Decrypt", "kms:DescribeKey", "kms:EnableKeyRotation", "kms:GenerateDataKey", "kms:GetKeyPolicy",
+      "kms:GetKeyRotationStatus", "kms:ListResourceTags", "kms:PutKeyPolicy", "kms:ScheduleKeyDeletion",
+    ]
+    resources = ["*"] # in a key policy, "*" means this key
+    principals {
+      type        = "AWS"
+      identifiers = length(var.operator_arns) > 0 ? var.operator_arns : [data.aws_iam_session_context.operator.issuer_arn]
     }
   }
   statement {

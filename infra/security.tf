@@ -76,6 +76,7 @@ resource "aws_vpc_security_group_ingress_rule" "driver_from_servers" {
 }
 
 resource "aws_vpc_security_group_ingress_rule" "ssh_from_operator" {
+  count             = var.operator_cidr == "" ? 0 : 1 # given to every apply that makes the servers (their precondition)
   security_group_id = aws_security_group.servers.id
   description       = "SSH from the operator's network only"
   cidr_ipv4         = var.operator_cidr

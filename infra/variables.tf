@@ -11,12 +11,19 @@ variable "name" {
 }
 
 variable "operator_cidr" {
-  description = "The only network allowed to SSH to the servers (your address, e.g. 203.0.113.7/32)"
+  description = "The only network allowed to SSH to the servers (your address, e.g. 203.0.113.7/32); needed to make them, not to destroy"
   type        = string
+  default     = ""
   validation {
-    condition     = can(cidrhost(var.operator_cidr, 0)) && var.operator_cidr != "0.0.0.0/0"
+    condition     = var.operator_cidr == "" || (can(cidrhost(var.operator_cidr, 0)) && var.operator_cidr != "0.0.0.0/0")
     error_message = "operator_cidr must be a CIDR block narrower than the whole internet."
   }
+}
+
+variable "operator_arns" {
+  description = "IAM users or roles (ARNs) that may use, change and retire the deployment's KMS key, which its own policy grants them (the operator's IAM policy grants no KMS key): empty, whoever runs the first apply"
+  type        = list(string)
+  default     = []
 }
 
 variable "key_name" {
@@ -97,8 +104,9 @@ variable "driver_port" {
 }
 
 variable "lambda_image_uri" {
-  description = "ECR image of the tensor worker (see docs/aws.md: dorylus aws build-context, docker build, push)"
+  description = "ECR image the tensor worker is made from (docs/aws.md: dorylus aws build-context, docker build, push); later images go live with `dorylus aws update-function`, which Terraform leaves alone; needed to make it, not to destroy"
   type        = string
+  default     = ""
 }
 
 variable "lambda_memory_mb" {
@@ -111,6 +119,16 @@ variable "lambda_timeout_s" {
   description = "A Lambda's time limit in seconds"
   type        = number
   default     = 60
+}
+
+variable "lambda_zone_count" {
+  description = "Zones the Lambdas run in: 1, the servers' zone (their traffic with the servers is free); 2 adds another zone, in case the first has no capacity, whose Lambdas' traffic crosses zones at 0.01 USD per GB each way"
+  type        = number
+  default     = 1
+  validation {
+    condition     = contains([1, 2], var.lambda_zone_count)
+    error_message = "lambda_zone_count must be 1 (the servers' zone) or 2 (and one more)."
+  }
 }
 
 variable "lambda_reserved_concurrency" {
@@ -128,10 +146,11 @@ variable "lambda_reserved_concurrency" {
 }
 
 variable "server_wheel" {
-  description = "The dorylus-py wheel the servers install (pip wheel --no-deps -w dist . in a checkout); uploaded to the bucket, its SHA-256 checked by pip on every server"
+  description = "The dorylus-py wheel the servers install (pip wheel --no-deps -w dist . in a checkout); uploaded to the bucket, its SHA-256 checked by pip on every server; needed by every apply but a targeted one (-target), not by destroy"
   type        = string
+  default     = ""
   validation {
-    condition     = endswith(var.server_wheel, ".whl") && fileexists(var.server_wheel)
+    condition     = var.server_wheel == "" || (endswith(var.server_wheel, ".whl") && can(filesha256(var.server_wheel)))
     error_message = "server_wheel must be the path of a built wheel (.whl): pip wheel --no-deps -w dist . (docs/aws.md)."
   }
 }

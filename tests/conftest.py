@@ -1,4 +1,4 @@
-"""Shared fixtures: a small generated graph, and the reference datasets when ../shared is present."""
+"""Shared fixtures: a small generated graph, and the reference datasets (shipped in dorylus_py/datasets)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from dorylus_py import datasets
 from dorylus_py.data import Graph, SynthConfig, generate, load_graph
 
-# ../shared/datasets beside the checkout; DORYLUS_DATASETS names another folder (a worktree elsewhere)
-DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or Path(__file__).resolve().parents[2] / "shared" / "datasets")
+# The reference datasets the package ships (dorylus_py/datasets); DORYLUS_DATASETS names another folder of them
+DATASETS = Path(os.environ.get("DORYLUS_DATASETS") or datasets.FOLDER)
 
 
 # A bug met while handling a peer's message is logged and the message dropped in production; in the tests
@@ -57,10 +58,7 @@ def graph_npz(small_graph, tmp_path) -> Path:
 
 
 def _dataset(name: str) -> Graph:
-    path = DATASETS / f"{name}.npz"
-    if not path.exists():
-        pytest.skip(f"{path} absent (reference datasets live in ../shared/datasets)")
-    return load_graph(path)
+    return load_graph(DATASETS / f"{name}.npz")  # shipped with the package: never skipped
 
 
 @pytest.fixture(scope="session")

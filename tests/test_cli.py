@@ -31,8 +31,26 @@ def test_synth_check_prepare_train(tmp_path, capsys):
     assert code == 0 and "edge cut" in out and "balance" in out
     code, out, _ = run(capsys, "train", "--data", tmp_path / "p", "--epochs", 3, "--out", tmp_path / "run", "--quiet")
     assert code == 0 and "run record in" in out
+    assert f" 3 epochs on {tmp_path / 'p'} (500 vertices, 4,000 edges, 3 classes) in " in out  # what it trained on
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
     assert json.loads((tmp_path / "run" / "config.json").read_text())["graph"]["nodes"] == 500
+
+
+def test_a_run_names_its_data_and_starts_with_only_what_a_user_chose_or_should_know(graph_npz, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """Issue 56: the closing line names the data (or the generated graph's shape), and on a terminal the
+    start-up lines say what the user asked for in their words: no plan's internals (`--chunks auto: 1 a
+    graph server`), no line about fusing that only a developer reads."""
+    from dorylus_py.cli_train import trained_on
+
+    assert trained_on(None, {"nodes": 10_000, "edges": 200_000, "classes": 10}) == \
+        "a generated graph (10,000 vertices, 200,000 edges, 10 classes)"
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # status lines show on a terminal only
+    code, out, err = run(capsys, "train", "--data", graph_npz, "--backend", "cpu", "--epochs", 1, "--out",
+                         tmp_path / "run", "--quiet")
+    assert code == 0 and f"1 epoch on {graph_npz} (600 vertices, " in out
+    notes = [line for line in err.splitlines() if line.startswith("... ")]
+    assert notes == [f"... loading {graph_npz}", f"... partitioning {graph_npz} into 2 parts, one per graph server"], err
 
 
 def test_help_explains_each_command(capsys):

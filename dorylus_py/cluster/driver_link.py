@@ -164,8 +164,7 @@ class DriverLink:
                 pass
 
     def stop(self) -> None:
-        if sum(self.rejections.counts.values()):
-            log.warning("driver refused messages: %s", self.rejections)
+        self.rejections.report()
         self._stop_all()
         deadline = time.monotonic() + 10
         for proc, _ in self.procs.values():

@@ -45,8 +45,9 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 
 from dorylus_py.config import DECENTRAL_MODES, TrainConfig, row_cache_mb
+from dorylus_py.cost import transfer
 from dorylus_py.cost.gpu import GPUS, GpuSpeed, gpu_of, weight_server_type
-from dorylus_py.cost.model import Prices, invocations, read_record
+from dorylus_py.cost.model import Prices, invocations, read_record, value_of
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.plan import plan
 from dorylus_py.training.record_schema import record_settings
@@ -139,6 +140,7 @@ class Setup:
     row_cache_mb: int | None = None  # local/lambda workers' feature cache; None: the default, a quarter of memory
     wire_dtype: str = "float32"  # what rows travel as (--wire-dtype)
     weight_instance: str = ""  # EC2 type of the weight servers; "": ``instance``, or a CPU type beside GPUs
+    lambda_zones: int = 1  # zones the Lambdas run in (infra's lambda_zone_count): traffic across zones is billed
 
     @property
     def weight_type(self) -> str:
@@ -256,13 +258,14 @@ class Calibration:
             gb_s = tensor_total * self.billed_per_measured * setup.epochs * setup.memory_mb / 1024.0
             requests = self.tasks_per_server_chunk * setup.graph_servers * setup.chunks * setup.epochs
             lambda_usd = gb_s * prices.lambda_gb_second + requests * prices.lambda_per_request
-        total = server_usd + lambda_usd
-        hour_usd = wall / 3600.0 * total  # 0 for a configuration of no cost or time
+        transfer_usd = transfer.transfer_usd(transfer.predicted_lambda_bytes(work, setup), setup.lambda_zones)
+        total = server_usd + lambda_usd + transfer_usd
         return {"backend": setup.backend, "graph servers": setup.graph_servers, "instance": setup.instance,
                 "lambdas": setup.lambdas if setup.backend in ("local", "lambda") else 0,
                 "server GB/epoch": setup.bytes_per_server(work) / 1e9, "epoch s": epoch_s,
                 "wall s": wall, "GB-s": gb_s, "requests": int(round(requests)), "servers $": server_usd,
-                "lambda $": lambda_usd, "total $": total, "value": 1.0 / hour_usd if hour_usd > 0 else float("nan")}
+                "lambda $": lambda_usd, "transfer $": transfer_usd, "total $": total,
+                "value": value_of(wall, total)}
 
 
 def chunks_for(chunks: int | str, backend: str, graph_servers: int, lambdas: int | str, nodes: int,
@@ -310,7 +313,7 @@ def search(cal: Calibration, work: Workload, base: Setup, prices: Prices, instan
         for lambdas in ((16, 32, 64, 128, 256) if backend == "lambda" else (0,)):
             n = base.chunks if chunks is None else chunks_for(chunks, backend, k, max(lambdas, 1), work.nodes)
             setup = Setup(backend, k, base.weight_servers, inst, lambdas, base.memory_mb, n, base.epochs,
-                          base.tensor_threads, base.row_cache_mb, base.wire_dtype, base.weight_instance)
+                          base.tensor_threads, base.row_cache_mb, base.wire_dtype, base.weight_instance, base.lambda_zones)
             rows.append(cal.estimate(work, setup, prices, gpu))
     return rows
 

@@ -90,8 +90,13 @@ class RunCost:
     @property
     def value(self) -> float:
         """1 / (time x cost), in 1 / (hour x USD)."""
-        hour_usd = (self.wall_s / 3600.0) * self.total_usd  # 0 for a run of no cost or time (or of 1e-320 s)
-        return 1.0 / hour_usd if hour_usd > 0 else float("nan")
+        return value_of(self.wall_s, self.total_usd)
+
+
+def value_of(wall_s: float, total_usd: float) -> float:
+    """The paper's value, 1 / (time x cost), in 1 / (hour x USD); NaN for a run of no cost or time."""
+    hour_usd = (wall_s / 3600.0) * total_usd  # 0 for a run of no cost or time (or of 1e-320 s)
+    return 1.0 / hour_usd if hour_usd > 0 else float("nan")
 
 
 def servers_of(config: dict) -> int:

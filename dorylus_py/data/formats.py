@@ -8,8 +8,10 @@
   (header ``{int32 4, uint32 num_vertices, uint64 num_edges}`` then uint32 ``(src, dst)`` pairs),
   ``features.bsnap`` (uint32 dimension, then float32 rows), ``labels.bsnap`` (uint32 class count,
   then one uint32 per vertex).
-- ``.pt``: a saved PyG ``Data`` object (needs torch_geometric; a pickle, so load only trusted files).
-- an OGB node-property dataset folder (``raw/edge.csv.gz``, ..., ``split/<name>/``; ``data/ogb.py``).
+- ``.pt``: a saved PyG ``Data`` object (needs torch_geometric; unpickled with only PyG's data classes
+  allowed, so a file that would run code is refused: ``torchfile.py``).
+- an OGB node-property dataset folder (``raw/edge.csv.gz``, ..., ``split/<name>/``, or OGB's binary
+  ``raw/data.npz`` and ``raw/node-label.npz``; ``data/ogb.py``).
 - (a folder made by ``dorylus prepare`` is ``partition.load_dataset``'s: the partitions, put back together).
 
 Where a file carries no split, a seeded random split of the labelled vertices is drawn.
@@ -27,7 +29,7 @@ import numpy as np
 from dorylus_py.atomic import atomic_file
 from dorylus_py.data.graph import SPLITS, Graph, class_count, random_split
 from dorylus_py.data.npystream import NpyMember, npz_members
-from dorylus_py.data.ogb import OgbFolder, is_ogb_folder
+from dorylus_py.data.ogb import is_ogb_folder, ogb_hint, open_ogb
 from dorylus_py.data.textblocks import line_blocks, parse_pairs
 from dorylus_py.errors import DataError
 from dorylus_py.settings import check_split
@@ -65,8 +67,11 @@ def load_graph(path: str | os.PathLike, sources: Sources = Sources()) -> Graph:
             return read_bsnap(p, sources)
         if is_ogb_folder(p):
             return read_ogb(p, sources)
+        hint = ogb_hint(p)
+        if hint:
+            raise DataError(f"{p}: {hint}")
         raise DataError(f"{p}: folder holds neither a manifest.json (from `dorylus prepare`), graph.bsnap nor an "
-                        "OGB dataset (raw/edge.csv.gz)")
+                        "OGB dataset (raw/edge.csv.gz or raw/data.npz)")
     if p.name.endswith(".bsnap"):
         return read_bsnap(p.parent, sources)
     if p.suffix == ".npz":
@@ -214,8 +219,9 @@ def _bsnap_u32_header(path: Path) -> int:
 
 
 def read_ogb(path: Path, sources: Sources = Sources()) -> Graph:
-    """An OGB folder whole (its split, unless ``--masks`` gives another); ``prepare`` streams it instead."""
-    folder = OgbFolder(path)
+    """An OGB folder whole, either layout (its split, unless ``--masks`` gives another); ``prepare`` streams it
+    instead."""
+    folder = open_ogb(path)
     blocks = list(folder.edge_blocks(1 << 20))
     src = np.concatenate([s for s, _ in blocks]) if blocks else np.zeros(0, np.int64)
     dst = np.concatenate([d for _, d in blocks]) if blocks else np.zeros(0, np.int64)
@@ -232,7 +238,7 @@ def read_ogb(path: Path, sources: Sources = Sources()) -> Graph:
 def from_pyg(data, sources: Sources = Sources(), source: str = "<pyg Data>") -> Graph:
     """Convert a PyG ``Data`` (``x``, ``y``, ``edge_index`` with messages flowing row 0 -> row 1)."""
     for attr in ("x", "y", "edge_index"):
-        if getattr(data, attr, None) is None:
+        if _pyg_tensor(data, attr, source) is None:
             raise DataError(f"{source}: the PyG Data object has no '{attr}'")
     ei = data.edge_index.detach().cpu().numpy()
     if ei.ndim != 2 or ei.shape[0] != 2:
@@ -241,22 +247,39 @@ def from_pyg(data, sources: Sources = Sources(), source: str = "<pyg Data>") -> 
     arrays = {
         f"{s}_mask": getattr(data, f"{s}_mask").detach().cpu().numpy()
         for s in SPLITS
-        if getattr(data, f"{s}_mask", None) is not None
+        if _pyg_tensor(data, f"{s}_mask", source) is not None
     }
     masks = masks_from(arrays, source, labels, sources)
     return Graph.from_edges(ei[0], ei[1], data.x.detach().cpu().numpy(), labels, *masks, source=source)
 
 
-def read_pyg_file(path: Path, sources: Sources = Sources()) -> Graph:
+def _pyg_tensor(data, attr: str, source: str):
+    """``data.attr``: None if absent, else a dense tensor (DataError for anything else a file put there)."""
+    import torch
+
     try:
-        import torch
-        import torch_geometric  # noqa: F401  (needed to unpickle Data)
+        value = getattr(data, attr, None)
+    except RuntimeError as e:  # a Data unpickled without its attribute store
+        raise DataError(f"{source}: not a whole PyG Data object ({_reason(e)})") from None
+    if value is not None and not (isinstance(value, torch.Tensor) and value.layout == torch.strided):
+        raise DataError(f"{source}: the PyG Data object's '{attr}' is a {type(value).__name__}, not a dense tensor")
+    return value
+
+
+def read_pyg_file(path: Path, sources: Sources = Sources()) -> Graph:
+    """A ``torch_geometric.data.Data`` saved with ``torch.save``, unpickled with only PyG's data classes
+    allowed (``torchfile.load_pt``): a file that would run code, or holds anything else, is refused."""
+    try:
+        from torch_geometric.data.data import Data, DataEdgeAttr, DataTensorAttr
+        from torch_geometric.data.storage import GlobalStorage
     except ImportError:
         raise DataError(f"{path}: reading a PyG .pt file needs torch_geometric (pip install 'dorylus-py[bench]')") from None
-    try:
-        data = torch.load(path, weights_only=False)  # a pickle: trusted files only (documented)
-    except Exception as e:  # noqa: BLE001  (any unpickling failure is a bad file)
-        raise DataError(f"{path}: not a readable torch file ({_reason(e)})") from None
+    from dorylus_py.torchfile import load_pt
+
+    # what a Data saved by PyG 2.x is made of: the object, its attribute store and two small key types
+    data = load_pt(path, [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage], "saved PyG Data")
+    if type(data) is not Data:
+        raise DataError(f"{path}: holds a {type(data).__name__}, not a PyG Data object")
     return from_pyg(data, sources, source=str(path))
 
 

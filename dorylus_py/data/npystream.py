@@ -12,6 +12,7 @@ import hashlib
 import io
 import math
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,28 @@ class NpyMember:
                 yield np.frombuffer(raw, dtype=self.dtype).reshape((take, *self.shape[1:]))
                 done += take
 
+    def row_blocks(self, row: int, items: int):
+        """Row ``row`` of a 2-D array, in consecutive blocks of at most ``items`` values: one row of a (2, E)
+        ``edge_index`` read beside the other through a stream of its own, the rows before it skipped, not held."""
+        width, itemsize = self.shape[1], self.dtype.itemsize
+        with self.opener() as f:
+            _read_header(f, self.where)
+            skip = row * width * itemsize  # a deflated member cannot seek: the rows before are read past
+            while skip:
+                got = len(f.read(min(skip, 1 << 20)))
+                if not got:
+                    raise DataError(f"{self.where}: truncated before its row {row}")
+                skip -= got
+            done = 0
+            while done < width:
+                take = min(items, width - done)
+                raw = f.read(take * itemsize)
+                if len(raw) != take * itemsize:
+                    raise DataError(f"{self.where}: truncated after {done + len(raw) // itemsize} of the {width} "
+                                    f"values of its row {row}")
+                yield np.frombuffer(raw, dtype=self.dtype)
+                done += take
+
     def read(self) -> np.ndarray:
         """The whole array (for the small per-vertex arrays: labels, masks)."""
         parts = list(self.blocks(max(len(self), 1)))
@@ -151,7 +174,11 @@ def npz_members(path: Path, wanted=None) -> dict[str, NpyMember]:
     def opener(member: str):
         def open_member():
             z = zipfile.ZipFile(path)
-            return _Closing(z.open(member), z)
+            try:
+                return _Closing(z.open(member), z, f"{path}:{member}")
+            except (zipfile.BadZipFile, OSError, ValueError) as e:
+                z.close()
+                raise DataError(f"{path}:{member}: not readable ({e})") from None
         return open_member
 
     return {name[: -len(".npy")]: NpyMember(opener(name), f"{path}:{name}", info.file_size)
@@ -159,13 +186,17 @@ def npz_members(path: Path, wanted=None) -> dict[str, NpyMember]:
 
 
 class _Closing:
-    """A zip member stream that also closes its archive."""
+    """A zip member stream that also closes its archive; a member whose compressed bytes are corrupt (a bad
+    deflate stream, a CRC that does not match) is one line naming it."""
 
-    def __init__(self, f, z):
-        self.f, self.z = f, z
+    def __init__(self, f, z, where: str):
+        self.f, self.z, self.where = f, z, where
 
     def read(self, n: int = -1) -> bytes:
-        return self.f.read(n)
+        try:
+            return self.f.read(n)
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+            raise DataError(f"{self.where}: corrupt compressed data ({e})") from None
 
     def tell(self) -> int:
         return self.f.tell()

@@ -27,15 +27,9 @@ from dorylus_py.decentral.batches import batch_input
 from dorylus_py.models import architecture, build_module, spec_of
 from dorylus_py.protocol import ProtocolError
 from dorylus_py.training.record import BestTracker, RunRecord, run_summary
-from dorylus_py.training.reference import input_features, model_dims, model_weights
+from dorylus_py.training.reference import accuracy, input_features, model_dims, model_weights
 
 log = logging.getLogger(__name__)
-
-
-def exact_accuracy(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> float:
-    """correct / count as a Python float (nan for an empty split)."""
-    total = int(mask.sum())
-    return int((logits[mask].argmax(dim=1) == labels[mask]).sum()) / total if total else float("nan")
 
 
 def set_flat(model: torch.nn.Module, flat: torch.Tensor) -> None:
@@ -80,7 +74,7 @@ class Recorder:
         self.model.eval()
         with torch.no_grad():
             logits = self.model(self.adj, self.x)
-        acc = {s: exact_accuracy(logits, self.y, m) for s, m in self.masks.items()}
+        acc = {s: accuracy(logits, self.y, m) for s, m in self.masks.items()}
         row = {"epoch": epoch, "loss": float(f"{loss:.6g}"), "train_acc": acc["train"], "val_acc": acc["val"],
                "test_acc": acc["test"], "epoch_s": round(wall - last_wall_s, 4), "wall_s": wall, "workers": workers}
         self.record.log_epoch(row)

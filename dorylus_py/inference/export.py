@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from dorylus_py.atomic import atomic_file
-from dorylus_py.errors import ConfigError
+from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.inference.trained import TrainedModel
 from dorylus_py.models.architectures import (
     GATArchitecture,
@@ -58,12 +58,14 @@ def save_export(exported: dict, path: str | Path) -> None:
 
 
 def torch_module(path_or_dict):
-    """The reference module (``models/``) of a ``--to torch`` export, in eval mode."""
-    import torch
-
+    """The reference module (``models/``) of a ``--to torch`` export (a dict, or the file holding one, read
+    with no class unpickled: ``torchfile.load_pt``), in eval mode."""
     from dorylus_py.models import build_module, model_spec
+    from dorylus_py.torchfile import load_pt
 
-    saved = path_or_dict if isinstance(path_or_dict, dict) else torch.load(path_or_dict, weights_only=True)
+    saved = path_or_dict if isinstance(path_or_dict, dict) else load_pt(path_or_dict, [], "dorylus export")
+    if not isinstance(saved, dict) or not {"settings", "features", "classes", "state_dict"} <= set(saved):
+        raise DataError(f"{path_or_dict}: not a `dorylus export --to torch` file")
     s = saved["settings"]
     dims = [saved["features"], *[s["hidden"]] * (s["layers"] - 1), saved["classes"]]
     module = build_module(model_spec(s["model"], dims, s["heads"], s["out_heads"], s["negative_slope"]), 0.0, 0.0, 0)

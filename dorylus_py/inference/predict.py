@@ -2,9 +2,10 @@
 reference module (``models/``) in eval mode, the same pass the trainer measures accuracy with, so the
 predictions of the run's own data at its best weights score exactly the recorded test accuracy there.
 
-The dataset is the run's own (``config.json``'s ``data``, with its side files and split) unless another
-is given; either way it must have the feature width and class count the model was trained on. The
-features get the normalisation the run resolved (``row`` or ``none``) before the first layer.
+The dataset is the run's own (``config.json``'s ``data``, with its side files and split, read only if it
+holds what the record's checksums say) unless another is given; either way it must have the feature
+width and class count the model was trained on. The features get the normalisation the run resolved
+(``row`` or ``none``) before the first layer.
 """
 
 from __future__ import annotations
@@ -55,30 +56,33 @@ class Predictions:
 
 
 def run_dataset(trained: TrainedModel, data: str | None = None, sources: Sources | None = None) -> Graph:
-    """The graph to predict on: ``data`` (any dataset path, prepared stores included) or, without it, the run's
-    own, checked against the counts the run recorded (a dataset file changed since is refused)."""
+    """The graph to predict on: ``data`` (any dataset path, prepared stores included) or, without it, the
+    run's own (:func:`recorded_dataset`)."""
     from dorylus_py.partition import load_dataset
 
-    if data is not None:
-        return load_dataset(data, sources or Sources())
-    record = trained.record
-    recorded = record.get("sources") or {}
-    sources = sources or Sources(**{k: v for k, v in recorded.items() if k in Sources.__dataclass_fields__})
-    if trained.config.data is None:  # the run trained on `dorylus synth`'s default graph, made again
+    if data is None:
+        data, sources = recorded_dataset(trained)
+    if data is None:  # the run trained on `dorylus synth`'s default graph, made again
         from dorylus_py.data import SynthConfig, generate
 
-        graph = generate(SynthConfig())
-    else:
-        path = trained.config.data
-        if not str(path).startswith("s3://") and not Path(path).exists():
-            raise DataError(f"{path}: the dataset {trained.run_dir / 'config.json'} names is not there (pass --data PATH)")
-        graph = load_dataset(path, sources)
-    counts, now = record.get("graph") or {}, graph.summary()
-    changed = [k for k in ("nodes", "edges") if k in counts and counts[k] != now[k]]
-    if changed:
-        raise DataError(f"{graph.source}: {now[changed[0]]:,} {changed[0]} now, but the run in {trained.run_dir} "
-                        f"trained on {counts[changed[0]]:,} (the dataset changed; pass --data PATH)")
-    return graph
+        return generate(SynthConfig())
+    return load_dataset(data, sources or Sources())
+
+
+def recorded_dataset(trained: TrainedModel) -> tuple[str | None, Sources]:
+    """The run's own dataset path (None: synth's default graph) and side files, each holding what the
+    record's checksums say (``training/provenance.py``; a ConfigError saying to pass --data otherwise),
+    with the run's split settings."""
+    from dorylus_py.training.provenance import follow
+
+    paths = follow(trained.run_dir, trained.record)
+    recorded = trained.record.get("sources") if isinstance(trained.record.get("sources"), dict) else {}
+    split = {k: recorded[k] for k in ("train_frac", "val_frac", "split_seed") if k in recorded}
+    try:
+        sources = Sources(**split, **{k: v for k, v in paths.items() if k != "data"})
+    except (TypeError, ValueError) as e:  # Sources checks the split settings when made
+        raise DataError(f"{trained.run_dir / 'config.json'}: sources: {e}") from None
+    return paths.get("data"), sources
 
 
 def check_fits(trained: TrainedModel, graph: Graph) -> None:

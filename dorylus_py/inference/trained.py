@@ -9,16 +9,18 @@ disagree is refused with one line instead of failing inside a forward pass.
 
 from __future__ import annotations
 
-import zipfile
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from dorylus_py.checkpoint import read_npz
 from dorylus_py.config import SECTION_OF, TrainConfig
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.jsonfile import read_json
 from dorylus_py.models import ModelSpec, spec_of
+from dorylus_py.regular_file import open_regular
 
 WEIGHT_FILES = {"best": "best_weights.npz", "final": "weights.npz"}  # --weights CHOICE -> file of the record
 
@@ -85,15 +87,17 @@ def load_trained(run_dir: str | Path, which: str = "best") -> TrainedModel:
 
 
 def read_weights(path: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
-    """The tensors ``spec`` names, from a weights ``.npz``, each checked against its shape."""
-    if not path.exists():
-        raise DataError(f"{path}: missing (the run ended before writing it; try --weights "
-                        f"{'final' if path.name == WEIGHT_FILES['best'] else 'best'})")
+    """The tensors ``spec`` names, from a weights ``.npz``, each checked against its shape. Read as
+    checkpoints are (``checkpoint.read_npz``): a regular file, not a symlink; only the members the model
+    has, each sized from its header against the model's shape before anything is allocated."""
+    shapes = {t.name: tuple(t.shape) for t in spec.tensors()}
     try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
-        raise DataError(f"{path}: not a readable .npz of weights ({str(e).strip() or type(e).__name__})") from None
+        f = open_regular(path)
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing (the run ended before writing it; try --weights "
+                        f"{'final' if path.name == WEIGHT_FILES['best'] else 'best'})") from None
+    with f:
+        arrays = read_npz(f, str(path), shapes, os.fstat(f.fileno()).st_size, wanted=set(shapes))
     weights = {}
     for t in spec.tensors():
         w = arrays.get(t.name)

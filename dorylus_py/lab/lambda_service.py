@@ -13,6 +13,11 @@ the two calls ``--backend lambda`` makes (``platforms/aws.py``, through aiobotoc
   AWS throttles a function at its reserved concurrency, and the caller backs off and retries).
 - ``GET /2015-03-31/functions/NAME/configuration``: the memory size and timeout (read at a run's start).
 
+``--runtime awslambdaric`` runs each invocation as the image runs it instead: AWS's runtime client
+(``python -m awslambdaric lambda_functions.handler.handler``) in a warm container per concurrent call,
+against the Lambda Runtime API (``runtime_api.py``), so the event, the context object and the error
+reports go through AWS's code; the emulator's latency, cold-start and failure knobs do not apply there.
+
 Every request must carry a valid AWS Signature Version 4 made with the access key pair in this
 service's environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``; ``sigv4.py``), else it is
 refused with 403: on its headers, before its body is read (its signature too, when it declares the body's
@@ -28,9 +33,11 @@ import argparse
 import base64
 import json
 import logging
+import math
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -40,6 +47,7 @@ from urllib.parse import unquote
 
 from dorylus_py.errors import ConfigError
 from dorylus_py.lab.connections import IDLE_S, GuardedServer
+from dorylus_py.lab.runtime_api import Container, Pool, error_of
 from dorylus_py.lab.sigv4 import Credentials, Pending, SignatureError, check_headers
 from dorylus_py.platforms.base import Completion
 from dorylus_py.platforms.local import KILL_GRACE_S, LocalLambdaPlatform
@@ -80,21 +88,28 @@ class _Call:
 class LambdaService:
     """The pool, the calls waiting on it, and the HTTP server in front of them."""
 
-    def __init__(self, function: Function, creds: Credentials, key: bytes, listen: tuple[str, int], seed: int = 0):
+    def __init__(self, function: Function, creds: Credentials, key: bytes, listen: tuple[str, int], seed: int = 0,
+                 runtime: str = "emulator"):
         self.function, self.creds = function, creds
         self.stats = {"invocations": 0, "throttled": 0, "refused": 0, "function_errors": 0}
         self._lock = threading.Lock()
         self._calls: dict[str, tuple[dict, _Call]] = {}  # a task copy (its fields, as JSON) -> (its task, its call)
-        self.pool = LocalLambdaPlatform(function.concurrency, function.latency_ms, function.fail_rate,
-                                        function.memory_mb, function.timeout_s, seed=seed,
-                                        cold_start_ms=function.cold_start_ms, key=key)
+        self.pool, self.containers = None, None
+        if runtime == "awslambdaric":  # the image's entry point, the job key in the function's environment
+            env = {k: v for k, v in os.environ.items() if k != "DORYLUS_KEY_SECRET"} | {"DORYLUS_KEY": key.hex()}
+            root = tempfile.mkdtemp(prefix="lambda-task-root-")  # the installed package is the code
+            self.containers = Pool(lambda: Container(env, root, function.configuration(creds.region)))
+        else:
+            self.pool = LocalLambdaPlatform(function.concurrency, function.latency_ms, function.fail_rate,
+                                            function.memory_mb, function.timeout_s, seed=seed,
+                                            cold_start_ms=function.cold_start_ms, key=key)
         self._closed = threading.Event()
         self._collector = threading.Thread(target=self._collect, name="completions", daemon=True)
         self._collector.start()
         try:
             self.httpd = GuardedServer(listen, _Handler)
         except OSError as e:
-            self.pool.close()
+            (self.pool or self.containers).close()
             raise ConfigError(f"cannot listen on {listen[0]}:{listen[1]} ({e.strerror})") from None
         self.httpd.service = self
 
@@ -118,6 +133,8 @@ class LambdaService:
                 return None
             self.stats["invocations"] += 1
             self._calls[_copy_of(task)] = (task, call)
+        if self.containers is not None:
+            return self._in_container(event, task)
         self.pool.invoke(typed)
         f = self.function
         if not call.done.wait(f.timeout_s + (f.latency_ms + f.cold_start_ms) / 1000 + scaled(KILL_GRACE_S + 10)):
@@ -129,8 +146,31 @@ class LambdaService:
                               f"Sandbox.Timedout: Task timed out after {f.timeout_s:.2f} seconds")
         return call.result
 
+    def _in_container(self, event: dict, task: dict) -> Completion:
+        """``event`` run by AWS's runtime client in a warm container; the slot is free when it answers."""
+        start = time.time()
+        try:
+            outcome = self.containers.invoke(json.dumps(event).encode(), self.function.timeout_s)
+        finally:
+            with self._lock:
+                self._calls.pop(_copy_of(task), None)
+        ok, output, error = outcome.ok, None, ""
+        if ok:
+            try:
+                output = json.loads(outcome.body)
+            except ValueError:
+                ok, error = False, "Runtime.InvalidResponse: the result is not JSON"
+        else:
+            error = ": ".join(error_of(outcome))
+        with self._lock:
+            self.stats["function_errors"] += not ok
+        return Completion(task, "lambda-service", start, time.time(), max(1, math.ceil(outcome.ms)),
+                          self.function.memory_mb, ok, error, output)
+
     def _collect(self) -> None:
         """Hand each completion to the request waiting on it; a slot is free once its worker is."""
+        if self.pool is None:
+            return
         while not self._closed.is_set():
             for c in self.pool.wait_completions(0.5):
                 with self._lock:
@@ -158,7 +198,7 @@ class LambdaService:
         self.httpd.server_close()
         self._closed.set()
         self._collector.join(timeout=2)
-        self.pool.close()
+        (self.pool or self.containers).close()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -325,6 +365,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cold-start-ms", type=float, default=0.0, help="added to each worker's first invocation")
     ap.add_argument("--fail-rate", type=float, default=0.0, help="chance that an invocation fails (before or part-way)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the injected failures")
+    ap.add_argument("--runtime", choices=("emulator", "awslambdaric"), default="emulator",
+                    help="what runs an invocation: the local emulator's worker pool (default), or AWS's runtime client "
+                    "(python -m awslambdaric lambda_functions.handler.handler, as the image runs it) against the Lambda "
+                    "Runtime API, one warm container per concurrent call (pip install awslambdaric)")
     args = ap.parse_args(argv)
     return run_main(lambda: _serve(args))
 
@@ -337,13 +381,20 @@ def _serve(args) -> None:
         raise ConfigError(f"--listen {args.listen!r}: expected HOST:PORT")
     if args.concurrency < 1 or args.memory_mb < 128 or args.timeout_s <= 0 or not 0 <= args.fail_rate < 1:
         raise ConfigError("--concurrency >= 1, --memory-mb >= 128, --timeout-s > 0 and --fail-rate in [0, 1) please")
+    if args.runtime == "awslambdaric":
+        if args.latency_ms or args.cold_start_ms or args.fail_rate:
+            raise ConfigError("--latency-ms, --cold-start-ms and --fail-rate are the emulator's: not with --runtime awslambdaric")
+        import importlib.util
+
+        if importlib.util.find_spec("awslambdaric") is None:
+            raise ConfigError("--runtime awslambdaric needs AWS's runtime client: pip install awslambdaric")
     key_id, secret = os.environ.get("AWS_ACCESS_KEY_ID", ""), os.environ.get("AWS_SECRET_ACCESS_KEY", "")
     if not key_id or not secret:
         raise ConfigError("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY: the credentials callers must sign with")
     function = Function(args.function, args.memory_mb, args.timeout_s, args.concurrency, args.latency_ms,
                         args.cold_start_ms, args.fail_rate)
     service = LambdaService(function, Credentials(key_id, secret, args.region), load_job_key(), (host, int(port)),
-                            args.seed)
+                            args.seed, args.runtime)
     print(f"lambda service: function {function.name} at {service.address}, {function.concurrency} workers",
           file=sys.stderr, flush=True)
     stop = threading.Event()

@@ -26,7 +26,8 @@ from dorylus_py.data.graph import (
     validate_vertices,
 )
 from dorylus_py.data.npystream import npz_members
-from dorylus_py.data.ogb import OgbFolder, is_ogb_folder
+from dorylus_py.data.ogb import is_ogb_folder, open_ogb
+from dorylus_py.datasets import resolve
 from dorylus_py.errors import DataError
 
 EdgeBlocks = Iterator[tuple[np.ndarray, np.ndarray]]  # (src, dst) int64, checked in range
@@ -50,7 +51,9 @@ class GraphSource:
 
 
 def open_source(path: str | os.PathLike, sources: Sources = Sources()) -> GraphSource:
-    """Stream ``path`` if it is an ``.npz``; load any other dataset whole (see ``data/formats.py``)."""
+    """Stream ``path`` if it is an ``.npz``; load any other dataset whole (see ``data/formats.py``); a bundled
+    reference graph by name (``datasets``)."""
+    path = resolve(path)
     p = Path(str(path))
     if p.suffix == ".npz" and p.is_file():
         return npz_source(p, sources)
@@ -60,8 +63,8 @@ def open_source(path: str | os.PathLike, sources: Sources = Sources()) -> GraphS
 
 
 def ogb_source(path: Path) -> GraphSource:
-    """An OGB node-property dataset folder (``data/ogb.py``), its edges and features streamed."""
-    folder = OgbFolder(path)
+    """An OGB node-property dataset folder (``data/ogb.py``, either layout), its edges and features streamed."""
+    folder = open_ogb(path)
     labels, masks = folder.labels(), folder.masks()
     classes = _inferred_classes(labels, str(path))
     validate_vertices(labels, masks, classes, folder.num_nodes, str(path))

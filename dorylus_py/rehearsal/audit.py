@@ -126,6 +126,25 @@ def role_policies(client) -> dict[str, dict]:
     return out
 
 
+def operator_policy(client, iam_doc: dict, operator_arn: str) -> dict:
+    """What the operator is granted: its IAM policy, and the statements of the deployment's KMS key policy
+    that name it (the operator's IAM policy grants no key; that key's own policy does)."""
+    import json
+
+    kms = client("kms")
+    granted = list(statements(iam_doc))
+    for key in kms.list_keys()["Keys"]:
+        if _customer_key(kms, key["KeyId"]):
+            doc = json.loads(kms.get_key_policy(KeyId=key["KeyId"], PolicyName="default")["Policy"])
+            granted += [st for st in statements(doc) if operator_arn in _principals(st)]
+    return {"Version": "2012-10-17", "Statement": granted}
+
+
+def _principals(statement: dict) -> list[str]:
+    names = statement.get("Principal", {}).get("AWS", []) if isinstance(statement.get("Principal"), dict) else []
+    return names if isinstance(names, list) else [names]
+
+
 def inventory(client) -> dict[str, set[str]]:
     """Every resource of the kinds infra/ makes that exists now (keys and secrets pending deletion, and
     terminated instances, are on their way out, as on AWS, and not counted)."""

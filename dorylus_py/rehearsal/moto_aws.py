@@ -4,28 +4,27 @@ AWS would, and records each check.
 moto checks the signature and finds the caller (an IAM user's key, or a role's STS credentials), but
 its own policy check knows the resource of S3 and IAM requests only: a statement scoped to one Lambda
 function or one secret never matches, and a condition denies outright. Here moto's check is replaced
-by ``iam.allowed`` on the resource each request names (``resource_of``), with the condition keys our
-policies use; handing a role to a service also checks ``iam:PassRole``, creating with tags the
-service's tagging action, and ``sts:AssumeRole`` the role's trust policy, as AWS does. Of the
-resource policies, the bucket's is evaluated (moto's own check denies whenever a condition is
-present); the KMS key's and the VPC endpoint's are not. Every check, allowed or not, lands in
-``calls``, so a run can be compared with the policies afterwards.
+by ``iam.allowed`` on the checks each request needs (``checks.py``: S3's actions read from the request
+itself, each EC2 resource with its tags, the resource of the others, ``iam:PassRole``, tagging on
+create), ``sts:AssumeRole`` judged by the role's trust policy and a KMS key's use by its key policy, as
+AWS does. Of the other resource policies, the bucket's is evaluated (moto's own check denies whenever a
+condition is present); the VPC endpoint's is not. Every check, allowed or not, lands in ``calls``, so a
+run can be compared with the policies afterwards. moto's internals this needs are few and named in
+``_patch``; tests/aws/test_moto_iam.py fails, naming them, when a moto release changes one.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlparse
 
+from dorylus_py.rehearsal.checks import ACCOUNT, checks, key_policy, kms_allows, s3_checks, trusted
 from dorylus_py.rehearsal.iam import allowed, decision
 
-ACCOUNT = "123456789012"  # moto's default account
-RENAMED = {"lambda:Invoke": "lambda:InvokeFunction"}  # API operation -> IAM action, where they differ
+__all__ = ["ACCOUNT", "Call", "MotoAws"]
 
 
 @dataclass(frozen=True)
@@ -137,8 +136,12 @@ class MotoAws:
         def decide(request, resource: str) -> None:
             key = request._access_key
             policies = [IAMPolicy(p)._policy_json for p in key.collect_policies()]
-            for action, res, context in checks(request._action, resource, current.response, request._region):
-                ok = action == "sts:GetCallerIdentity" or allowed(policies, action, res, context)
+            found = current.checks or checks(request._action, resource, current.response, request._region)
+            for action, res, context in found:
+                if action.startswith("kms:") and res.startswith("arn:aws:kms:"):
+                    ok = kms_allows(key_policy(res), policies, action, res, context, key.arn)
+                else:
+                    ok = action == "sts:GetCallerIdentity" or allowed(policies, action, res, context)
                 if ok and action == "sts:AssumeRole":
                     ok = trusted(res, key.arn)
                 moto_aws.record(Call(key.arn, action, res, ok, context))
@@ -158,11 +161,12 @@ class MotoAws:
             check_action_permitted = decide
 
         def normal(response, resource: str = "*") -> None:
-            current.response = response
+            current.response, current.checks = response, None
             response._authenticate_and_authorize_action(Checked, resource)
 
         def s3(response, bucket_name: str | None = None, key_name: str | None = None) -> None:
-            current.response = response
+            current.response = response  # S3's actions from the request itself, not moto's names for them
+            current.checks = s3_checks(response, bucket_name or "", key_name or "", response.current_account)
             arn = f"{bucket_name or '*'}/{key_name}" if key_name else (bucket_name or "*")
             response._authenticate_and_authorize_action(CheckedS3, f"arn:aws:s3:::{arn}")
 
@@ -187,130 +191,3 @@ class MotoAws:
         for (cls, name), fn in self._saved.items():
             setattr(cls, name, fn)
         self._saved = {}
-
-
-# --- what each request asks for ---------------------------------------------------------------
-
-
-def checks(action: str, resource: str, response, region: str) -> list[tuple[str, str, dict]]:
-    """The (IAM action, resource ARN, condition context) checks one request needs: its own, iam:PassRole
-    for a role it hands to a service, and the tagging action AWS also checks when it creates with tags."""
-    action = RENAMED.get(action, action)
-    params = _params(response)
-    context = {}
-    service = action.split(":")[0]
-    if service == "s3":
-        if "prefix" in params:
-            context["s3:prefix"] = params["prefix"]
-    elif resource == "*" or service == "iam":
-        resource = resource_of(service, action, params, _path(response), region)
-    found = [(action, resource, context)]
-    passed = _passed_role(action, params)
-    if passed:
-        found.append(("iam:PassRole", passed, {}))
-    tagging = _tag_on_create(action, params)
-    if tagging:
-        found.append((tagging, "*" if tagging in ("kms:TagResource", "ec2:CreateTags") else resource, {}))
-    return found
-
-
-def resource_of(service: str, action: str, params: dict, path: str, region: str) -> str:
-    """The ARN a request acts on, from its parameters, for the services our policies scope."""
-    name = params.get
-    if service == "lambda":
-        found = re.search(r"/functions/([^/]+)", path)
-        function = unquote(found.group(1)) if found else name("FunctionName", "")
-        return _arn("lambda", region, f"function:{function}", function) if function else "*"
-    if service == "secretsmanager":
-        secret = name("SecretId") or name("Name")
-        return _arn("secretsmanager", region, f"secret:{secret}", secret) if secret else "*"
-    if service == "kms":
-        key = name("KeyId")
-        return _arn("kms", region, key if key and key.startswith("alias/") else f"key/{key}", key) if key else "*"
-    if service == "logs":
-        if action == "logs:DescribeLogGroups":  # AWS does not scope it to a group
-            return f"arn:aws:logs:{region}:{ACCOUNT}:log-group:*"
-        if name("resourceArn"):
-            return name("resourceArn")
-        group = name("logGroupName") or name("logGroupNamePrefix")
-        return f"arn:aws:logs:{region}:{ACCOUNT}:log-group:{group}" if group else "*"
-    if service == "ssm":
-        parameter = name("Name") or next(iter(name("Names") or []), "")
-        return f"arn:aws:ssm:{region}::parameter{parameter}" if parameter.startswith("/aws/") else \
-            _arn("ssm", region, f"parameter/{parameter.lstrip('/')}", parameter) if parameter else "*"
-    if service == "iam":
-        if name("InstanceProfileName"):
-            return f"arn:aws:iam::{ACCOUNT}:instance-profile/{name('InstanceProfileName')}"
-        return f"arn:aws:iam::{ACCOUNT}:role/{name('RoleName')}" if name("RoleName") else "*"
-    if service == "ecr":
-        repo = name("repositoryName")
-        return _arn("ecr", region, f"repository/{repo}", repo) if repo else "*"
-    return "*"  # ec2 and sts:GetCallerIdentity: not scoped here
-
-
-def trusted(role_arn: str, principal: str) -> bool:
-    """Whether the role's trust policy lets ``principal`` (an IAM user or role session) assume it. Ours
-    trust AWS services only, so nobody here can; the rehearsal stands in for EC2 with checks off."""
-    from moto.iam.models import iam_backends
-
-    try:
-        role = iam_backends[ACCOUNT]["aws"].get_role_by_arn(role_arn)
-    except Exception:  # noqa: BLE001  (moto's NotFound: no such role, nobody may assume it)
-        return False
-    for st in json.loads(role.assume_role_policy_document).get("Statement", []):
-        names = st.get("Principal", {}).get("AWS", []) if isinstance(st.get("Principal"), dict) else []
-        names = names if isinstance(names, list) else [names]
-        if st.get("Effect") == "Allow" and (principal in names or f"arn:aws:iam::{ACCOUNT}:root" in names):
-            return True
-    return False
-
-
-def _arn(service: str, region: str, tail: str, given: str) -> str:
-    return given if given.startswith("arn:") else f"arn:aws:{service}:{region}:{ACCOUNT}:{tail}"
-
-
-def _passed_role(action: str, params: dict) -> str:
-    """The role ARN an action hands to a service, which AWS checks as iam:PassRole."""
-    if action in ("lambda:CreateFunction", "lambda:UpdateFunctionConfiguration") and params.get("Role"):
-        return params["Role"]
-    if action == "iam:AddRoleToInstanceProfile":
-        return f"arn:aws:iam::{ACCOUNT}:role/{params['RoleName']}"
-    if action == "ec2:RunInstances":
-        profile = params.get("IamInstanceProfile.Name") or params.get("IamInstanceProfile.Arn", "").split("/")[-1]
-        if profile:
-            from moto.iam.models import iam_backends
-
-            roles = iam_backends[ACCOUNT]["aws"].get_instance_profile(profile).roles
-            return roles[0].arn if roles else ""
-    return ""
-
-
-TAG_ON_CREATE = {"iam:CreateRole": "iam:TagRole", "iam:CreateInstanceProfile": "iam:TagInstanceProfile",
-                 "lambda:CreateFunction": "lambda:TagResource", "kms:CreateKey": "kms:TagResource",
-                 "secretsmanager:CreateSecret": "secretsmanager:TagResource", "logs:CreateLogGroup": "logs:TagResource"}
-
-
-def _tag_on_create(action: str, params: dict) -> str:
-    """The tagging action AWS checks too when a create call carries tags (Terraform's default_tags)."""
-    if action.startswith("ec2:") and any(k.startswith("TagSpecification") for k in params):
-        return "ec2:CreateTags"
-    tagged = params.get("Tags") or params.get("tags") or any(k.startswith("Tags.member") for k in params)
-    return TAG_ON_CREATE.get(action, "") if tagged else ""
-
-
-def _path(response) -> str:
-    return urlparse(getattr(response, "uri", "") or "").path or getattr(response, "path", "")
-
-
-def _params(response) -> dict:
-    """The request's parameters: JSON body, form body, or query string (first values)."""
-    body = getattr(response, "body", None) or b""
-    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body)
-    if text.startswith("{"):
-        try:
-            return json.loads(text)
-        except ValueError:
-            pass
-    flat = {k: v[0] for k, v in parse_qs(text).items()} if "=" in text and not text.startswith("<") else {}
-    query = getattr(response, "querystring", {}) or {}
-    return flat | {k: (v[0] if isinstance(v, list) and v else v) for k, v in query.items() if k not in flat}

@@ -2,12 +2,16 @@
 
 A moto server enforces IAM (``moto_aws.py``). The operator's identity has the policy docs/aws.md tells
 users to attach (``infra/operator-policy.json``); Terraform applies infra/ unchanged with only the
-endpoint override (``terraform.py``). The servers start as their user data says (``servers.py``): the
-wheel fetched from the bucket through the instance role, checked against its hash and installed, the
-unit's ExecStart with the role's STS credentials, on the cluster file's addresses moved to loopback.
-The driver runs as the docs say, with ``--lambda-run-here`` (moto accepts invocations but runs no
-code). Two jobs on the same servers must give the per-epoch losses of ``--backend local``, then
-``terraform destroy`` must leave nothing. The Lambda image itself is proven in tests/aws/test_lambda_image.py.
+endpoint override (``terraform.py``), in ``src``, a copy of the checkout. Sections 1 and 5 run as the
+guide writes them (``guide.py``): ``build-context`` into a folder whose parent is not there yet,
+the bucket's ``force_destroy`` and ``destroy`` without the wheel. The servers start as their user data
+says (``servers.py``): the wheel fetched from the bucket through the instance role, checked against its
+hash and installed, the unit's ExecStart with the role's STS credentials, on the cluster file's
+addresses moved to loopback. The driver runs as the docs say, its Lambdas through the Invoke API to
+containers run as the image runs them (AWS's runtime client over the Lambda Runtime API, seeing the
+build context: ``lambda_runtime.py``). Two jobs on the same servers must give the per-epoch losses of
+``--backend local``, then section 5 must leave nothing. The image's own packages are proven in
+tests/aws/test_lambda_image.py.
 """
 
 from __future__ import annotations
@@ -17,15 +21,19 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
+import sysconfig
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dorylus_py import children
 from dorylus_py.errors import ConfigError, DorylusError
-from dorylus_py.rehearsal import audit
+from dorylus_py.rehearsal import audit, guide
+from dorylus_py.rehearsal.guide import JOBS, NOT_REHEARSED, PROMISED, STEPS
+from dorylus_py.rehearsal.lambda_runtime import LambdaService
 from dorylus_py.rehearsal.moto_aws import ACCOUNT, MotoAws
 from dorylus_py.rehearsal.servers import (
     Host,
@@ -34,34 +42,15 @@ from dorylus_py.rehearsal.servers import (
     loopback_cluster,
     wait_until,
 )
-from dorylus_py.rehearsal.terraform import INFRA, Terraform, find_tools
+from dorylus_py.rehearsal.terraform import INFRA, Terraform, find_aws_cli, find_tools
 
 REPO = INFRA.parent
 REGION = "us-east-1"
 IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/dorylus-lambda:v1"
-SOURCES = ("pyproject.toml", "README.md", "dorylus_py", "graph_servers", "lambda_functions")
+SOURCES = ("pyproject.toml", "README.md", "dorylus_py", "graph_servers", "lambda_functions")  # what a wheel needs
 # The docs' training flags, changed for a short run whose losses equal --backend local's exactly.
 TRAINING = ["--lambdas", "2", "--mode", "sync", "--epochs", "{epochs}", "--chunks", "2", "--fuse", "on",
-            "--dropout", "0", "--quiet"]
-JOBS = 2  # two jobs on the same servers: each unit restarts its server after a job (Restart=always)
-# docs/aws.md's commands, in its order: the rehearsal runs each (and checks it ran them in this order);
-# tests/aws/test_docs.py holds the docs to this list. Steps of its own are named "(rehearsal) ...".
-STEPS = ("pip wheel --no-deps -w dist .", "terraform init", "terraform apply", "terraform output -json > tf.json",
-         "dorylus aws cluster-file", "dorylus aws put-secret", "dorylus prepare",
-         *("/opt/dorylus/bin/dorylus train", "/opt/dorylus/bin/dorylus report") * JOBS,
-         "aws s3api delete-objects", "terraform destroy")
-# docs/aws.md's commands it does not run, and why.
-NOT_REHEARSED = {
-    "REGION=": "a shell variable", "ACCOUNT=": "a shell variable", "REPO=": "a shell variable",
-    "BUCKET=": "a shell variable", "cd ": "a folder change", "dorylus aws rehearse": "the rehearsal itself",
-    "dorylus aws build-context": "the image's contents are installed and run in tests/aws/test_lambda_image.py",
-    "aws ecr": "no ECR here", "docker": "no container engine here",
-    "scp ": "the rehearsal writes the cluster file onto graph server 0's folder",
-    "ARN=": "a shell variable", "ID=": "a shell variable", "IP=": "a shell variable",
-    "aws iam": "the rehearsal makes the operator's managed policy and attaches it, as these commands do",
-    "aws ec2-instance-connect": "no instance to log in to: the driver runs in graph server 0's folder",
-    "ssh ": "the same", "aws lambda": "a quota, AWS's only", "aws service-quotas": "a quota, AWS's only",
-}
+            "--dropout", "0", "--quiet", "--checkpoint-every", "1"]  # a second save reads the first's latest.json
 
 
 class Rehearsal:
@@ -71,11 +60,15 @@ class Rehearsal:
 
     def __init__(self, work: Path, plugin_dir: str = "", epochs: int = 3, say=print):
         self.work, self.epochs, self.say = work, epochs, say
+        self.src = work / "src"  # the checkout, as a fresh clone has it
         self.terraform_bin, self.mirror = find_tools(plugin_dir)
-        try:
-            import moto.server  # noqa: F401
-        except ImportError:
-            raise ConfigError("the rehearsal needs moto's server: pip install 'moto[server]' (or '.[dev]')") from None
+        find_aws_cli()
+        for module, what in (("moto.server", "moto's server"), ("awslambdaric", "AWS's Lambda runtime client")):
+            try:
+                __import__(module)
+            except ImportError:
+                raise ConfigError(f"the rehearsal needs {what}: pip install -c constraints.txt -e '.[dev]'") from None
+        self.lambdas: LambdaService | None = None
         self.aws = MotoAws(tls_dir=work / "tls")
         self.steps: list[tuple[str, float]] = []  # (what docs/aws.md says, seconds)
         self.supervisors: list[Supervisor] = []
@@ -92,6 +85,8 @@ class Rehearsal:
         try:
             self.harness, self.operator = self._identities()
             self.aws.enforce(True)
+            self._copy_checkout()
+            self._guide_section("## 1. The Lambda image")
             wheel = self._build_wheel()
             before = audit.inventory(self.client)
             with ThreadPoolExecutor(1) as terraform:  # Terraform mostly waits on AWS: make the data meanwhile
@@ -100,18 +95,19 @@ class Rehearsal:
                 reference = self._start_reference(graph)  # the same job on --backend local
                 tf, outputs = provisioned.result()
             policies = audit.role_policies(self.client)
+            operator = audit.operator_policy(self.client, json.loads((INFRA / "operator-policy.json").read_text()),
+                                             self.operator_arn)
             losses = self._operate(outputs, graph)
             local = self._step("(rehearsal) the same configuration on --backend local", lambda: _losses(reference))
             for job, got in enumerate(losses, 1):
                 if got != local:
                     raise DorylusError(f"job {job}'s losses {got} differ from --backend local's {local}")
-            self._step("aws s3api delete-objects", lambda: self._empty_bucket(outputs["bucket"]["value"]))
-            self._step("terraform destroy", lambda: tf.destroy(self.variables))
+            (self.src / "dist").rename(self.work / "dist")  # destroy needs no wheel
+            self._guide_section("## 5. Back to nothing", tf.env | self.operator)
             left = audit.leftovers(before, audit.inventory(self.client))
             if left:
-                raise DorylusError(f"terraform destroy left {', '.join(left)}")
-            findings = audit.check(self.aws.calls, policies, json.loads((INFRA / "operator-policy.json").read_text()),
-                                   bucket=outputs["bucket"]["value"])
+                raise DorylusError(f"docs/aws.md's section 5 left {', '.join(left)}")
+            findings = audit.check(self.aws.calls, policies, operator, bucket=outputs["bucket"]["value"])
             ran = tuple(docs for docs, _ in self.steps if not docs.startswith("("))
             if findings.problems or ran != STEPS:
                 raise DorylusError("; ".join(findings.problems) or f"ran {ran}, not docs/aws.md's {STEPS}")
@@ -121,13 +117,15 @@ class Rehearsal:
         finally:
             audit.write_calls(self.aws.calls, self.work / "calls.jsonl")
             self._stop_servers()
+            if self.lambdas is not None:
+                self.lambdas.stop()
             if reference is not None and reference[0].poll() is None:
                 reference[0].kill()
                 reference[0].wait(10)
             self.aws.stop()
 
     def _provision(self, wheel: Path) -> tuple[Terraform, dict]:
-        tf = Terraform(self.terraform_bin, self.work, self.aws.url, (self.operator["AWS_ACCESS_KEY_ID"],
+        tf = Terraform(self.terraform_bin, self.src, self.aws.url, (self.operator["AWS_ACCESS_KEY_ID"],
                        self.operator["AWS_SECRET_ACCESS_KEY"]), self.aws.ca_bundle, self.work / "terraform.log")
         self.variables = self.VARIABLES | {"server_wheel": str(wheel)}
         self._step("terraform init", lambda: tf.init(self.mirror))
@@ -148,10 +146,26 @@ class Rehearsal:
         dataset = f"{outputs['dataset_uri']['value']}/mygraph"
         self._as_operator("dorylus prepare", "prepare", graph, "--partitions", "2", "--out", dataset)
         function = self._check_function(outputs)
-        losses = [self._train(self.hosts, dataset, outputs["bucket"]["value"], f"aws{j + 1}", function)
-                  for j in range(JOBS)]
+        self.lambdas = self._lambda_service(function)
+        url = self.lambdas.start()
+        losses = [self._train(self.hosts, outputs["bucket"]["value"], f"aws{j + 1}", function, url) for j in range(JOBS)]
         self._stop_servers()
         return losses
+
+    def _guide_section(self, heading: str, env: dict | None = None) -> None:
+        """The section's commands as docs/aws.md writes them, each in bash in the checkout, as the operator
+        (those of NOT_REHEARSED left out)."""
+        env = (env or self._operator_env()) | {"PATH": f"{sysconfig.get_paths()['scripts']}{os.pathsep}"
+                                                       f"{(env or os.environ).get('PATH', '')}"}
+        before, own = guide.section(heading)
+        for i, command in enumerate(own):
+            if command.startswith(tuple(NOT_REHEARSED)):
+                continue
+            step = next((s for s in STEPS if command.startswith(s)), command)
+            out = self._step(step, lambda c=command, i=i: guide.run(c, before + own[:i], self.src, env,
+                                                                    self.work / "guide.log"))
+            if PROMISED.get(step, "") not in out:
+                raise DorylusError(f"docs/aws.md's `{step}` did not print {PROMISED[step]!r}; see {self.work / 'guide.log'}")
 
     def _step(self, docs: str, action):
         start = time.monotonic()
@@ -181,6 +195,7 @@ class Rehearsal:
                 iam.put_user_policy(UserName=user, PolicyName=user, PolicyDocument=json.dumps(policy))
             key = iam.create_access_key(UserName=user)["AccessKey"]
             envs.append(self._env(key["AccessKeyId"], key["SecretAccessKey"]) | {"AWS_DEFAULT_REGION": REGION})
+        self.operator_arn = f"arn:aws:iam::{ACCOUNT}:user/operator"
         return envs[0], envs[1]
 
     def _env(self, key_id: str, secret: str, token: str = "") -> dict[str, str]:
@@ -200,19 +215,21 @@ class Rehearsal:
 
     # --- the operator's steps ----------------------------------------------------------------------
 
-    def _build_wheel(self) -> Path:
-        """``pip wheel --no-deps -w dist .``, in a copy of the sources (setuptools leaves build/ behind)."""
-        src = self.work / "src"
-        src.mkdir()
+    def _copy_checkout(self) -> None:
+        """``src``: the sources a checkout has (infra/ goes there with Terraform), no ``build/`` nor ``dist/``."""
+        self.src.mkdir()
         for name in SOURCES:
             if (REPO / name).is_dir():
-                shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+                shutil.copytree(REPO / name, self.src / name, ignore=shutil.ignore_patterns("__pycache__"))
             else:
-                shutil.copy2(REPO / name, src / name)
+                shutil.copy2(REPO / name, self.src / name)
+
+    def _build_wheel(self) -> Path:
+        """``pip wheel --no-deps -w dist .`` in the checkout."""
         self._step("pip wheel --no-deps -w dist .", lambda: _run(
             children.module("pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", "dist", "."),
-            src, os.environ | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}, self.work / "pip.log"))
-        return next((src / "dist").glob("dorylus_py-*.whl"))
+            self.src, os.environ | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}, self.work / "pip.log"))
+        return next((self.src / "dist").glob("dorylus_py-*.whl"))
 
     def _synth(self) -> Path:
         graph = self.work / "graph.npz"
@@ -254,14 +271,19 @@ class Rehearsal:
         self._step("(rehearsal) the Lambda function as Terraform made it", lambda: None)
         return config
 
-    def _empty_bucket(self, bucket: str) -> None:
-        """Every version and delete marker, as docs/aws.md's emptying command removes them (operator)."""
-        s3 = self.client("s3", self.operator)
-        listing = s3.list_object_versions(Bucket=bucket)
-        objects = [{"Key": v["Key"], "VersionId": v["VersionId"]}
-                   for v in listing.get("Versions", []) + listing.get("DeleteMarkers", [])]
-        if objects:
-            s3.delete_objects(Bucket=bucket, Delete={"Objects": objects})
+    def _lambda_service(self, function: dict) -> LambdaService:
+        """The function's Invoke API, answered by containers run as its image runs them: AWS's runtime client
+        in the build context section 1 wrote (then this environment's packages, for the image's), with the
+        function's environment and its role's credentials (STS AssumeRole, as Lambda itself: unchecked)."""
+        self.aws.enforce(False)
+        try:
+            creds = self.client("sts").assume_role(RoleArn=function["Role"], RoleSessionName="container")["Credentials"]
+        finally:
+            self.aws.enforce(True)
+        env = self._env(creds["AccessKeyId"], creds["SecretAccessKey"], creds["SessionToken"])
+        env |= {"AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION}
+        paths = [str(self.src / "build" / "lambda"), sysconfig.get_paths()["purelib"]]
+        return LambdaService(self.aws.url, function, paths, env, self.aws.ca_bundle, self.work / "lambda.log")
 
     # --- the servers -------------------------------------------------------------------------------
 
@@ -279,6 +301,10 @@ class Rehearsal:
                 hosts.append(Host(name, self.work / "hosts" / name, user_data, net))
         if sorted(h.name for h in hosts) != ["graph-server-0", "graph-server-1", "weight-server-0"]:
             raise DorylusError(f"instances: {[h.name for h in hosts]}")
+        listed = {name: server["id"] for name, server in outputs["servers"]["value"].items()}
+        running = {f"dorylus-{h.name}" for h in hosts}
+        if {f"dorylus-{n}" for n in listed} != running:  # what docs/aws.md restarts every server with
+            raise DorylusError(f"output servers names {sorted(listed)}, not every instance")
         role = self._instance_role()
         install = self._install_wheel(hosts[0].user_data, outputs["bucket"]["value"], role)
         for host in sorted(hosts, key=lambda h: h.name):
@@ -327,9 +353,14 @@ class Rehearsal:
 
     # --- the jobs ----------------------------------------------------------------------------------
 
-    def _train(self, hosts: list[Host], dataset: str, bucket: str, name: str, function: dict) -> list[float]:
-        """docs/aws.md's train and report commands on graph server 0, as ec2-user with the instance role."""
+    def _train(self, hosts: list[Host], bucket: str, name: str, function: dict, lambda_url: str) -> list[float]:
+        """docs/aws.md's train command (as its ``systemd-run`` unit runs it) and report on graph server 0,
+        as ec2-user with the instance role and ``$BUCKET`` from the login profile the boot script wrote."""
         driver = hosts[0]
+        profile = driver.path("/etc/profile.d/dorylus.sh").read_text()
+        found = re.search(r"^export BUCKET=(\S+)$", profile, re.M)
+        if found is None or found.group(1) != bucket:
+            raise DorylusError(f"graph server 0's login profile sets no BUCKET={bucket}: {profile[:200]!r}")
         home = driver.path("/home/ec2-user")
         home.mkdir(parents=True, exist_ok=True)
         cluster = json.loads((self.work / "cluster.json").read_text())
@@ -340,10 +371,11 @@ class Rehearsal:
         env = {k: v for k, v in env.items() if k not in ("AWS_DEFAULT_REGION", "DORYLUS_CACHE")}  # an ssh session's
         dorylus = str(driver.path("/opt/dorylus/bin/dorylus"))
         args = [a.format(epochs=self.epochs) for a in TRAINING]
-        self._step("/opt/dorylus/bin/dorylus train", lambda: _run(
-            [dorylus, "train", "--backend", "lambda", "--cluster", "cluster.json", "--data", dataset, *args,
-             "--out", f"runs/{name}", "--checkpoint-dir", f"s3://{bucket}/checkpoints/{name}",
-             "--lambda-run-here", "--lambda-endpoint", self.aws.url], home, env, self.work / f"{name}.log"))
+        self._step("sudo systemd-run", lambda: _run(
+            [dorylus, "train", "--backend", "lambda", "--cluster", "cluster.json", "--data",
+             f"s3://{found.group(1)}/datasets/mygraph", *args, "--out", f"runs/{name}", "--checkpoint-dir",
+             f"s3://{found.group(1)}/checkpoints/{name}", "--lambda-endpoint", lambda_url], home, env,
+            self.work / f"{name}.log"))
         record = json.loads((home / "runs" / name / "config.json").read_text())
         if record["lambda_memory_mb"] != function["MemorySize"]:
             raise DorylusError(f"{name}: recorded {record['lambda_memory_mb']} MB, deployed {function['MemorySize']}")

@@ -96,7 +96,8 @@ class Host:
     def boot(self) -> "Unit":
         """Write what the boot script writes (the cluster file on loopback, the environment file, the
         unit) under ``root``; the unit to start."""
-        for target in ("/etc/dorylus/cluster.json", "/etc/dorylus/env", "/etc/systemd/system/dorylus.service"):
+        for target in ("/etc/dorylus/cluster.json", "/etc/dorylus/env", "/etc/profile.d/dorylus.sh",
+                       "/etc/systemd/system/dorylus.service"):
             text = heredoc(self.user_data, target)
             if target.endswith("cluster.json"):
                 text = json.dumps(loopback_cluster(json.loads(text), self.net), indent=2)

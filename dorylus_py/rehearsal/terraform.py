@@ -38,31 +38,44 @@ def override(url: str, access_key: str, secret_key: str, ca_bundle: str = "") ->
 
 def find_tools(plugin_dir: str = "") -> tuple[str, Path]:
     """terraform's path and a folder holding ``registry.terraform.io/hashicorp/aws`` (a provider
-    mirror: ``plugin_dir``, ``$DORYLUS_TF_PLUGIN_DIR`` or a usual place); a one-line error naming what
-    is missing otherwise."""
+    mirror, unpacked or as ``terraform providers mirror`` packs it: ``plugin_dir``,
+    ``$DORYLUS_TF_PLUGIN_DIR`` or a usual place); a one-line error naming what is missing otherwise."""
     terraform = os.environ.get("TERRAFORM") or shutil.which("terraform")
     if not terraform:
         raise ConfigError("the rehearsal needs terraform on PATH (or TERRAFORM=path): not found")
     candidates = [plugin_dir] if plugin_dir else [os.environ.get("DORYLUS_TF_PLUGIN_DIR", ""), *MIRRORS,
                                                   str(Path.home() / ".terraform.d" / "plugins")]
     for folder in filter(None, candidates):
-        if any((Path(folder) / PROVIDER).glob("*/*/terraform-provider-aws*")):
+        provider = Path(folder) / PROVIDER
+        if any(provider.glob("*/*/terraform-provider-aws*")) or any(provider.glob("terraform-provider-aws_*.zip")):
             return terraform, Path(folder)
-    raise ConfigError(f"the rehearsal needs a mirror of the hashicorp/aws provider ({PROVIDER}/VERSION/OS_ARCH/"
-                      f"terraform-provider-aws*) in --plugin-dir or DORYLUS_TF_PLUGIN_DIR; none in "
-                      f"{', '.join(filter(None, candidates))}")
+    raise ConfigError(f"the rehearsal needs the hashicorp/aws provider for offline use ({PROVIDER} in a folder: "
+                      "`terraform -chdir=infra providers mirror ~/.terraform.d/plugins` where the registry can be "
+                      f"reached), in --plugin-dir or DORYLUS_TF_PLUGIN_DIR; none in {', '.join(filter(None, candidates))}")
+
+
+def find_aws_cli() -> str:
+    """The AWS CLI, which the rehearsal runs docs/aws.md's ``aws`` commands with."""
+    found = shutil.which("aws")
+    if not found:
+        raise ConfigError("the rehearsal needs the AWS CLI (`aws`) on PATH, as docs/aws.md does: not found")
+    return found
 
 
 class Terraform:
-    """``infra/`` copied into ``work``, with the override; every command's output goes to ``log``."""
+    """``infra/`` copied into the folder ``checkout`` (a checkout's layout: docs/aws.md's ``terraform
+    -chdir=infra`` runs there), with the override; every command's output goes to ``log``. ``env``: what
+    Terraform runs with (also for the guide's own ``terraform`` commands)."""
 
-    def __init__(self, terraform: str, work: Path, url: str, keys: tuple[str, str], ca_bundle: str, log: Path):
-        self.terraform, self.dir, self.log = terraform, work / "infra", log
-        shutil.copytree(INFRA, self.dir, ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*", "*.tfvars"))
+    def __init__(self, terraform: str, checkout: Path, url: str, keys: tuple[str, str], ca_bundle: str, log: Path):
+        self.terraform, self.dir, self.log = terraform, checkout / "infra", log
+        shutil.copytree(INFRA, self.dir, ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*", "*.tfvars",
+                                                                       "backend.tf", "tf.json"))
         (self.dir / "rehearsal_override.tf").write_text(override(url, *keys, ca_bundle))
-        (work / "terraformrc").write_text("")  # no user CLI configuration, no credentials helper
-        self.env = {**os.environ, "TF_CLI_CONFIG_FILE": str(work / "terraformrc"), "TF_IN_AUTOMATION": "1",
-                    "TF_INPUT": "0", "CHECKPOINT_DISABLE": "1"}
+        rc = log.parent / "terraformrc"
+        rc.write_text("")  # no user CLI configuration, no credentials helper
+        self.env = {**os.environ, "TF_CLI_CONFIG_FILE": str(rc), "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1",
+                    "PATH": f"{Path(terraform).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         for name in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
             self.env.pop(name, None)  # only the override's keys: the operator's
 
@@ -70,7 +83,7 @@ class Terraform:
         with open(self.log, "a") as log:
             log.write(f"\n$ terraform {' '.join(args)}\n")
             log.flush()
-            proc = subprocess.run([self.terraform, *args], cwd=self.dir, env=self.env, stdout=subprocess.PIPE,
+            proc = subprocess.run([self.terraform, *args], cwd=self.dir, env=self.env | {"TF_INPUT": "0"}, stdout=subprocess.PIPE,
                                   stderr=log, text=True, timeout=timeout_s, check=False, input=stdin)
             log.write(proc.stdout)
         if proc.returncode:
@@ -94,9 +107,6 @@ class Terraform:
 
     def output(self) -> dict:
         return json.loads(self.run("output", "-json", "-no-color"))
-
-    def destroy(self, variables: dict[str, str]) -> None:
-        self.run("destroy", "-auto-approve", "-no-color", "-refresh=false", *_vars(variables))
 
 
 def _vars(variables: dict[str, str]) -> list[str]:

@@ -317,8 +317,7 @@ class ServerNode:
         """Messages from the driver other than stop; servers override."""
 
     def close(self) -> None:
-        if sum(self.rejections.counts.values()):
-            log.warning("%s %d refused messages: %s", self.role, self.rank, self.rejections)
+        self.rejections.report()
         self.router.close(0)
         self.driver.close(1000)
 

@@ -25,22 +25,25 @@ REJECTED = (DorylusError,)
 
 class Rejections:
     """Counts refused messages; logs the first few of each kind and then every thousandth. ``bugs``:
-    messages whose handling raised something no check names, which is this program's fault."""
+    messages whose handling raised something no check names, which is this program's fault. Messages
+    older than the session (:class:`StaleMessage`: a server's hellos queued while no driver listened, as
+    the design expects at every start) are counted among the unauthenticated and as ``expected``, and
+    never warned about: a warning is for what a user must look into."""
 
     def __init__(self, who: str):
         self.who, self.counts = who, {"unauthenticated": 0, "invalid": 0, "bugs": 0}
-        self.stale = 0  # of them, messages older than the session: expected at a start
+        self.expected = 0  # of them, messages older than the session: a server's hellos from before a start
 
     @property
     def unexpected(self) -> int:
-        """Refusals a run reports (its summary, a line at the end): all but the stale ones."""
-        return sum(self.counts.values()) - self.stale
+        """Refusals a run reports (its summary, a line at the end): all but the expected ones."""
+        return sum(self.counts.values()) - self.expected
 
     def add(self, kind: str, error: Exception) -> None:
         self.counts[kind] += 1
         n = self.counts[kind]
-        if isinstance(error, StaleMessage):  # counted; expected at a start (hellos said before a driver listened)
-            self.stale += 1
+        if isinstance(error, StaleMessage):
+            self.expected += 1
             log.debug("%s: %s message #%d refused: %s", self.who, kind, n, error)
         elif n <= 5 or n % 1000 == 0:
             log.warning("%s: %s message #%d refused: %s", self.who, kind, n, error)
@@ -49,8 +52,18 @@ class Rejections:
         self.counts["bugs"] += 1
         report_bug(self.who, op, sender, error)
 
+    def report(self) -> None:
+        """At the end: one warning with the counts, if anything but the expected was refused."""
+        if sum(self.counts.values()) > self.expected:
+            log.warning("%s refused messages: %s", self.who, self)
+
+    def record(self) -> dict:
+        """The counts as a run record keeps them (``summary.json``'s ``refused_messages``)."""
+        return self.counts | {"expected": self.expected}
+
     def __str__(self) -> str:
-        return ", ".join(f"{n} {kind}" for kind, n in self.counts.items())
+        counts = ", ".join(f"{n} {kind}" for kind, n in self.counts.items())
+        return counts + (f" ({self.expected} of them from before this start, as expected)" if self.expected else "")
 
 
 def report_bug(who: str, op: str, sender: bytes, error: Exception) -> None:

@@ -58,7 +58,14 @@ PLACEHOLDERS = {
     "${var.dataset_prefix}": "datasets", "${var.region}": "us-east-1", "${var.checkpoint_prefix}": "checkpoints",
     "${aws_s3_object.server_wheel.key}": "packages/dorylus_py-0.1.0-py3-none-any.whl",
     "${aws_secretsmanager_secret.job_key.arn}": "arn:aws:secretsmanager:us-east-1:123456789012:secret:dorylus-job-key-AbCdEf",
+    "${data.aws_caller_identity.current.account_id}": "123456789012",
+    "${aws_iam_role.server.arn}": "arn:aws:iam::123456789012:role/dorylus-server",
+    "${aws_iam_role.lambda.arn}": "arn:aws:iam::123456789012:role/dorylus-lambda",
 }
+# principals given as an expression (a list), as the first apply would render them
+OPERATOR = "arn:aws:iam::123456789012:user/operator"
+LISTS = {"${length(var.operator_arns) > 0 ? var.operator_arns : [data.aws_iam_session_context.operator.issuer_arn]}":
+         [OPERATOR]}
 
 
 def render(statements: list[dict], values: dict[str, str] | None = None) -> str:
@@ -76,6 +83,10 @@ def render(statements: list[dict], values: dict[str, str] | None = None) -> str:
         if "condition" in s:
             c = _one(s["condition"])
             st["Condition"] = {c["test"]: {c["variable"]: [sub(v) for v in c["values"]]}}
+        if "principals" in s:
+            p = _one(s["principals"])
+            names = LISTS[p["identifiers"]] if isinstance(p["identifiers"], str) else p["identifiers"]
+            st["Principal"] = {p["type"]: [sub(n) for n in names]}
         out.append(st)
     return json.dumps({"Version": "2012-10-17", "Statement": out})
 

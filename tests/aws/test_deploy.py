@@ -32,6 +32,17 @@ def test_build_context_holds_everything_the_handler_imports(tmp_path):
     assert main(["aws", "build-context", str(ctx), "--overwrite"]) == 2 and (ctx / "extra").read_text() == "x"
 
 
+
+def test_build_context_makes_its_parent_folders_as_in_a_fresh_clone(tmp_path, capsys):
+    """docs/aws.md's `dorylus aws build-context build/lambda`, where build/ does not exist yet (issue 54)."""
+    assert main(["aws", "build-context", str(tmp_path / "build" / "lambda")]) == 0
+    assert (tmp_path / "build" / "lambda" / "Dockerfile").is_file()
+    (tmp_path / "file").write_text("")
+    capsys.readouterr()
+    assert main(["aws", "build-context", str(tmp_path / "file" / "lambda")]) == 2  # a parent that is a file
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "file" in err and "Traceback" not in err
+
 TF_OUTPUT = {
     "cluster": {"sensitive": False, "type": ["object", {}], "value": {
         "driver": "tcp://10.42.0.10:7000", "graph_servers": ["tcp://10.42.0.10:7100", "tcp://10.42.0.11:7100"],

@@ -1,49 +1,57 @@
-"""docs/aws.md is what a user types: its commands are the rehearsal's steps, in the same order, and the
-ones run on a server use what the boot script installed."""
+"""docs/aws.md is what a user types: its commands are the rehearsal's steps, in the same order (or named
+with the reason they are not), the ones run on a server use what the boot script installed, and a command
+run as written gets the shell variables the guide set before it."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
+from dorylus_py.rehearsal import guide
 from dorylus_py.rehearsal.run import NOT_REHEARSED, STEPS, Rehearsal
-
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "aws.md"
-
-
-def blocks_after(heading_text: str) -> list[list[str]]:
-    """The ```bash blocks of docs/aws.md after the paragraph that holds ``heading_text``, each as lines."""
-    text = DOCS.read_text()
-    start = text.index(heading_text)
-    return [b.splitlines() for b in re.findall(r"```bash\n(.*?)```", text[start:], re.S)]
-
-
-def commands() -> list[str]:
-    """Every command of docs/aws.md's bash blocks, in order: continuation lines joined, ``a && b`` split,
-    comments dropped."""
-    out = []
-    for block in blocks_after("# Running on AWS"):
-        for line in "\n".join(block).replace("\\\n", " ").splitlines():
-            line = re.sub(r"\s+#[^'\"]*$", "", line).strip()
-            out += [part.strip() for part in line.split(" && ") if part.strip()]
-    return out
 
 
 def test_the_docs_commands_are_the_rehearsals_steps_in_order():
-    rehearsed = [c for c in commands() if not c.startswith(tuple(NOT_REHEARSED))]
+    rehearsed = [c for c in guide.every_command() if not c.startswith(tuple(NOT_REHEARSED))]
     steps = [next((s for s in STEPS if c.startswith(s)), f"not rehearsed: {c}") for c in rehearsed]
     assert steps == list(STEPS)
 
 
 def test_the_rehearsal_applies_with_the_docs_variables():
-    apply = next(c for c in commands() if c.startswith("terraform apply"))
-    destroy = next(c for c in commands() if c.startswith("terraform destroy"))
+    commands = guide.every_command()
+    apply = next(c for c in commands if c.startswith("terraform apply"))
     assert set(re.findall(r"-var (\w+)=", apply)) == set(Rehearsal.VARIABLES)
-    assert set(re.findall(r"-var (\w+)=", destroy)) <= set(Rehearsal.VARIABLES)
+    for later in ("terraform -chdir=infra apply", "terraform -chdir=infra destroy"):  # section 5: no wheel, no image
+        command = next(c for c in commands if c.startswith(later))
+        assert set(re.findall(r"-var (\w+)=", command)) <= {"region", "force_destroy"}, command
 
 
-def test_commands_run_on_a_server_use_its_installed_dorylus():
-    """On a server, dorylus is in the boot script's venv, /opt/dorylus/bin, which is not on PATH."""
-    on_server = blocks_after("On graph server 0")[0]
-    commands_there = [line for line in on_server if re.match(r"\s*\S*dorylus ", line)]
-    assert len(commands_there) >= 2 and all(c.startswith("/opt/dorylus/bin/dorylus ") for c in commands_there)
+def test_commands_run_on_a_server_use_its_installed_dorylus_and_survive_ssh():
+    """On a server, dorylus is in the boot script's venv, /opt/dorylus/bin, which is not on PATH; a job runs
+    as a systemd unit of its own, so that a dropped SSH session does not stop it."""
+    on_server = [c for b in guide.blocks("On graph server 0") for c in guide.commands(b)]
+    runs = [c for c in on_server if re.search(r"\bdorylus (train|report)\b", c)]
+    assert len(runs) >= 4 and all(re.search(r"(^|\s)/opt/dorylus/bin/dorylus (train|report)", c) for c in runs)
+    trains = [c for c in runs if " train " in c]
+    assert trains and all(c.startswith("sudo systemd-run --unit=") for c in trains)
+    assert all("s3://$BUCKET/" in c for c in trains)  # the login profile's BUCKET, not a placeholder
+
+
+def test_a_command_gets_the_assignments_it_uses_in_the_guides_order():
+    before = ["ARN=$(aws iam create-policy ...)", "REGION=us-east-1", "ACCOUNT=$(aws sts get-caller-identity --region $REGION)",
+              "REPO=$ACCOUNT.dkr.ecr.$REGION.amazonaws.com/x", "REGION=eu-west-1", "IP=1.2.3.4"]
+    assert guide.prelude("docker push $REPO:v1", before) == before[2:5]  # the last REGION; never ARN's side effect
+    assert guide.prelude("terraform -chdir=infra destroy -var region=${REGION}", before) == ["REGION=eu-west-1"]
+    assert guide.prelude("dorylus aws build-context build/lambda", before) == []
+
+
+def test_the_guide_runs_a_command_as_written_and_names_the_log_when_it_fails(tmp_path):
+    import pytest
+
+    from dorylus_py.errors import DorylusError
+
+    log = tmp_path / "guide.log"
+    out = guide.run("echo $GREETING-$NAME && read answer && echo $answer", ["GREETING=hello", "NAME=$(echo you)"],
+                    tmp_path, {"PATH": "/usr/bin:/bin"}, log)
+    assert out == "hello-you\nyes\n"  # and "yes" on its input, Terraform's confirmation
+    with pytest.raises(DorylusError, match=r"`false` failed \(exit 1\); see .*guide.log"):
+        guide.run("false", [], tmp_path, {"PATH": "/usr/bin:/bin"}, log)

@@ -13,10 +13,11 @@ import subprocess
 
 import pytest
 
+from dorylus_py.rehearsal.checks import kms_allows
 from dorylus_py.rehearsal.iam import allowed
 
 pytest.importorskip("hcl2")
-from tests.aws.terraform import INFRA, render, statements  # noqa: E402
+from tests.aws.terraform import INFRA, OPERATOR as OPERATOR_ARN, render, statements  # noqa: E402
 
 DOCS = INFRA.parent / "docs" / "aws.md"
 OPERATOR = INFRA / "operator-policy.json"
@@ -72,7 +73,12 @@ BUCKET = "arn:aws:s3:::dorylus-data-20261203"
 KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6"
 SECRET = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:dorylus-job-key-20261203-AbCdEf"
 INSTANCE = f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/i-0123456789abcdef0"
+VPC = f"arn:aws:ec2:{REGION}:{ACCOUNT}:vpc/vpc-0123456789abcdef0"
+GROUP = f"arn:aws:ec2:{REGION}:{ACCOUNT}:security-group/sg-0123456789abcdef0"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/dorylus-"
+OURS = {"aws:ResourceTag/Project": "dorylus"}  # every resource infra/ makes carries it (default_tags)
+STATE = "arn:aws:s3:::dorylus-tfstate-123456789012/dorylus/terraform.tfstate"
+QUOTA = f"arn:aws:servicequotas:{REGION}:{ACCOUNT}:"
 PUSH = ("ecr:BatchCheckLayerAvailability", "ecr:InitiateLayerUpload", "ecr:UploadLayerPart", "ecr:CompleteLayerUpload",
         "ecr:PutImage", "ecr:BatchGetImage")
 # What each step asks of the operator's identity, beyond the calls the rehearsal makes and checks: the
@@ -80,6 +86,8 @@ PUSH = ("ecr:BatchCheckLayerAvailability", "ecr:InitiateLayerUpload", "ecr:Uploa
 # actions, and each service's guide where it names permissions of the caller). (action, resource[, context])
 NEEDED = {
     "aws lambda get-account-settings (the concurrency quota)": [("lambda:GetAccountSettings", "*")],
+    "aws freetier get-account-plan-state (the plan)": [("freetier:GetAccountPlanState", "*")],
+    "aws service-quotas get-service-quota": [("servicequotas:GetServiceQuota", QUOTA + "ec2/L-1216C47A")],
     "aws ecr create-repository": [("ecr:CreateRepository", REPO)],
     "aws ecr get-login-password": [("ecr:GetAuthorizationToken", "*")],
     "docker push": [(a, REPO) for a in PUSH],
@@ -105,28 +113,89 @@ NEEDED = {
     "data.aws_ec2_instance_type_offerings (zones by offering)": [("ec2:DescribeInstanceTypeOfferings", "*")],
     "data.aws_ssm_parameter (Amazon Linux 2023)": [
         ("ssm:GetParameter", f"arn:aws:ssm:{REGION}::parameter/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64")],
-    "aws_instance": [("ec2:RunInstances", "*"), ("iam:PassRole", ROLE + "server"), ("ec2:CreateTags", "*")],
-    "aws_kms_key": [("kms:CreateKey", "*"), ("kms:TagResource", "*"), ("kms:EnableKeyRotation", KEY)],
+    "aws_instance": [("ec2:RunInstances", "*"), ("iam:PassRole", ROLE + "server"),
+                     ("ec2:CreateTags", INSTANCE, {"ec2:CreateAction": "RunInstances"})],
+    "aws_kms_key": [("kms:CreateKey", "*"), ("kms:TagResource", "*"), ("kms:EnableKeyRotation", KEY),
+                    ("kms:PutKeyPolicy", KEY)],  # CreateKey's lockout check: the key's policy lets its creator change it
     "dorylus aws put-secret": [("secretsmanager:PutSecretValue", SECRET), ("kms:GenerateDataKey", KEY)],
     "dorylus prepare (s3://)": [("s3:PutObject", BUCKET + "/datasets/mygraph/manifest.json"), ("kms:GenerateDataKey", KEY)],
     "aws ec2-instance-connect send-ssh-public-key": [
-        ("ec2-instance-connect:SendSSHPublicKey", INSTANCE, {"ec2:osuser": "ec2-user", "aws:ResourceTag/Project": "dorylus"})],
+        ("ec2-instance-connect:SendSSHPublicKey", INSTANCE, {"ec2:osuser": "ec2-user"} | OURS)],
     "dorylus aws update-function": [("lambda:UpdateFunctionCode", FUNCTION), ("lambda:GetFunction", FUNCTION),
                                     ("ecr:BatchGetImage", REPO), ("ecr:GetDownloadUrlForLayer", REPO)],
-    "aws s3api list-object-versions, delete-objects": [("s3:ListBucketVersions", BUCKET),
-                                                       ("s3:DeleteObjectVersion", BUCKET + "/datasets/mygraph/x.npy")],
+    "terraform destroy": [("ec2:TerminateInstances", INSTANCE, OURS), ("ec2:DeleteVpc", VPC, OURS),
+                          ("ec2:RevokeSecurityGroupIngress", GROUP, OURS), ("kms:ScheduleKeyDeletion", KEY),
+                          ("s3:DeleteObjectVersion", BUCKET + "/datasets/mygraph/x.npy")],  # force_destroy's emptying
     "aws ecr delete-repository --force": [("ecr:DeleteRepository", REPO)],
     "aws resourcegroupstaggingapi get-resources (what is left)": [("tag:GetResources", "*")],
+    "aws service-quotas request-service-quota-increase": [
+        ("servicequotas:RequestServiceQuotaIncrease", QUOTA + "lambda/L-B99A9384"),
+        ("servicequotas:RequestServiceQuotaIncrease", QUOTA + "ec2/L-1216C47A")],
+    "aws budgets create-budget (the checklist's alarm)": [("budgets:ModifyBudget", f"arn:aws:budgets::{ACCOUNT}:budget/dorylus")],
+    "terraform init with the S3 backend (remote state and its lock file)": [
+        ("s3:ListBucket", "arn:aws:s3:::dorylus-tfstate-123456789012"), ("s3:GetObject", STATE), ("s3:PutObject", STATE),
+        ("s3:PutObject", STATE + ".tflock"), ("s3:DeleteObject", STATE + ".tflock")],
 }
+
+
+def key_policy() -> dict:
+    """infra/s3.tf's key policy as the first apply by user ``operator`` renders it."""
+    return json.loads(render(statements()["kms"]))
+
+
+def may(policy: dict, action: str, resource: str, context: dict | None = None) -> bool:
+    """Whether the operator may: by its IAM ``policy`` or, for this deployment's key (KEY), that key's policy."""
+    if resource.startswith("arn:aws:kms:"):
+        return kms_allows(key_policy() if resource == KEY else None, [policy], action, resource, context or {}, OPERATOR_ARN)
+    return allowed([policy], action, resource, context or {})
 
 
 def missing(policy: dict, needed: dict = NEEDED) -> list[str]:
     return [f"{step}: {need[0]} on {need[1]}" for step, needs in needed.items() for need in needs
-            if not allowed([policy], need[0], need[1], need[2] if len(need) > 2 else {})]
+            if not may(policy, need[0], need[1], need[2] if len(need) > 2 else {})]
 
 
 def test_every_action_the_guide_and_terraform_need_is_in_the_operators_policy():
     assert missing(json.loads(OPERATOR.read_text())) == []
+
+
+OTHER_KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/99999999-0000-4000-8000-000000000000"  # not the deployment's
+# What the operator may not do outside the deployment (issue 54): tag what it did not create, then use a
+# tag-gated permission on it; change or delete what is not tagged as the deployment's; use or retire any
+# other KMS key. (action, resource, context)
+REFUSED = [
+    ("ec2:CreateTags", INSTANCE, {}),  # tagging an instance that exists: Project=dorylus would open the rest
+    ("ec2:CreateTags", INSTANCE, {"ec2:CreateAction": "CreateTags"}),
+    ("ec2-instance-connect:SendSSHPublicKey", INSTANCE, {"ec2:osuser": "ec2-user"}),  # not tagged as ours
+    ("ec2:TerminateInstances", INSTANCE, {}), ("ec2:TerminateInstances", INSTANCE, {"aws:ResourceTag/Project": "other"}),
+    ("ec2:ModifyInstanceAttribute", INSTANCE, {}), ("ec2:DeleteVpc", VPC, {}), ("ec2:RevokeSecurityGroupIngress", GROUP, {}),
+    ("ec2:DeleteSecurityGroup", GROUP, {}), ("ec2:DeleteSubnet", f"arn:aws:ec2:{REGION}:{ACCOUNT}:subnet/subnet-1", {}),
+    ("kms:Decrypt", OTHER_KEY, {}), ("kms:ScheduleKeyDeletion", OTHER_KEY, {}), ("kms:DisableKey", KEY, {}),
+    ("kms:PutKeyPolicy", OTHER_KEY, {}), ("s3:GetObject", "arn:aws:s3:::someone-elses-bucket/x", {}),
+    ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/admin", {}),
+]
+
+
+def test_the_operator_may_not_touch_what_is_not_the_deployments():
+    """The deny side of each narrowing: every request of REFUSED is refused, and the same request on the
+    deployment's own resource (tagged, or its key) is allowed, so each refusal is the narrowing's doing."""
+    policy = json.loads(OPERATOR.read_text())
+    assert [r for r in REFUSED if may(policy, *r)] == []
+    ours = [(a, KEY if r == OTHER_KEY else r, c | OURS if a.startswith("ec2") and a != "ec2:CreateTags" else c)
+            for a, r, c in REFUSED if not a.startswith(("s3:", "iam:")) and a != "kms:DisableKey"]
+    ours = [(a, r, {"ec2:CreateAction": "RunInstances"} if a == "ec2:CreateTags" else c) for a, r, c in ours]
+    assert [r for r in ours if not may(policy, *r)] == []
+
+
+def test_the_deny_tests_find_the_policy_of_before_issue_54():
+    """The operator's policy before issue 54 (CreateTags on every resource, destructive EC2 actions and KMS use
+    on every resource and key) fails the refusal test on each of those."""
+    policy = json.loads(OPERATOR.read_text())
+    loose = {"Sid": "Before", "Effect": "Allow", "Resource": "*", "Action": [
+        "ec2:CreateTags", "ec2:TerminateInstances", "ec2:ModifyInstanceAttribute", "ec2:DeleteVpc", "kms:Decrypt",
+        "kms:ScheduleKeyDeletion"]}
+    before = dict(policy, Statement=policy["Statement"] + [loose])
+    assert {a for a, r, c in REFUSED if may(before, a, r, c)} >= set(loose["Action"])
 
 
 def test_the_table_finds_what_the_policy_of_issue_43_lacked():
@@ -192,8 +261,8 @@ def test_guide_commands_name_their_region():
     aws = [line for line in lines if re.search(r"(^|\$\(|\| )aws (?!iam )", line) or "dorylus aws put-secret" in line
            or "dorylus aws update-function" in line]
     assert aws and [a for a in aws if "--region" not in a] == []
-    assert [a for a in lines if a.startswith("terraform apply") or a.startswith("cd infra && terraform destroy")
-            if "-var region=$REGION" not in a] == []
+    terraform = [a for a in lines if re.match(r"terraform (-chdir=infra )?(apply|destroy)", a)]
+    assert len(terraform) == 3 and [a for a in terraform if "-var region=$REGION" not in a] == []
 
 
 def test_tools_are_listed():

@@ -1,8 +1,9 @@
-"""`dorylus aws rehearse`: docs/aws.md from `terraform apply` to two trained models and back to nothing,
-against moto with IAM enforced (dorylus_py/rehearsal/). Without terraform or the provider mirror these
-tests skip, naming what is missing; with DORYLUS_REQUIRE_TERRAFORM=1 (.ci/run sets it) that is a failure.
-DORYLUS_SKIP_REHEARSAL=1 skips them by hand. About 3-4 minutes on 2 cores (marked long); its own checks
-(losses, leftovers, calls, refusals, docs) raise."""
+"""`dorylus aws rehearse`: docs/aws.md from the Lambda image's build context to two trained models and back
+to nothing, against moto with IAM enforced (dorylus_py/rehearsal/); the guide's remote state against moto.
+Without terraform, the provider mirror or the AWS CLI these tests skip, naming what is missing; with
+DORYLUS_REQUIRE_TERRAFORM=1 (.ci/run sets it) that is a failure. DORYLUS_SKIP_REHEARSAL=1 skips them by
+hand. About 3-5 minutes on 2 idle cores (marked long); its own checks (losses, leftovers, calls, refusals,
+docs) raise."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ def rehearsal_tools():
     if os.environ.get("DORYLUS_SKIP_REHEARSAL") == "1":
         pytest.skip("DORYLUS_SKIP_REHEARSAL=1")
     from dorylus_py.errors import ConfigError
-    from dorylus_py.rehearsal.terraform import find_tools
+    from dorylus_py.rehearsal.terraform import find_aws_cli, find_tools
 
     try:
+        find_aws_cli()  # the guide's `aws` commands
         return find_tools()
     except ConfigError as e:
         if os.environ.get("DORYLUS_REQUIRE_TERRAFORM") == "1":
@@ -45,11 +47,14 @@ def test_rehearsal_from_terraform_apply_to_trained_models_and_back_to_nothing(re
     assert sorted(result["exits"]) == ["graph-server-0", "graph-server-1", "weight-server-0"]
     assert all(exits[0] == 2 for exits in result["exits"].values()), result["exits"]
     calls = [json.loads(line) for line in (tmp_path / "r" / "calls.jsonl").read_text().splitlines()]
-    server = {(c["action"], c["resource"].split(":::")[-1].split("/")[1] if ":::" in c["resource"] else "")
-              for c in calls if c["who"] == "server"}
+    server = {(c["action"], c["resource"].split(":::")[-1].partition("/")[2].split("/")[0]) for c in calls
+              if c["who"] == "server"}
     assert ("s3:PutObject", "checkpoints") in server and ("lambda:GetFunctionConfiguration", "") in server
     assert ("s3:GetObject", "packages") in server and ("lambda:InvokeFunction", "") in server
+    assert ("s3:ListBucket", "") in server  # the first checkpoint's latest.json, listed: absent, never a refused read
+    assert {c["action"] for c in calls if c["who"] == "lambda"} == {"secretsmanager:GetSecretValue"}  # the containers
     assert all(c["allowed"] for c in calls if c["who"] != "harness")  # what no role may do: audit.overbroad, inside
+    assert (tmp_path / "r" / "src" / "build" / "lambda" / "Dockerfile").is_file()  # section 1, as written
     print(f"rehearsal: {result['seconds']} s; " + "; ".join(f"{s} {t} s" for s, t in result["steps"]))
 
 
@@ -88,9 +93,9 @@ def test_terraform_plans_gpu_graph_servers_on_their_image(rehearsal_tools, moto_
     assert resources["terraform_data.al2023"]["input"] == al2023  # what the weight server boots, kept by later applies
     # zones by offering (moto's us-east-1 offers both types in a, b, c, d, f): the servers and one Lambda
     # subnet in the first, the other Lambda subnet in the next; an excluded zone id is never used
-    assert _zones(resources) == ("us-east-1a", ["us-east-1a", "us-east-1b"])
-    assert _zones(tf.plan(variables | {"excluded_zone_ids": '["use1-az6","use1-az1"]'})["planned_values"]["root_module"]
-                  ["resources"]) == ("us-east-1c", ["us-east-1c", "us-east-1d"])  # moto: use1-az6 is a, use1-az1 b
+    assert _zones(resources) == ("us-east-1a", ["us-east-1a"])  # the Lambdas in the servers' zone: no transfer cost
+    assert _zones(tf.plan(variables | {"excluded_zone_ids": '["use1-az6","use1-az1"]', "lambda_zone_count": "2"})
+                  ["planned_values"]["root_module"]["resources"]) == ("us-east-1c", ["us-east-1c", "us-east-1d"])
     with pytest.raises(ConfigError, match="terraform plan failed"):
         tf.plan(variables | {"graph_server_type": "c9z.huge"})  # offered in no zone: the subnet's precondition
     assert "offers every server type" in (tmp_path / "terraform.log").read_text()
@@ -113,7 +118,7 @@ def _zones(resources) -> tuple[str, list[str]]:
     """The servers' subnet's zone and the Lambda subnets' zones, from planned resources (a dict or plan list)."""
     values = resources if isinstance(resources, dict) else {r["address"]: r.get("values", {}) for r in resources}
     return values["aws_subnet.servers"]["availability_zone"], [values[f"aws_subnet.lambda[{i}]"]["availability_zone"]
-                                                                for i in range(2)]
+                                                                for i in range(2) if f"aws_subnet.lambda[{i}]" in values]
 
 
 def moto_aws_ssm_al2023() -> str:
@@ -122,3 +127,54 @@ def moto_aws_ssm_al2023() -> str:
 
     name = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
     return boto3.client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.long
+def test_the_guides_remote_state_keeps_state_and_its_lock_in_s3(rehearsal_tools, moto_aws, tmp_path, monkeypatch):
+    """docs/aws.md's "Terraform's state" as written, as the operator (its policy enforced): the state bucket
+    made and versioned, the example backend copied, `terraform init` with it (plus the endpoint settings moto
+    needs); then an apply writes the state into the bucket, taking and dropping its lock file there."""
+    import boto3
+
+    from dorylus_py.rehearsal import guide
+    from dorylus_py.rehearsal.run import Rehearsal
+    from dorylus_py.rehearsal.terraform import INFRA, Terraform
+
+    terraform, mirror = rehearsal_tools
+    iam = boto3.client("iam")
+    iam.create_user(UserName="operator")
+    arn = iam.create_policy(PolicyName="dorylus-operator", PolicyDocument=(INFRA / "operator-policy.json").read_text())
+    iam.attach_user_policy(UserName="operator", PolicyArn=arn["Policy"]["Arn"])
+    key = iam.create_access_key(UserName="operator")["AccessKey"]
+    creds = {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+    checkout = tmp_path / "checkout"
+    tf = Terraform(terraform, checkout, moto_aws.url, tuple(creds.values()), "", tmp_path / "terraform.log")
+    env = tf.env | creds | {"AWS_ENDPOINT_URL": moto_aws.url}
+    before, own = guide.section("### Terraform's state")
+    assert [c.split(" ")[0:3] for c in own] == [["aws", "s3api", "create-bucket"], ["aws", "s3api", "put-bucket-versioning"],
+                                                ["cp", "infra/backend-s3.tf.example", "infra/backend.tf"],
+                                                ["terraform", "-chdir=infra", "init"]]
+    moto_aws.enforce(True)
+    try:
+        for i, command in enumerate(own):
+            if command.startswith("terraform -chdir=infra init"):  # plus what points the backend at moto
+                command += (f" -plugin-dir={mirror} '-backend-config=endpoints={{s3=\"{moto_aws.url}\"}}'"
+                            " -backend-config=use_path_style=true -backend-config=skip_credentials_validation=true"
+                            " -backend-config=skip_requesting_account_id=true -backend-config=skip_metadata_api_check=true"
+                            " -backend-config=skip_s3_checksum=true -no-color")
+            guide.run(command, before + own[:i], checkout, env, tmp_path / "guide.log", timeout_s=300)
+        wheel = tmp_path / "dorylus_py-0.1.0-py3-none-any.whl"
+        wheel.write_bytes(b"a wheel")
+        tf.env |= creds  # the backend's credentials: the operator's, from the environment as on a laptop
+        tf.run("apply", "-auto-approve", "-no-color", "-target=aws_s3_bucket.data",
+               *[f"-var={k}={v}" for k, v in (Rehearsal.VARIABLES | {"server_wheel": str(wheel)}).items()])
+    finally:
+        moto_aws.enforce(False)
+    state_bucket = "dorylus-tfstate-123456789012"
+    keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=state_bucket).get("Contents", [])}
+    assert keys == {"dorylus/terraform.tfstate"}  # the lock file taken and dropped again
+    lock = [c for c in moto_aws.calls if c.resource.endswith("terraform.tfstate.tflock")]
+    assert {c.action for c in lock} >= {"s3:PutObject", "s3:DeleteObject"} and all(c.allowed for c in lock)
+    assert all(c.allowed for c in moto_aws.calls if c.principal.endswith(":user/operator"))
+    assert not (checkout / "infra" / "terraform.tfstate").exists()  # nothing on the laptop

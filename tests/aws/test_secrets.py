@@ -81,6 +81,12 @@ def test_server_role_does_what_servers_and_driver_do_and_nothing_more(moto_aws, 
     moto_aws.enforce(True)
     try:
         assert PartitionStore.open(store).load(1).num_local > 0  # graph servers read their partition
+        moto_aws.enforce(False)
+        boto3.client("s3", aws_access_key_id="testing", aws_secret_access_key="testing").delete_object(
+            Bucket=bucket, Key="datasets/mygraph/part-00000/labels.npy")  # (the harness, not the role)
+        moto_aws.enforce(True)
+        with pytest.raises(DataError, match="part-00000/labels.npy: missing"):  # S3 said 403; a listing, absent
+            PartitionStore.open(store).load(0)
         assert deployed_memory_mb("dorylus-tensor") == 1769  # the driver's start
         run = f"s3://{bucket}/checkpoints/run1"
         save_checkpoint(run, 3, {"W0": np.ones((2, 2), np.float32)}, JOB)
@@ -94,13 +100,69 @@ def test_server_role_does_what_servers_and_driver_do_and_nothing_more(moto_aws, 
             s3store.put_file(f"s3://{bucket}/elsewhere", "epoch-000003.npz", _file(tmp_path))
     finally:
         moto_aws.enforce(False)
-    denied = {(c.action, c.resource) for c in moto_aws.calls if not c.allowed}
-    assert denied == {("s3:PutObject", f"arn:aws:s3:::{bucket}/datasets/mygraph/manifest.json"),
-                      ("s3:PutObject", f"arn:aws:s3:::{bucket}/datasets/mygraph/checkpoints/epoch-000003.npz"),
-                      ("s3:PutObject", f"arn:aws:s3:::{bucket}/elsewhere/epoch-000003.npz"),
-                      ("s3:GetObject", f"arn:aws:s3:::{bucket}/elsewhere/latest.json")}  # a save reads the index it extends
+    denied = {(c.action, c.resource, c.context.get("s3:prefix", "")) for c in moto_aws.calls if not c.allowed}
+    assert denied == {("s3:PutObject", f"arn:aws:s3:::{bucket}/datasets/mygraph/manifest.json", ""),
+                      ("s3:PutObject", f"arn:aws:s3:::{bucket}/datasets/mygraph/checkpoints/epoch-000003.npz", ""),
+                      ("s3:PutObject", f"arn:aws:s3:::{bucket}/elsewhere/epoch-000003.npz", ""),
+                      # a save lists the index it extends: absent is what a listing says, never a refused read
+                      ("s3:ListBucket", f"arn:aws:s3:::{bucket}", "elsewhere/latest.json"),
+                      # the read of the deleted labels.npy: 403, as S3 says to whom may list a prefix only
+                      ("s3:ListBucket", f"arn:aws:s3:::{bucket}", "")}
     keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"]}
     assert {k for k in keys if "checkpoints" in k} == {"checkpoints/run1/epoch-000003.npz", "checkpoints/run1/latest.json"}
+
+
+def _server_user(statements_: list[dict]) -> dict:
+    iam = boto3.client("iam")
+    iam.create_user(UserName="server")
+    iam.put_user_policy(UserName="server", PolicyName="server", PolicyDocument=render(statements_))
+    return iam.create_access_key(UserName="server")["AccessKey"]
+
+
+def test_a_read_of_a_missing_key_is_refused_without_list_bucket_as_on_aws(moto_aws):
+    """Real S3 answers a GET or HEAD of a key that is not there with 403 AccessDenied to a caller without
+    s3:ListBucket on the bucket, 404 to one with it; the rehearsal's S3 does the same (moto says 404)."""
+    from botocore.exceptions import ClientError
+
+    boto3.client("s3").create_bucket(Bucket="bkt")
+    statement = {"sid": "Read", "actions": ["s3:GetObject"], "resources": ["arn:aws:s3:::bkt/*"]}
+    lister = {"sid": "List", "actions": ["s3:ListBucket"], "resources": ["arn:aws:s3:::bkt"]}
+    for policy, status in (([statement], "403"), ([statement, lister], "404")):
+        iam = boto3.client("iam")
+        name = f"u{len(policy)}"
+        iam.create_user(UserName=name)
+        iam.put_user_policy(UserName=name, PolicyName="p", PolicyDocument=render(policy))
+        key = iam.create_access_key(UserName=name)["AccessKey"]
+        s3 = boto3.client("s3", aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"])
+        moto_aws.enforce(True)
+        try:
+            for call in (lambda: s3.get_object(Bucket="bkt", Key="nope"), lambda: s3.head_object(Bucket="bkt", Key="nope")):
+                with pytest.raises(ClientError) as e:
+                    call()
+                assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == int(status)
+        finally:
+            moto_aws.enforce(False)
+    assert [(c.action, c.allowed) for c in moto_aws.calls if c.principal.endswith("user/u1")] == [
+        ("s3:GetObject", True), ("s3:ListBucket", False)] * 2
+
+
+def test_the_first_checkpoint_under_issue_54s_server_policy_fails_naming_the_fix(moto_aws, monkeypatch):
+    """The policy before issue 54 let the servers list datasets/ only: the driver's first checkpoint then
+    dies (its latest.json, not there yet, cannot be told absent) with a line that says what to grant."""
+    boto3.client("s3").create_bucket(Bucket="dorylus-data-x")
+    before = [dict(st, condition=[{**st["condition"][0], "values": ["${var.dataset_prefix}/*"]}]) if st["sid"].startswith("List")
+              else st for st in statements()["server"]]
+    creds = _server_user(before)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", creds["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", creds["SecretAccessKey"])
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # it caches the credentials it first resolved
+    moto_aws.enforce(True)
+    try:
+        with pytest.raises(DataError, match=r"checkpoints/run1/latest.json: AccessDenied: the caller needs "
+                                            r"s3:ListBucket on the bucket for this prefix"):
+            save_checkpoint("s3://dorylus-data-x/checkpoints/run1", 1, {"W0": np.ones(1, np.float32)}, JOB)
+    finally:
+        moto_aws.enforce(False)
 
 
 def _file(tmp_path):

@@ -52,9 +52,12 @@ def test_servers_install_this_projects_wheel_from_the_bucket_with_every_hash_che
     assert len(pip) == 1 and "--require-hashes" in pip[0] and "-r /opt/dorylus/requirements.txt" in script
     # Terraform hands the template the uploaded object's key and the file's own hash
     args = blocks("resource")[("aws_instance", "server")]["user_data"]
-    assert "wheel_sha256 = filesha256(var.server_wheel)" in args and "aws_s3_object.server_wheel.key" in args
+    assert "wheel_sha256 = local.wheel_sha256" in args and "aws_s3_object.server_wheel.key" in args
+    assert 'wheel_sha256 = var.server_wheel == "" ? "" : filesha256(var.server_wheel)' in \
+        (INFRA / "ec2.tf").read_text()  # the file's own hash (none read at destroy, which needs no wheel)
     wheel = blocks("resource")[("aws_s3_object", "server_wheel")]
     assert wheel["source"] == "${var.server_wheel}" and wheel["kms_key_id"] == "${aws_kms_key.data.arn}"
+    assert wheel["source_hash"] == "${local.wheel_sha256}"
 
 
 def test_servers_get_the_lambda_images_torch_and_pins():
@@ -83,7 +86,8 @@ def test_the_install_constraints_pin_the_lock():
 def test_the_lock_covers_every_dependency_of_the_wheel():
     """pip --require-hashes refuses a dependency missing from the lock: the boot would stop. The
     closure of pyproject's dependencies (and the aws extra), from the installed packages' metadata for
-    the servers' platform, must be exactly the lock, at the versions installed here."""
+    the servers' platform, must be exactly the lock, at constraints.txt's versions (what the README
+    installs here; an install without constraints may hold newer ones, which says nothing of the lock)."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     todo = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["aws"]]
     need: dict[str, str] = {}
@@ -101,7 +105,9 @@ def test_the_lock_covers_every_dependency_of_the_wheel():
     lock = {n.replace("_", "-"): v for n, (v, _) in _lock().items()}
     assert set(need) == set(lock), f"missing from the lock: {sorted(set(need) - set(lock))}; not needed: " \
                                    f"{sorted(set(lock) - set(need))} (python infra/lock_server_requirements.py)"
-    assert {n: v for n, v in need.items() if lock[n] != v} == {}
+    pinned = {n.lower().replace("_", "-"): v for n, _, v in (line.partition("==") for line in
+              (REPO / "constraints.txt").read_text().splitlines() if "==" in line and not line.startswith("#"))}
+    assert {n: v for n, v in lock.items() if pinned.get(n) != v.split("+")[0]} == {}  # torch: 2.13.0+cpu
 
 
 def test_servers_run_as_their_own_user_sandboxed_and_come_back_after_every_exit():

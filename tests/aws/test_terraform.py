@@ -96,7 +96,7 @@ def test_nothing_secret_in_state_user_data_or_outputs():
                                                           "image_torch"}
     references = set(re.findall(r"\b(?:var|local|aws_\w+)\.[\w.]+", user_data))
     assert references == {"local.cluster", "var.region", "aws_s3_bucket.data.bucket", "aws_s3_object.server_wheel.key",
-                          "var.server_wheel", "local.lock", "local.lock_without_torch"}, references  # names and addresses only: no secret value, no token
+                          "var.server_wheel", "local.wheel_sha256", "local.lock", "local.lock_without_torch"}, references  # names and addresses only: no secret value, no token
     env = _one(resources[("aws_lambda_function", "tensor")]["environment"])["variables"]
     assert env == {"DORYLUS_KEY_SECRET": "${aws_secretsmanager_secret.job_key.arn}"}  # a name, not the key
     assert "key_secret" in (INFRA / "network.tf").read_text()  # the cluster file names it for the servers

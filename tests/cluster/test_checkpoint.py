@@ -149,7 +149,10 @@ def test_resume_refuses_checkpoints_of_other_data(small_graph, tmp_path, capsys)
     other = generate(SynthConfig(nodes=600, edges=6_000, features=16, classes=4, seed=4))  # same shape, other data
     prepare(other, store, 2, overwrite=True)
     capsys.readouterr()
-    assert main(["train", "--resume", str(out), "--epochs", "4"]) == 2
+    assert main(["train", "--resume", str(out), "--epochs", "4"]) == 2  # not the data config.json notes
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "parts: not the dataset the run in" in err and "\n" not in err
+    assert main(["train", "--resume", str(out), "--epochs", "4", "--data", str(store)]) == 2  # named: the checkpoints
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "belong to another job (the prepared data differs" in err and "\n" not in err
     assert (out / "metrics.jsonl").read_text() == metrics

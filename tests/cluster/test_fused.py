@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from dorylus_py.cli import build_parser
-from dorylus_py.cli_train import last_layer_note
 from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
 from dorylus_py.errors import ConfigError
@@ -86,20 +85,18 @@ def test_fuse_flags_backends_and_models_without_fusion():
     parse = build_parser().parse_args
     assert parse(["train", "--no-fuse"]).fuse == "off" and parse(["train", "--fuse", "on"]).fuse == "on"
     assert parse(["train"]).fuse == "auto"
-    def note(**kw) -> str:  # on a graph of 16 features and 10 classes, hidden 16 unless given
-        cfg = TrainConfig(**kw)
-        return last_layer_note(plan(cfg, 16, 10, 1000).config, cfg.fuse)
+    def fused(**settings) -> bool:  # on a graph of 16 features and 10 classes (hidden 16 unless given), as planned
+        c = plan(TrainConfig(**settings), 16, 10, 1000).config
+        return fuses_last_layer(c.model, c.layers, c.fuse)
 
-    assert note(backend="local", lambda_latency_ms=20).startswith("last layer fused")
-    assert note(backend="lambda").startswith("last layer fused")
-    assert note(backend="local", lambda_bandwidth_mbps=200).startswith("last layer fused")
-    for unfused in ({"backend": "cpu"}, {"backend": "local"}, {"backend": "lambda", "hidden": 21}):  # nothing to save,
-        assert "on local with --lambda-latency-ms or --lambda-bandwidth-mbps above 0" in note(**unfused)  # or wider
-    assert note(backend="lambda", hidden=20).startswith("last layer fused")  # twice the classes: still fused
-    assert note(backend="cpu", fuse="on").startswith("last layer fused")
-    assert "(--fuse off)" in note(backend="local", fuse="off")
-    assert "not --model sage" in note(backend="local", model="sage")
-    with pytest.raises(ConfigError, match="--fuse must be one of auto, on, off"):
+    assert fused(backend="local", lambda_latency_ms=20) and fused(backend="lambda", lambda_function="f")
+    assert fused(backend="local", lambda_bandwidth_mbps=200) and fused(backend="cpu", fuse="on")
+    assert not fused(backend="cpu") and not fused(backend="local")  # no round trip or link time to save
+    assert not fused(backend="lambda", lambda_function="f", hidden=21)  # the last Gather over twice as wide
+    assert fused(backend="lambda", lambda_function="f", hidden=20)
+    assert not fused(backend="local", fuse="off") and not fused(backend="local", model="sage")
+    assert not fused(backend="local", layers=1, fuse="on")
+    with pytest.raises(ConfigError, match="^fuse must be one of auto, on, off"):
         TrainConfig(backend="local", fuse="yes").check()
     from dorylus_py.models import model_spec
 

@@ -42,7 +42,6 @@ UNREAD = 2_000
 AFTER = 5  # epochs the fuzzed job trains once the fuzzing is over
 ROLES = {"graph-server": "gs0", "weight-server": "ws0", "driver": "driver"}
 BACKENDS = {"cpu": ["--backend", "cpu"], "local": ["--backend", "local", "--lambdas", "2", "--stream-rows", "128"]}
-pytestmark = pytest.mark.skipif(not (DATASETS / "cora.npz").exists(), reason=f"{DATASETS / 'cora.npz'} absent")
 
 
 @pytest.fixture(scope="module")

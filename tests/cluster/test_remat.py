@@ -46,6 +46,6 @@ def test_remat_changes_no_bit_and_keeps_fewer_buffers(small_graph, tmp_path, kw)
 
 def test_remat_is_refused_where_buffers_are_never_free():
     for kw in ({"backend": "local", "mode": "async"}, {"backend": "reference"}):
-        with pytest.raises(ConfigError, match="--remat is for --mode sync"):
+        with pytest.raises(ConfigError, match='^remat=True is for mode="sync"'):
             TrainConfig(remat=True, **kw).check()
     TrainConfig(remat=True, backend="cpu").check()

@@ -121,11 +121,11 @@ def test_a_reply_that_came_while_the_worker_computed_is_timed_from_before_its_co
 
 
 def test_stream_rows_is_refused_where_nothing_streams(capsys):
-    with pytest.raises(ConfigError, match="--stream-rows streams a Lambda"):
+    with pytest.raises(ConfigError, match="^stream_rows streams a Lambda"):
         TrainConfig(backend="cpu", stream_rows=100).check()
     with pytest.raises(ConfigError, match="GAT"):
         TrainConfig(backend="local", model="gat", stream_rows=100).check()
-    with pytest.raises(ConfigError, match="--stream-rows"):
+    with pytest.raises(ConfigError, match="^stream_rows must be >= 0"):
         TrainConfig(backend="local", stream_rows=-1).check()
     TrainConfig(backend="local", stream_rows=100).check()
     assert main(["train", "--backend", "cpu", "--stream-rows", "64", "--epochs", "1"]) == 2

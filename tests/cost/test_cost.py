@@ -56,10 +56,11 @@ def test_report_cli_table_and_markdown(tmp_path, capsys):
     a, b = make_record(tmp_path / "a"), make_record(tmp_path / "b", backend="reference", tasks=False)
     assert main(["report", str(a), str(b), "--target-acc", "0.3", "--markdown", str(tmp_path / "r.md")]) == 0
     out = capsys.readouterr().out
-    assert "local sync" in out and "reference" in out and "1.02000" in out
+    assert "local sync" in out and "reference" in out and "1.020" in out
     md = (tmp_path / "r.md").read_text()
-    assert md.count("\n| ") >= 4 and "Task time by kind" in md and "| a | 1.00 | 2.00 | 0.50 |" in md
-    assert "| 3600.0 |" in md  # time to val 0.3: the second epoch's wall time
+    assert md.count("\n| ") >= 4 and "Task time by kind" in md
+    assert "| run | ApplyVertex | ApplyVertex backward | Gather |\n| --- | --- | --- | --- |\n| a | 2.00 | 1.00 | 0.50 |" in md
+    assert "| 3,600.0 |" in md  # time to val 0.3: the second epoch's wall time
 
 
 def test_bad_records_and_prices(tmp_path, capsys):
@@ -88,22 +89,28 @@ def test_report_plots_are_real_pngs(tmp_path, capsys):
         r.update(server=server, chunk=chunk, epoch=epoch, layer=layer)
     (a / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["report", str(a), "--plots", str(tmp_path / "plots")]) == 0
-    for name in ("accuracy_vs_time.png", "accuracy_vs_cost.png", "timeline_a.png"):
+    for name, size in (("accuracy_vs_time.png", (800, 450)), ("accuracy_vs_cost.png", (800, 450)),
+                       ("timeline_a.png", (800, 600))):
         path = tmp_path / "plots" / name
-        assert path.stat().st_size > 5000 and png_size(path) == (800, 450)
+        assert path.stat().st_size > 5000 and png_size(path) == size
 
 
-def test_timeline_legend_covers_no_bars():
-    """The legend sits outside the axes, whatever the number of lanes and kinds."""
-    from dorylus_py.cost.plots import KIND_COLOURS, timeline_figure
+def test_timeline_legends_cover_no_bars():
+    """The legends (the work above, its terms below) sit outside the axes, whatever the number of lanes and kinds."""
+    from dorylus_py.cost.plots import COLOURS, timeline_figure
+    from dorylus_py.cost.task_names import NAMES
 
-    tasks = [{"kind": kind, "train": True, "server": s, "chunk": c, "start": 0.1 * i, "end": 0.1 * i + 0.3}
-             for i, kind in enumerate(k for k in KIND_COLOURS if k != "eval") for s in (0, 1) for c in (None, 0, 1, 2, 3)]
+    tasks = [{"kind": kind, "train": train, "server": s, "chunk": c, "start": 0.1 * i, "end": 0.1 * i + 0.3}
+             for i, (kind, train) in enumerate(NAMES) for s in (0, 1) for c in (None, 0, 1, 2, 3)]
     fig = timeline_figure("t", tasks)
     fig.canvas.draw()
-    legend, axes = fig.legends[0].get_window_extent(), fig.axes[0].get_window_extent()
-    assert len(fig.legends[0].get_texts()) == len(KIND_COLOURS) - 1
-    assert not legend.overlaps(axes), (legend, axes)
+    axes = fig.axes[0].get_window_extent()
+    work, terms = fig.legends
+    assert [t.get_text() for t in work.get_texts()] == list(COLOURS)  # every name, each once (evaluation: one)
+    assert [t.get_text().split(":")[0] for t in terms.get_texts()] == [
+        "Gather", "ApplyVertex", "Scatter", "ApplyEdge", "backward", "last layer, fused"]
+    for legend in (work, terms):
+        assert not legend.get_window_extent().overlaps(axes), (legend.get_window_extent(), axes)
 
 
 def test_report_reads_records_that_did_not_complete(tmp_path, capsys):

@@ -147,7 +147,7 @@ def test_estimate_follows_the_lambda_count_where_a_blind_one_does_not(lambda_run
     assert main(["cost", "estimate", "--calibration", str(lambda_runs[1]), "--calibration-instance", "c5.xlarge",
                  "--as-instance", "c5.xlarge", "--backend", "local", "--data", config["data"], "--graph-servers", "1",
                  "--chunks", "2", "--lambdas", "2", "--hidden", "64"]) == 0
-    epoch_s = float(capsys.readouterr().out.splitlines()[-1].split()[4])
+    epoch_s = float(capsys.readouterr().out.splitlines()[-1].split()[4].replace(",", ""))
     assert epoch_s == pytest.approx(estimated * base, rel=1e-3, abs=1e-3)
 
 
@@ -233,7 +233,7 @@ def test_a_narrower_wire_moves_fewer_bytes_and_costs_the_loop_more(capsys):
     assert est["float32"]["epoch s"] < est["bfloat16"]["epoch s"] < est["int8"]["epoch s"]  # loopback: CPU, not bytes
     args = ["cost", "estimate", "--nodes", "100000", "--edges", "2000000", "--features", "128", "--classes", "10"]
     assert main([*args, "--wire-dtype", "int8"]) == 0 and main(args) == 0
-    narrow, full = (float(out.splitlines()[2].split()[6]) for out in capsys.readouterr().out.split("graph: ")[1:])
+    narrow, full = (float(out.splitlines()[2].split()[6].replace(",", "")) for out in capsys.readouterr().out.split("graph: ")[1:])
     assert narrow < 0.3 * full
 
 
@@ -245,7 +245,7 @@ def test_search_lists_cheapest_fastest_and_best_value(capsys):
         assert title in out
     blocks = out.split("\n\n")
     fastest = [line.split() for line in blocks[2].splitlines()[2:]]
-    walls = [float(r[5]) for r in fastest]
+    walls = [float(r[5].replace(",", "")) for r in fastest]  # 1,234.5
     assert walls == sorted(walls)
 
 

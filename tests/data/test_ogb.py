@@ -31,9 +31,14 @@ def write_ogb(graph, root: Path, split: str = "time") -> Path:
     write_csv(root / "raw" / "node-label.csv.gz", [["nan" if y < 0 else y] for y in graph.labels])
     write_csv(root / "raw" / "num-node-list.csv.gz", [graph.num_nodes])
     write_csv(root / "raw" / "num-edge-list.csv.gz", [int(once.sum())])
-    for name, mask in (("train", graph.train_mask), ("valid", graph.val_mask), ("test", graph.test_mask)):
-        write_csv(root / "split" / split / f"{name}.csv.gz", np.flatnonzero(mask))
+    write_split(root / "split" / split, graph.train_mask, graph.val_mask, graph.test_mask)
     return root
+
+
+def write_split(folder: Path, *masks) -> None:
+    """An OGB split: the ids of the train, val and test ``masks`` (or the ids themselves), one file each."""
+    for name, mask in zip(("train", "valid", "test"), masks):
+        write_csv(folder / f"{name}.csv.gz", np.flatnonzero(mask) if mask.dtype == bool else mask)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +48,7 @@ def graph():
 
 @pytest.fixture()
 def ogb(graph, tmp_path):
-    return write_ogb(graph, tmp_path / "ogbn-test")
+    return write_ogb(graph, tmp_path / "ogbn_test")
 
 
 def test_check_reads_the_graph_the_folder_holds(graph, ogb, capsys):
@@ -150,8 +155,9 @@ def test_train_refuses_a_malformed_folder_with_the_same_line(ogb, tmp_path, caps
         load_graph(ogb)
 
 
-def write_random_ogb(root: Path, nodes: int, edges: int, seed: int = 0) -> Path:
-    """An OGB folder of ``edges`` random undirected edges (read as twice as many directed ones)."""
+def write_random_ogb(root: Path, nodes: int, edges: int, seed: int = 0, binary: bool = False) -> Path:
+    """An OGB folder of ``edges`` random undirected edges (read as twice as many directed ones), in the csv
+    layout or (``binary``) in OGB's binary one (``data.npz``, ``node-label.npz``)."""
     rng = np.random.default_rng(seed)
     (root / "raw").mkdir(parents=True)
 
@@ -160,11 +166,18 @@ def write_random_ogb(root: Path, nodes: int, edges: int, seed: int = 0) -> Path:
         with gzip.open(path, "wb", compresslevel=1) as f:
             np.savetxt(f, rows, fmt=fmt, delimiter=",")
 
-    save(root / "raw" / "edge.csv.gz", rng.integers(0, nodes, (edges, 2)), "%d")
-    save(root / "raw" / "node-feat.csv.gz", rng.random((nodes, 16), np.float32), "%.6f")
-    save(root / "raw" / "node-label.csv.gz", rng.integers(0, 4, (nodes, 1)), "%d")
-    save(root / "raw" / "num-node-list.csv.gz", [[nodes]], "%d")
-    save(root / "raw" / "num-edge-list.csv.gz", [[edges]], "%d")
+    pairs, features, labels = rng.integers(0, nodes, (edges, 2)), rng.random((nodes, 16), np.float32), \
+        rng.integers(0, 4, (nodes, 1))
+    if binary:
+        np.savez_compressed(root / "raw" / "data.npz", edge_index=pairs.T.copy(), node_feat=features,
+                            num_nodes_list=np.array([nodes]), num_edges_list=np.array([edges]))
+        np.savez_compressed(root / "raw" / "node-label.npz", node_label=labels.astype(float))
+    else:
+        save(root / "raw" / "edge.csv.gz", pairs, "%d")
+        save(root / "raw" / "node-feat.csv.gz", features, "%.6f")
+        save(root / "raw" / "node-label.csv.gz", labels, "%d")
+        save(root / "raw" / "num-node-list.csv.gz", [[nodes]], "%d")
+        save(root / "raw" / "num-edge-list.csv.gz", [[edges]], "%d")
     order = rng.permutation(nodes)
     for name, ids in zip(("train", "valid", "test"), np.split(order, [nodes // 10, nodes // 5])):
         save(root / "split" / "random" / f"{name}.csv.gz", ids[:, None], "%d")
@@ -173,18 +186,20 @@ def write_random_ogb(root: Path, nodes: int, edges: int, seed: int = 0) -> Path:
 
 # Peak growth from 250 k to 2 M edges, measured 2026-12-03 (VmHWM): 0.6 B an edge idle (90.4 -> 91.5 MB), 7.4
 # under load (84.8 -> 97.8: the two peaks swing by ~7 MB with the machine's load). Reading the edge file whole
-# grows ~60 MB (36 B an edge); holding the (src, dst) pairs alone would cost 16 B an edge.
+# grows ~60 MB (36 B an edge); holding the (src, dst) pairs alone would cost 16 B an edge. The binary layout,
+# measured at load 9: 66.8 -> 74.1 MB streamed; 66.8 -> 163.4 MB with edge_index read whole.
 OGB_PER_EDGE_B = 12
 
 
-def test_prepare_holds_a_block_of_edges_not_the_graph(tmp_path):
+@pytest.mark.parametrize("binary", [False, True], ids=["csv", "binary"])
+def test_prepare_holds_a_block_of_edges_not_the_graph(tmp_path, binary):
     """As tests/test_memory.py checks the npz path: 50 k vertices with 250 k and with 2 M directed edges,
     prepared with Fennel in blocks of 64 k edges, in a fresh process whose peak the kernel measured."""
     from tests.test_memory import BLOCK, probe
 
     peaks = {}
     for edges in (250_000, 2_000_000):
-        write_random_ogb(tmp_path / f"ogb{edges}", 50_000, edges // 2)
+        write_random_ogb(tmp_path / f"ogb{edges}", 50_000, edges // 2, binary=binary)
         peaks[edges] = probe(tmp_path, BLOCK, "prepare", f"ogb{edges}", "-k", 2, "--partitioner", "fennel",
                              "--out", f"p{edges}")["self_mb"]
         assert json.loads((tmp_path / f"p{edges}" / "manifest.json").read_text())["nodes"] == 50_000

@@ -41,10 +41,11 @@ def test_cpu_backend_gives_the_logits_too(small_runs, store):
 
 def test_the_backend_needs_a_prepared_store(small_runs, tmp_path, capsys):
     data, runs = small_runs
-    with pytest.raises(ConfigError, match="pass --data a folder made by `dorylus prepare`"):
+    with pytest.raises(ConfigError, match='^backend="local": .* pass data=DIR, a folder made by `dorylus prepare`'):
         predict(runs["gcn"], data, backend="local")
     assert main(["predict", str(runs["gcn"]), "--backend", "local", "--out", str(tmp_path / "p.npy")]) == 2
-    assert "runs through graph servers on a prepared store" in capsys.readouterr().err
+    assert "error: --backend local: predict runs through graph servers on a prepared store; pass --data DIR" in \
+        capsys.readouterr().err
 
 
 def test_outputs_that_do_not_cover_every_vertex_once_are_refused():

@@ -62,13 +62,35 @@ def test_a_botocore_signature_verifies_and_any_change_breaks_it():
         check(unsigned, body)
 
 
-@pytest.fixture()
-def service(monkeypatch):
-    """A service of one worker whose invocations take half a second each (``--latency-ms``)."""
+def _as_the_service(monkeypatch) -> None:
+    """This process's AWS environment: the service's credentials, nothing from the user's files."""
     for k, v in {"AWS_ACCESS_KEY_ID": CREDS.access_key_id, "AWS_SECRET_ACCESS_KEY": CREDS.secret_access_key,
                  "AWS_DEFAULT_REGION": CREDS.region, "AWS_CONFIG_FILE": "/dev/null",
                  "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}.items():
         monkeypatch.setenv(k, v)
+
+
+def _invoke_unreachable(address: str, n: int, timeout_s: float) -> tuple[list, dict]:
+    """``n`` invocations at once, through the platform's own calls, of events naming no graph server the
+    handler can reach: their completions and the platform's counts."""
+    platform = AwsLambdaPlatform("dorylus", n, 1769, region="us-east-1", endpoint_url=address,
+                                 base_delay_s=0.2, max_delay_s=1.0, max_attempts=20)
+    try:
+        for i in range(n):
+            platform.invoke(event_for("not an address", lease=f"l{i}"))
+        done, deadline = [], time.monotonic() + timeout_s
+        while len(done) < n:
+            assert time.monotonic() < deadline, f"{len(done)} of {n} completions"
+            done += platform.wait_completions(1.0)
+        return done, dict(platform.stats)
+    finally:
+        platform.close()
+
+
+@pytest.fixture()
+def service(monkeypatch):
+    """A service of one worker whose invocations take half a second each (``--latency-ms``)."""
+    _as_the_service(monkeypatch)
     svc = LambdaService(Function(memory_mb=1769, timeout_s=20, concurrency=1, latency_ms=500), CREDS, b"k" * 32,
                         ("127.0.0.1", 0))
     threading.Thread(target=svc.serve_forever, daemon=True).start()
@@ -81,22 +103,12 @@ def test_invocations_through_aiobotocore_are_run_throttled_and_reported(service)
     platform's back-off brings each through; each runs the real handler, whose error (the event names
     names no graph server it can reach) comes back as a function error with its billed duration."""
     assert deployed_memory_mb("dorylus", "us-east-1", endpoint_url=service.address) == 1769
-    platform = AwsLambdaPlatform("dorylus", 3, 1769, region="us-east-1", endpoint_url=service.address,
-                                 base_delay_s=0.2, max_delay_s=1.0, max_attempts=20)
-    try:
-        for chunk in range(3):
-            platform.invoke(event_for("not an address", lease=f"l{chunk}"))
-        done, deadline = [], time.monotonic() + 60
-        while len(done) < 3:
-            assert time.monotonic() < deadline, f"{len(done)} of 3 completions"
-            done += platform.wait_completions(1.0)
-        assert sorted(c.task["lease"] for c in done) == ["l0", "l1", "l2"]
-        assert all(not c.ok and "Unhandled: " in c.error and "ZMQError" in c.error for c in done)
-        assert all(c.billed_ms >= 1 and c.memory_mb == 1769 for c in done)
-        assert platform.stats["throttled"] >= 2 and service.stats["throttled"] == platform.stats["throttled"]
-        assert service.stats["invocations"] == 3 and service.stats["function_errors"] == 3
-    finally:
-        platform.close()
+    done, stats = _invoke_unreachable(service.address, 3, 60)
+    assert sorted(c.task["lease"] for c in done) == ["l0", "l1", "l2"]
+    assert all(not c.ok and "Unhandled: " in c.error and "ZMQError" in c.error for c in done)
+    assert all(c.billed_ms >= 1 and c.memory_mb == 1769 for c in done)
+    assert stats["throttled"] >= 2 and service.stats["throttled"] == stats["throttled"]
+    assert service.stats["invocations"] == 3 and service.stats["function_errors"] == 3
 
 
 def test_requests_without_the_services_credentials_are_refused(service, monkeypatch):
@@ -115,3 +127,30 @@ def test_requests_without_the_services_credentials_are_refused(service, monkeypa
     with pytest.raises(ConfigError, match="Function not found"):
         deployed_memory_mb("another", "us-east-1", endpoint_url=service.address)
     assert service.stats["refused"] == 3 and service.stats["invocations"] == 0
+
+
+def test_runtime_awslambdaric_runs_the_handler_as_the_image_does(monkeypatch):
+    """``--runtime awslambdaric``: the same invocations, run by AWS's runtime client in a warm container
+    (the image's ENTRYPOINT and CMD) against the Lambda Runtime API: the handler's error comes back through
+    the client's error document as a function error, with its billed duration."""
+    pytest.importorskip("awslambdaric")
+    _as_the_service(monkeypatch)
+    svc = LambdaService(Function(memory_mb=1769, timeout_s=60, concurrency=1), CREDS, b"k" * 32, ("127.0.0.1", 0),
+                        runtime="awslambdaric")
+    threading.Thread(target=svc.serve_forever, daemon=True).start()
+    try:
+        done, _ = _invoke_unreachable(svc.address, 2, 120)
+        assert all(not c.ok and "ZMQError" in c.error and c.billed_ms >= 1 for c in done), [c.error for c in done]
+        assert len(svc.containers.containers) == 1  # one warm container ran both
+        assert svc.containers.containers[0].command[1:] == ["-P", "-m", "awslambdaric", "lambda_functions.handler.handler"]
+        assert svc.stats["function_errors"] == 2
+    finally:
+        svc.close()
+
+
+def test_runtime_awslambdaric_refuses_the_emulators_knobs(capsys, monkeypatch):
+    from dorylus_py.lab.lambda_service import main
+
+    _as_the_service(monkeypatch)
+    assert main(["--listen", "127.0.0.1:9", "--runtime", "awslambdaric", "--fail-rate", "0.1"]) == 2
+    assert "not with --runtime awslambdaric" in capsys.readouterr().err

@@ -69,7 +69,7 @@ def test_one_setting_in_the_environment(monkeypatch):
     monkeypatch.setenv(timescale.ENV, "fast")
     with pytest.raises(ConfigError, match="DORYLUS_DILATION must be a number"):
         timescale.dilation()
-    with pytest.raises(ConfigError, match="--dilation must be a number in"):
+    with pytest.raises(ConfigError, match="^dilation must be a number in"):
         TrainConfig(dilation=0.5).check()
 
 

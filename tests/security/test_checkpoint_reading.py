@@ -196,3 +196,33 @@ def test_resume_through_the_cli_falls_back_or_refuses_in_one_line(tmp_path):
     metrics = (out / "metrics.jsonl").read_text()
     refused(dorylus("train", "--resume", out, "--epochs", 4), "latest.json")
     assert (out / "metrics.jsonl").read_text() == metrics
+
+
+def test_a_fifo_in_place_of_a_checkpoint_file_or_the_index_does_not_hang(root, caplog):
+    """Opened without blocking and refused as not a regular file: a newest checkpoint that is a FIFO is
+    passed over, an index that is one stops the resume with one line (a plain open waits for a writer)."""
+    import threading
+
+    def within(fn, seconds=30):
+        got = []
+        thread = threading.Thread(target=lambda: got.append(_outcome(fn)), daemon=True)
+        thread.start()
+        thread.join(seconds)
+        assert got, f"still waiting after {seconds} s"
+        return got[0]
+
+    (root / "epoch-000002.npz").unlink()
+    os.mkfifo(root / "epoch-000002.npz")
+    assert int(within(lambda: load_checkpoint(str(root), JOB, SHAPES))["epoch"]) == 1
+    assert "epoch-000002.npz: not a regular file (a FIFO)" in caplog.text
+    (root / "latest.json").unlink()
+    os.mkfifo(root / "latest.json")
+    error = within(lambda: load_checkpoint(str(root), JOB))
+    assert isinstance(error, DataError) and "latest.json: not a regular file (a FIFO)" in str(error)
+
+
+def _outcome(fn):
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001  (the caller looks at what it was)
+        return e

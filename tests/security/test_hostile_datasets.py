@@ -83,7 +83,7 @@ def edit_line(path, line: int, text: str) -> None:
 
 @pytest.fixture()
 def ogb(tmp_path):
-    return write_random_ogb(tmp_path / "ogbn-x", 60, 200)
+    return write_random_ogb(tmp_path / "ogbn_x", 60, 200)
 
 
 COUNTS = [
