@@ -41,11 +41,11 @@ def test_each_column_has_one_format_for_values_orders_of_magnitude_apart(tmp_pat
     head, *rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     columns = {name: [r[i] for r in rows] for i, name in enumerate(
         ["run", "backend", "mode", "status", "epochs", "best", "test", "model", "wall", "epoch", "target", "calls",
-         "gbs", "relaunches", "servers", "lambda", "total", "value"])}
+         "gbs", "relaunches", "servers", "lambda", "transfer", "total", "value"])}
     assert not any(re.search(r"\de[-+]?\d", c) for r in rows for c in r), rows  # no exponent anywhere
     assert columns["wall"] == ["2.0", "3,600.0", "259,200.0"] and columns["target"] == ["2.0", "3,600.0", "259,200.0"]
     sig4 = re.compile(r"^(0|0\.0*[1-9]\d{3}|[1-9](\d|,)*(\.\d+)?)$")  # four significant digits, thousands separated
-    for name in ("servers", "lambda", "total", "value"):
+    for name in ("servers", "lambda", "transfer", "total", "value"):
         for text in columns[name]:
             assert sig4.match(text) and len(re.sub(r"^0\.0*|[.,]", "", text).rstrip("0") or "0") <= 4, (name, text)
     assert float(columns["value"][0].replace(",", "")) > 1e6 > 1 > float(columns["value"][2].replace(",", ""))

@@ -34,7 +34,7 @@ def test_hand_computed_transfer_of_a_recorded_run(tmp_path, capsys):
     assert two["total $"] == pytest.approx(one["total $"] + 0.20) and two["value"] < one["value"]
     assert main(["report", str(run), "--lambda-zones", "2"]) == 0
     out = capsys.readouterr().out
-    assert "transfer $" in out and "0.20000" in out
+    assert "transfer $" in out and "0.2000" in out
     cpu = report_rows([str(record(tmp_path / "c", backend="cpu"))], prices, "c5.2xlarge", None, lambda_zones=2)[0]
     assert cpu["transfer $"] == 0.0  # no Lambdas: the servers' traffic stays in their zone
     assert main(["report", str(run), "--lambda-zones", "3"]) == 2
