@@ -128,7 +128,7 @@ def _predict(run_dir, data, weights, embeddings, sources, backend) -> "Predictio
         return predict_graph(trained, run_dataset(trained, _str(data), sources), embeddings)
     store, sources = (_str(data), sources) if data is not None else recorded_dataset(trained)
     if not is_prepared_store(store):
-        raise ConfigError(f"--backend {backend}: predict runs through graph servers on a prepared store; pass --data "
+        raise ConfigError(f"--backend {backend}: predict runs through graph servers on a prepared store; pass --data DIR, "
                           "a folder made by `dorylus prepare` (or its s3:// address)")
     from dorylus_py.inference.distributed import predict_distributed
 

@@ -184,17 +184,18 @@ def test_a_record_with_its_data_inside_predicts_wherever_it_is(trained, tmp_path
     (record / "config.json").write_text(json.dumps(old | {"data": "g.npz"}))  # as if trained in another folder
     np.testing.assert_array_equal(predict(record).logits, predict(trained[0]).logits)
     (record / "g.npz").write_bytes((record / "g.npz").read_bytes()[:-1])
-    with pytest.raises(ConfigError, match="g.npz: not the dataset the run in .* trained on .*; pass --data PATH"):
+    with pytest.raises(ConfigError, match="g.npz: not the dataset the run in .* trained on .*; pass data=PATH"):
         predict(record)
 
 
-@pytest.mark.parametrize("forgery,message", [
-    ({"checksums": None}, "notes no checksum of the data the run trained on .*; pass --data PATH"),
+@pytest.mark.parametrize("forgery,message", [  # through the Python API: its words (data=PATH), not the flags
+    ({"checksums": None}, "notes no checksum of the data the run trained on .*; pass data=PATH"),
     ({"checksums": {"data": {"kind": "file", "bytes": 1, "sha256": "no"}}}, "no checksum of its dataset"),
-    ({"data": "/proc/self/status"}, "/proc/self/status: lies in /proc or /sys: not a dataset; pass --data"),
-    ({"data": "/dev/zero"}, "/dev/zero: not a regular file \\(a character device\\); pass --data"),
+    ({"data": "/proc/self/status"}, "/proc/self/status: lies in /proc or /sys: not a dataset; pass data=PATH"),
+    ({"data": "/dev/zero"}, "/dev/zero: not a regular file \\(a character device\\); pass data=PATH"),
     ({"data": "elsewhere.npz"}, "elsewhere.npz: the dataset .* names is not there"),
-    ({"sources": {"features": 3}}, "its --features file is '3', not a path; pass --data PATH with its --features"),
+    ({"sources": {"features": 3}}, "its Sources\\(features=...\\) file is '3', not a path; pass data=PATH with its "
+                                   "Sources\\(features=...\\)"),
 ])
 def test_a_record_whose_data_cannot_be_checked_is_refused_in_one_line(trained, tmp_path, forgery, message):
     """Refused before anything is read, each with the way out (--data), which then works."""
