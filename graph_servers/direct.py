@@ -1,12 +1,14 @@
-"""In-process tensor workers (``cpu``/``gpu`` backends) reach their graph server without a socket.
+"""A graph server's own tensor threads (``cpu``/``gpu`` backends): one lease that never ends.
 
-Their requests (``pull_rows``, ``push_result``) go on a queue that the server's loop thread answers
-exactly as it answers a socket's, through the same handler and scheduler; the reply comes back on a
-slot the worker waits on. Nothing leaves the process, so nothing is signed, framed or copied through
-the kernel: at 10 M vertices a ``cpu`` graph server moved about 7 GB of task rows an epoch through its
-own socket and spent most of its loop thread on them. Rows are copied once, out of the server's arrays,
-by the worker (off the loop thread): a task's rows are not written while the task runs (the scheduler's
-rule for every task), and the copy means no later write can reach a worker that holds them longer.
+The server hands them ``task`` messages as it would send them to a Lambda's lease, on a queue, and gets
+their ``result`` messages back on another, which wakes the loop's poll through an inproc socket; the
+same scheduler, dispatcher and result checks serve both. Nothing leaves the process, so nothing is
+signed, framed or copied through the kernel: at 10 M vertices a ``cpu`` graph server moved about 7 GB
+of task rows an epoch through its own socket and spent most of its loop thread on them. The rows are
+copied once, out of the server's arrays, by the thread that runs the task (off the loop thread): a
+task's rows are not written while it runs (the scheduler's rule for every task), and the copy means no
+later write can reach a thread that holds them longer. The threads are daemons: a server told to stop
+exits at once, even while a task waits for a weight server that is gone.
 """
 
 from __future__ import annotations
@@ -15,89 +17,72 @@ import json
 import queue
 import threading
 
-import numpy as np
 import zmq
 
 from dorylus_py.protocol import Message
 
-
-class DirectSlot:
-    """Where the answer to one in-process request goes (the ``identity`` the server replies to)."""
-
-    def __init__(self):
-        self._done = threading.Event()
-        self.reply: Message | None = None
-
-    def answer(self, reply: Message | None) -> None:
-        """The first answer counts, as on a socket (None: the server stopped without one)."""
-        if self._done.is_set():
-            return
-        if reply is not None:
-            self.reply = Message(reply.op, _as_on_the_wire(reply.fields), dict(reply.tensors))
-        self._done.set()
-
-    def wait(self, timeout_s: float) -> Message | None:
-        """The reply, its tensors copied (on the waiting thread), or None after ``timeout_s``."""
-        if not self._done.wait(timeout_s) or self.reply is None:
-            return None
-        return Message(self.reply.op, self.reply.fields, {k: np.array(v) for k, v in self.reply.tensors.items()})
+DIRECT = "direct"  # the lease id of a server's own threads
 
 
-class DirectLink:
-    """The queue between a graph server's loop thread and the tensor threads of its own process."""
-
-    def __init__(self, ctx: zmq.Context, poller: zmq.Poller):
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+class DirectWorkers:
+    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, threads: int, runner):
+        """``runner()``: a new :class:`~dorylus_py.worker.task_runner.TaskRunner` (one per thread: its
+        sockets to the weight servers are its own)."""
+        self.threads = max(1, threads)
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
         address = f"inproc://direct-{id(self)}"
         self._wake_recv = ctx.socket(zmq.PULL)
         self._wake_recv.bind(address)
-        self._wake_send = ctx.socket(zmq.PUSH)  # shared by the tensor threads: sent under the lock
+        self._wake_send = ctx.socket(zmq.PUSH)  # shared by the threads: sent under the lock
         self._wake_send.connect(address)
         self._lock = threading.Lock()
         self._closed = False
         self._poller = poller
-        poller.register(self._wake_recv, zmq.POLLIN)  # a request wakes the loop's poll
+        poller.register(self._wake_recv, zmq.POLLIN)  # a result wakes the loop's poll
+        for i in range(self.threads):
+            threading.Thread(target=self._work, args=(runner,), name=f"tensor_{i}", daemon=True).start()
 
-    def request(self, msg: Message, timeout_s: float) -> Message | None:
-        """From a tensor thread: the server's reply, or None if none came within ``timeout_s``."""
-        slot = DirectSlot()
-        self._requests.put((slot, Message(msg.op, _as_on_the_wire(msg.fields), msg.tensors)))
-        with self._lock:
-            if self._closed:  # the server is stopping: the task ends as if it got no reply
-                return None
-            self._wake_send.send(b"", zmq.NOBLOCK)
-        return slot.wait(timeout_s)
+    def send(self, task: Message) -> None:
+        """From the loop thread: a task for the next free thread."""
+        self._tasks.put(task)
+
+    def _work(self, runner) -> None:
+        run = runner()
+        while (task := self._tasks.get()) is not None and not self._closed:
+            try:
+                result = run.run(task, copy_rows=True)
+            except Exception as e:  # noqa: BLE001  (reported as the copy's failure; the task is relaunched)
+                result = Message("result", {"task": task.get("task"), "failed": f"{type(e).__name__}: {e}"[:300]})
+            if result is None:  # a part that gives nothing back (its sums come with the last)
+                continue
+            result.fields = json.loads(json.dumps(result.fields | {"lease": DIRECT}))  # as a socket would carry them
+            self._results.put(result)
+            with self._lock:
+                if self._closed:
+                    return
+                self._wake_send.send(b"", zmq.NOBLOCK)
 
     def serve(self, handle, rejected: tuple, on_rejected) -> None:
-        """On the loop thread: answer every queued request with ``handle(slot, msg)``; a request the
-        handler rejects gets an ``error`` reply (``on_rejected(error)`` counts it), as on a socket."""
+        """On the loop thread: ``handle(self, result)`` for every result in; a result the handler rejects is
+        counted (``on_rejected(error)``), as on a socket."""
         while self._wake_recv.poll(0):
             self._wake_recv.recv()
         while True:
             try:
-                slot, msg = self._requests.get_nowait()
+                result = self._results.get_nowait()
             except queue.Empty:
                 return
             try:
-                handle(slot, msg)
+                handle(self, result)
             except rejected as e:
                 on_rejected(e)
-                slot.answer(Message("error", {"reason": str(e)[:300]}))
 
     def close(self) -> None:
-        with self._lock:  # no tensor thread is sending on the socket being closed
+        with self._lock:  # no thread is sending on the socket being closed
             self._closed = True
             self._wake_send.close(0)
-        while True:  # requests no one will serve end now, not at their timeout
-            try:
-                slot, _ = self._requests.get_nowait()
-            except queue.Empty:
-                break
-            slot.answer(None)
+        for _ in range(self.threads):  # wakes every idle thread
+            self._tasks.put(None)
         self._poller.unregister(self._wake_recv)
         self._wake_recv.close(0)
-
-
-def _as_on_the_wire(fields: dict) -> dict:
-    """The fields as the receiver would decode them from a socket (JSON types: lists, not tuples)."""
-    return json.loads(json.dumps(fields))

@@ -25,7 +25,7 @@ chunk, for the contributions: for GCN, 8 bytes per edge plus 8-12 per cut edge. 
 (:class:`~dorylus_py.kernels.heads.HeadBlocks`): edges are numbered block-wise (the local block's in
 CSR order, then the ghost block's), so a chunk's edges are two runs of the per-edge arrays; ``A_LLᵀ``
 is built with a map to its edges (int32 columns and edge ids: 8 bytes per local entry). Features are
-read and converted to float32 (and row-normalised) one chunk at a time, when a task pulls them; the
+converted to float32 (and row-normalised) once, at the first pull, and kept (``input_rows``); the
 peers' contributions are added up when Gather backward needs them, so no sum of them is kept beside
 ``dZ``.
 
@@ -60,6 +60,9 @@ from graph_servers.device_rows import DeviceRows
 from graph_servers.gather import GatherStages
 from graph_servers.ghost_exchange import GhostExchange
 from graph_servers.received import ALL_CHUNKS, NewestParts, OrderedSum
+
+INPUT_CACHE_BYTES = 2 << 30  # a partition's float32 inputs kept for the job at most (more: made per pull)
+INPUT_BLOCK_ROWS = 1 << 16  # rows normalised at once when the inputs are made (bounds the float64 temporaries)
 
 
 def _sharing(zeros, *shapes: tuple[int, int]) -> list[np.ndarray]:
@@ -109,6 +112,7 @@ class GraphState(GatherStages, GhostExchange):
         self.attention = model.aggregation == "attention"
         self.peers = [p for p in range(part.num_parts) if p != part.index]
         self.feature_norm = feature_norm
+        self._input_cache: np.ndarray | bool | None = None  # P_0 of every row, made at the first pull (_inputs)
         self.labels = np.asarray(part.labels).astype(np.int32)  # what loss tasks pull each epoch: half of int64
         self.masks = np.stack([np.asarray(part.train_mask), np.asarray(part.val_mask), np.asarray(part.test_mask)])
         self.nnz_local = len(part.local_indices)
@@ -262,6 +266,29 @@ class GraphState(GatherStages, GhostExchange):
     # --- tensor tasks' inputs (graph_servers/task_io.py) -------------------------------------------
 
     def input_rows(self, a: int, b: int) -> np.ndarray:
-        """Feature rows ``a:b`` as float32, row-normalised if configured (``P_0`` of the chunk)."""
+        """Feature rows ``a:b`` as float32, row-normalised if configured (``P_0`` of the chunk): a view of
+        the partition's inputs, made once (:meth:`_inputs`), where they fit :data:`INPUT_CACHE_BYTES`."""
+        inputs = self._inputs()
+        if inputs is not None:
+            return inputs[a:b]
         x = self.part.feature_rows(a, b)
         return row_normalized(x) if self.feature_norm == "row" else x
+
+    def _inputs(self) -> np.ndarray | None:
+        """Every row's ``P_0``, made at the first pull and kept: layer 0's input never changes, and tasks
+        pull it three times a chunk and epoch (on the ``cpu`` backend normalising it again took 55 % of a
+        graph server's loop). Stored float32 features need nothing (the store's own rows); narrower or
+        normalised ones are converted once, in blocks, unless the partition's float32 rows would take
+        more than :data:`INPUT_CACHE_BYTES` (then each pull converts its own rows, as before)."""
+        if self._input_cache is None:
+            if self.feature_norm != "row" and self.part.feature_dtype == "float32":
+                self._input_cache = self.part.feature_rows()
+            elif self.n * self.part.features.shape[1] * 4 > INPUT_CACHE_BYTES:
+                self._input_cache = False
+            else:
+                out = np.empty((self.n, self.part.features.shape[1]), np.float32)
+                for lo in range(0, self.n, INPUT_BLOCK_ROWS):
+                    x = self.part.feature_rows(lo, lo + INPUT_BLOCK_ROWS)
+                    out[lo : lo + len(x)] = row_normalized(x) if self.feature_norm == "row" else x
+                self._input_cache = out
+        return self._input_cache if self._input_cache is not False else None

@@ -1,7 +1,8 @@
 """``--lambdas auto`` on a graph server: the thin shell around the pure
 :class:`~dorylus_py.pipeline.autotune.PoolTuner`. Each turn of the server's loop it reads how the
-platform's pool stands and whether a graph job runs, feeds the tuner, and carries out its decision:
-the platform resizes, the server log says why, and ``tasks.jsonl`` gets a ``resize`` row."""
+pool of leases stands (the graph server's ``load()``) and whether a graph job runs, feeds the tuner,
+and carries out its decision: the pool resizes, the server log says why, and ``tasks.jsonl`` gets a
+``resize`` row."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 import time
 
 from dorylus_py.pipeline.autotune import PoolTuner, TunerPolicy
-from dorylus_py.platforms.base import Completion, Platform
+from dorylus_py.platforms.base import Platform
 from dorylus_py.serving.job import JobSpec
 from dorylus_py.settings import AUTO
 
@@ -30,11 +31,9 @@ class AutoPool:
         return cls(platform, PoolTuner(start, TunerPolicy(low=low, high=high, min_tasks=max(4, tasks_per_epoch // 2))),
                    rank)
 
-    def finished(self, c: Completion) -> None:
-        """A task's completion: its run time, by kind (training and evaluation apart)."""
-        if c.ok:
-            t = c.task
-            self.tuner.finished(t["kind"] if t["train"] else f"e{t['kind']}", c.end - c.start)
+    def finished(self, key, seconds: float) -> None:
+        """A task's result came ``seconds`` after it was sent: its run time, by kind (training and evaluation apart)."""
+        self.tuner.finished(key.kind if key.train else f"e{key.kind}", seconds)
 
     def tick(self, graph_running: bool, epoch: int) -> dict | None:
         """Measure the pool; on a decision, resize it and return the ``tasks.jsonl`` row saying so."""

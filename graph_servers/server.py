@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from dorylus_py.models import spec_of
 from dorylus_py.models.spec import fuses_last_layer
 from dorylus_py.partition.store import PartitionStore
 from dorylus_py.pipeline import events as ev
+from dorylus_py.pipeline.leases import Dispatcher, Lease
 from dorylus_py.pipeline.scheduler import Scheduler
 from dorylus_py.pipeline.stages import task_kinds, task_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy
@@ -36,26 +38,17 @@ from dorylus_py.serving.job import JobSpec
 from dorylus_py.serving.node import ServerNode, hex16, peak_rss_mb
 from dorylus_py.serving.rejections import REJECTED
 from dorylus_py.weights.blocks import servers_of_layer, split, weight_blocks
-from graph_servers.direct import DirectLink
+from graph_servers.direct import DIRECT
 from graph_servers.graph_state import FusedInput, GraphState
 from graph_servers.graph_thread import GraphThread
+from graph_servers.leasing import LEASE_DEPTH, Leasing
 from graph_servers.pool import AutoPool
 from graph_servers.received import ALL_CHUNKS
-from graph_servers.requests import Request, Requests
+from graph_servers.requests import Requests
 from graph_servers.staging import BlockStaging
-from graph_servers.task_io import (
-    STATIC,
-    apply_result,
-    chunk_rows,
-    has_static,
-    staging_cap,
-    static_tokens,
-    streams,
-    task_block,
-    task_rows,
-)
+from graph_servers.task_io import apply_result, staging_cap, static_tokens
 from graph_servers.usage import Usage
-from graph_servers.wire import ghost_placement, held_tokens, task_event
+from graph_servers.wire import ghost_placement
 from graph_servers.workers import make_platform, server_device
 
 log = logging.getLogger("dorylus.graph_server")
@@ -65,7 +58,7 @@ INSTRUCTIONS = (ev.Invoke, ev.Serve, ev.Cancel, ev.Accept, ev.SendRows, ev.Forwa
                 ev.SendProgress, ev.ReportEpoch, ev.Frozen, ev.Finished, ev.Stuck)
 
 
-class GraphServer(Requests):
+class GraphServer(Requests, Leasing):
     def __init__(self, node: ServerNode, start: Message):
         super().__init__()  # the requests' handlers, by op (requests.py)
         self.carry_out = {kind: getattr(self, f"_on_{kind.__name__}") for kind in INSTRUCTIONS}
@@ -79,8 +72,7 @@ class GraphServer(Requests):
         store = PartitionStore.open(spec.data_dir)
         part = store.load(self.k)
         self.model = spec_of(cfg, spec.dims)
-        fused_last = fuses_last_layer(self.model.name, self.model.num_layers, cfg.fuse, cfg.backend,
-                                      cfg.lambda_latency_ms, cfg.lambda_bandwidth_mbps) and not spec.forward_only
+        fused_last = fuses_last_layer(self.model.name, self.model.num_layers, cfg.fuse) and not spec.forward_only
         stages = self.model.stages(fused_last)
         if spec.forward_only:  # dorylus predict: the evaluation forward and eval, no training pass
             stages = [s for s in stages if not s.train]
@@ -101,8 +93,18 @@ class GraphServer(Requests):
         self.weight_servers = [node.dealer(a, answered=True, session=push) for a in spec.weight_servers]
         self.blocks = weight_blocks(self.model.tensors(), len(spec.weight_servers))
         self.layer_servers = [servers_of_layer(self.blocks, l) for l in range(self.model.num_layers)]
-        self.platform = make_platform(spec, self.k, node, device)
-        self.direct: DirectLink | None = getattr(self.platform, "direct", None)
+        self.platform = make_platform(spec, self.k, node, device, self._lease_event(DIRECT, device))
+        self.direct = getattr(self.platform, "direct", None)  # the cpu/gpu backends' own threads
+        if self.direct is not None:  # one lease that never ends, as many tasks out as threads
+            self.dispatcher = Dispatcher(1, self.direct.threads)
+            self.dispatcher.started(DIRECT, time.time())
+            self.dispatcher.hello(DIRECT, self.direct, frozenset(), time.time())
+        else:
+            self.dispatcher = Dispatcher(self.platform.concurrency, LEASE_DEPTH)
+        self.copies: dict[tuple, ev.Invoke] = {}  # copies launched and not ended -> how (version, hold)
+        self.sent_at: dict[tuple, float] = {}  # copies sent to a lease -> when
+        self.leases_alive: dict[str, float] = {}  # leases invoked whose invocation has not ended -> when
+        self.leases_over: OrderedDict = OrderedDict()  # leases ended here -> their worker (leasing.py)
         policy = RelaunchPolicy(cfg.relaunch_min_s, cfg.relaunch_factor, self.platform.startup_hint_s)
         self.scheduler = Scheduler(
             rank=self.k, chunks=self.state.chunks, layers=spec.layers, epochs=cfg.epochs, mode=spec.mode,
@@ -112,13 +114,13 @@ class GraphServer(Requests):
             sync_epochs=cfg.sync_epochs, fresh_wait_s=cfg.fresh_wait_ms / 1000 if spec.mode == "async" else 0.0)
         self.graph_thread = GraphThread(node.ctx, node.poller, self._graph_job)
         tasks_per_epoch = self.state.chunks * sum(s.task is not None for s in stages)
-        self.auto_pool = AutoPool.of(spec, self.platform, self.k, tasks_per_epoch)
+        self.auto_pool = AutoPool.of(spec, self, self.k, tasks_per_epoch)
         node.on_driver = self.on_driver
         self.loss_sum: dict[int, float] = {}
         self.correct: dict[int, np.ndarray] = {}
         self.epoch_start: dict[int, float] = {}
         self.task_rows: list[dict] = []  # the loop thread's alone
-        self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "blocks": 0,
+        self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "blocks": 0, "leases": 0,
                       "peer_rows_fresh": 0, "peer_rows_late": 0}  # async: peer messages in time for their epoch's read, or not
         self.gradients_sent: dict[tuple, int] = {}  # (epoch, layer, chunk) -> times forwarded (once)
         self.usage = Usage()
@@ -149,60 +151,38 @@ class GraphServer(Requests):
             self.feed(ev.Tick(time.time()))
             if self.auto_pool is not None:
                 self._tune_pool()
+            self._dispatch()
         self._flush_tasks()
         self.node.to_driver(Message("epoch_stats", {"rank": self.k, "finished": True}))
-        while True:  # serve late copies (they are told to stop) until the driver says stop
+        while True:  # answer late leases (they are released) until the driver says stop
             self._serve_once(200)
             self._read_acks()
             self._collect()
 
     def _serve_once(self, timeout_ms: int) -> None:
-        """Requests from the sockets, then from in-process workers (which wake the same poll)."""
+        """Messages from the sockets, then results of in-process workers (which wake the same poll)."""
         self.node.serve_once(self.handle, timeout_ms)
         if self.direct is not None:
             self.direct.serve(self.handle, REJECTED, lambda e: self.node.rejections.add("invalid", e))
 
-    def feed(self, event, request: Request | None = None, msg: Message | None = None) -> None:
-        """Give the scheduler an event and carry out its instructions; ``request`` and ``msg`` belong to
-        the worker request the event came from (the instructions that answer it need them)."""
+    def feed(self, event, to: tuple[Lease, tuple] | None = None, msg: Message | None = None) -> None:
+        """Give the scheduler an event and carry out its instructions; ``to``: the lease a copy is being
+        sent to and the copy, or ``msg``: the result the event came with (the instructions that act on
+        them need them)."""
         for inst in self.scheduler.handle(event):
-            self.carry_out[type(inst)](inst, request, msg)
+            self.carry_out[type(inst)](inst, to, msg)
 
     # --- the scheduler's instructions, each carried out by ``_on_<its name>`` ------------------------
 
-    def _on_Invoke(self, inst: ev.Invoke, request, msg) -> None:
-        self.stats["invoked"] += 1
-        key = inst.key
-        weighted = self.by_task[(key.kind, key.train, key.layer)].weights is not None
-        servers = [self.spec.weight_servers[w] for w in self.layer_servers[key.layer]] if weighted else []
-        self.platform.invoke(task_event(self.spec, self.k, self.node.address, self.node.gate, self.node.session.job,
-                                        inst, servers, chunk_rows(self.state, key.chunk) if streams(self.state, key) else 0))
-        self.epoch_start.setdefault(key.epoch, time.perf_counter())
-
-    def _on_Serve(self, inst: ev.Serve, request: Request, msg: Message) -> None:
-        key = inst.key
-        token = self.static_tokens[key.chunk] if self.static_tokens and has_static(key) else None
-        rows = task_rows(self.state, key, static_held=token is not None and token in held_tokens(msg.get("have")),
-                         span=task_block(self.state, key, msg))
-        (a, b), ((lo, _), (glo, _)) = self.state.chunk(key.chunk), self.state.edge_runs(key.chunk)
-        fields = {"start": a, "stop": b, "id_start": self.spec.id_offsets[self.k] + a, "sent": time.time(),
-                  "edge_start": self.state.edge_offset + lo, "ghost_edge_start": self.state.edge_offset + glo}
-        self._answer(request, Message("rows", fields | ({"static": {STATIC: token}} if token else {}), rows,
-                                      wire=narrowed(rows, self.spec.config.wire_dtype)))
-
-    def _on_Cancel(self, inst: ev.Cancel, request: Request, msg) -> None:
-        self._answer(request, Message("duplicate" if request.op == "push_result" else "cancel", {"reason": inst.reason}))
-
-    def _on_Accept(self, inst: ev.Accept, request: Request, msg: Message) -> None:
+    def _on_Accept(self, inst: ev.Accept, to, msg: Message) -> None:
         key = inst.key
         apply_result(self.state, key, msg.tensors)
         if key.kind in ("loss", "fused"):
             self.loss_sum[key.epoch] = self.loss_sum.get(key.epoch, 0.0) + float(msg["loss_sum"])
         elif key.kind == "eval":
             self.correct[key.epoch] = self.correct.get(key.epoch, np.zeros(3, np.int64)) + np.array(msg["correct"], np.int64)
-        self._answer(request, Message("ok", {}))
 
-    def _on_SendRows(self, inst: ev.SendRows, request, msg) -> None:
+    def _on_SendRows(self, inst: ev.SendRows, to, msg) -> None:
         s, chunk = self.state, inst.chunk
         if inst.phase in ("fwd", "efwd"):
             parts = s.rows_for_peers(inst.phase == "fwd", inst.layer, inst.chunk)
@@ -219,7 +199,7 @@ class GraphServer(Requests):
             self._send(self.peers[p], Message("ghosts", fields | at, listed | tensors,
                                               wire=narrowed(tensors, self.spec.config.wire_dtype)))
 
-    def _on_ForwardGradient(self, inst: ev.ForwardGradient, request, msg: Message) -> None:
+    def _on_ForwardGradient(self, inst: ev.ForwardGradient, to, msg: Message) -> None:
         """An accepted backward task's gradients, cut into row blocks: to each weight server its blocks."""
         key = inst.key
         tensors = {t.name: msg.tensors[f"grad:{t.name}"] for t in self.model.layer_tensors(key.layer)}
@@ -231,24 +211,24 @@ class GraphServer(Requests):
             mine = {b.name: grads[b.name] for b in self.blocks if b.layer == key.layer and b.server == w}
             self._send(self.weight_servers[w], Message("push_grad", fields, mine))
 
-    def _on_RunGraph(self, inst: ev.RunGraph, request, msg) -> None:
+    def _on_RunGraph(self, inst: ev.RunGraph, to, msg) -> None:
         self.epoch_start.setdefault(inst.epoch, time.perf_counter())
         self.graph_thread.submit(inst)
 
-    def _on_SendProgress(self, inst: ev.SendProgress, request, msg) -> None:
+    def _on_SendProgress(self, inst: ev.SendProgress, to, msg) -> None:
         for sock in self.peers.values():
             self._send(sock, Message("progress", {"src": self.k, "min_epoch": inst.min_epoch}))
 
-    def _on_ReportEpoch(self, inst: ev.ReportEpoch, request, msg) -> None:
+    def _on_ReportEpoch(self, inst: ev.ReportEpoch, to, msg) -> None:
         self._report(inst.epoch)
 
-    def _on_Frozen(self, inst: ev.Frozen, request, msg) -> None:
+    def _on_Frozen(self, inst: ev.Frozen, to, msg) -> None:
         self.node.to_driver(Message("switch", {"rank": self.k, "frozen_at": inst.at_epoch}))
 
-    def _on_Finished(self, inst: ev.Finished, request, msg) -> None:
+    def _on_Finished(self, inst: ev.Finished, to, msg) -> None:
         self.finished = True
 
-    def _on_Stuck(self, inst: ev.Stuck, request, msg) -> None:
+    def _on_Stuck(self, inst: ev.Stuck, to, msg) -> None:
         raise DorylusError(f"graph server {self.k}: {inst.reason}")
 
     # --- peers and weight servers ------------------------------------------------------------------
@@ -266,20 +246,6 @@ class GraphServer(Requests):
                                        f"{reply.get('reason')}")
 
     # --- platform completions and graph jobs -----------------------------------------------------
-
-    def _collect(self) -> None:
-        for c in self.platform.completions():
-            self.stats["completed"] += 1
-            t = c.task
-            self.task_rows.append({"kind": t["kind"], "train": t["train"], "server": self.k, "chunk": t["chunk"],
-                                   "epoch": t["epoch"], "layer": t["layer"], "attempt": t.get("attempt", 1),
-                                   "where": c.where, "start": c.start, "end": c.end, "billed_ms": c.billed_ms,
-                                   "memory_mb": c.memory_mb, "ok": c.ok, "error": c.error})
-            if self.auto_pool is not None:
-                self.auto_pool.finished(c)
-            key = ev.TaskKey(t["kind"], t["train"], t["epoch"], t["layer"], t["chunk"])
-            self.feed(ev.TaskEnded(key, t.get("attempt", 1), c.ok, time.time(), c.error))
-            self.staging.forget(key, t.get("attempt", 1))
 
     def _graph_job(self, inst: ev.RunGraph) -> None:
         """Runs on the graph thread (``graph_thread.py``)."""
@@ -299,7 +265,7 @@ class GraphServer(Requests):
         row = self.auto_pool.tick(self.graph_thread.out > 0, self.scheduler.pipe.min_epoch())
         if row is not None:
             self.task_rows.append(row)
-            self.scheduler.tracker.workers = self.platform.concurrency
+            self.scheduler.tracker.workers = self.dispatcher.size
 
     # --- the driver --------------------------------------------------------------------------------
 
@@ -335,30 +301,22 @@ class GraphServer(Requests):
         self.task_rows = []
         self.node.to_driver(Message("tasks", {"rank": self.k}, {"jsonl": np.frombuffer(rows, np.uint8)}))
 
-    def _flush_tasks(self, timeout_s: float = 5.0) -> None:
-        """Wait (bounded) for the completions of every copy still out, so tasks.jsonl has them all."""
-        deadline = time.monotonic() + timeout_s
-        while self.stats["completed"] < self.stats["invoked"] and time.monotonic() < deadline:
-            self._serve_once(10)
-            self._collect()
-        self._send_task_rows()
-
     def _log_end(self) -> None:
         t = self.scheduler.tracker
         log.info("graph server %d end %s", self.k, json.dumps({
             "rank": self.k, "epochs": self.scheduler.reported - self.spec.first_epoch + 1, "tasks": self.stats["invoked"],
             "completed": self.stats["completed"], "result_blocks": self.stats["blocks"],
+            "leases": self.stats["leases"],
             "peer_rows_fresh": self.stats["peer_rows_fresh"], "peer_rows_late": self.stats["peer_rows_late"],
             "relaunches": t.relaunches, "duplicates": t.refused, **self._gradient_counts(),
             "bytes_sent": self.usage.totals["bytes_sent"],
-            "bytes_received": self.usage.totals["bytes_received"], "workers_replaced": getattr(self.platform, "replaced", 0),
+            "bytes_received": self.usage.totals["bytes_received"], "messages": dict(sorted(self.usage.ops.items())),
+            "workers_replaced": getattr(self.platform, "replaced", 0),
             "peak_rss_mb": peak_rss_mb()}))
 
     def close(self) -> None:
         self._log_end()
         self.graph_thread.close()
         self.platform.close()
-        if self.direct is not None:
-            self.direct.close()
         for s in [*self.peers.values(), *self.weight_servers]:
             s.close(0)

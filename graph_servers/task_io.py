@@ -6,8 +6,8 @@ hostile worker cannot corrupt the server's arrays.
 
 Static rows: layer 0's input ``P`` (the features) never changes in training and is the widest input
 (pulled by three tasks a chunk and epoch: the training forward, the evaluation forward and backward).
-A warm worker keeps it (``dorylus_py/worker/row_cache.py``); the reply to a pull names it by a token,
-and leaves it out when the worker said it holds that token.
+A warm worker keeps it (``dorylus_py/worker/row_cache.py``); a task message names it by a token, and
+leaves it out when its lease said it holds that token.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import numpy as np
 
 from dorylus_py.pipeline.events import TaskKey
 from dorylus_py.protocol import ProtocolError, require
+from dorylus_py.worker.stream import stream_spans
 from graph_servers.graph_state import GraphState
 from graph_servers.staging import MIN_CAP_BYTES
-from graph_servers.wire import block_of
 
 STATIC = "P"  # the name of the static rows in a layer-0 task's pull
 STREAMED = ("fwd", "bwd", "fused", "loss", "eval")  # row-wise kinds: each row's outputs need only its own inputs
@@ -99,15 +99,10 @@ def chunk_rows(s: GraphState, chunk: int) -> int:
     return b - a
 
 
-def task_block(s: GraphState, key: TaskKey, msg, required: bool = False) -> tuple[int, int] | None:
-    """The block of the chunk's rows a streamed task's message names (None: the whole chunk), checked
-    against the chunk and the task's kind."""
-    block = block_of(msg.get("block"), chunk_rows(s, key.chunk))
-    if block is None and required:
-        raise ProtocolError(f"{msg.op} names no block")
-    if block is not None and not streams(s, key):
-        raise ProtocolError(f"{key.kind} tasks of this model are not streamed")
-    return block
+def task_parts(s: GraphState, key: TaskKey, block: int) -> list[tuple[int, int] | None]:
+    """The parts a task of ``key`` is sent in: blocks of ``block`` rows of its chunk where it streams
+    (``--stream-rows``), else the whole chunk (``[None]``)."""
+    return (stream_spans(chunk_rows(s, key.chunk), block) if streams(s, key) else []) or [None]
 
 
 def staging_cap(s: GraphState, copies: int = 4) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 from dorylus_py.protocol import Message
 
@@ -18,6 +19,7 @@ THREAD_CLOCKS = hasattr(time, "pthread_getcpuclockid")  # Linux and the BSDs; no
 class Usage:
     def __init__(self):
         self.totals = {"bytes_sent": 0, "bytes_received": 0, "messages": 0}
+        self.ops: Counter = Counter()  # messages by direction and op ("out:task", "in:result"): the end log's
         self._graph_clock: int | None = None
         self.start()
 
@@ -30,10 +32,12 @@ class Usage:
         """Its tensors' bytes as they travel (``--wire-dtype``'s narrower forms counted as such)."""
         self.totals["bytes_sent"] += msg.tensor_bytes()
         self.totals["messages"] += 1
+        self.ops["out:" + msg.op] += 1
 
     def received(self, msg: Message) -> None:
         self.totals["bytes_received"] += msg.tensor_bytes()
         self.totals["messages"] += 1
+        self.ops["in:" + msg.op] += 1
 
     def on_graph_thread(self) -> None:
         """Called from the graph thread: from then on its CPU time is counted."""

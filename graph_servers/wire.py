@@ -1,4 +1,4 @@
-"""What a graph server sends and accepts: task events for tensor workers, and checks on what comes in.
+"""What a graph server sends and accepts: lease events for tensor workers, and checks on what comes in.
 
 Every field a peer or a tensor worker sends is checked here, against the job, before the scheduler or
 the arrays see it; anything wrong raises :class:`~dorylus_py.protocol.ProtocolError`, which the
@@ -9,68 +9,68 @@ from __future__ import annotations
 
 import numpy as np
 
-from dorylus_py.pipeline.events import Invoke, TaskKey
+from dorylus_py.pipeline.events import TaskKey
 from dorylus_py.protocol import Message, ProtocolError, integer, require
 from dorylus_py.protocol.transport import Curve, Gate
 from dorylus_py.serving.job import JobSpec
-from dorylus_py.worker.event import Stream, TaskEvent, TaskRef
+from dorylus_py.worker.event import MAX_LEASE_ID, LeaseEvent, TaskRef
 from graph_servers.received import ALL_CHUNKS
 
-MAX_HELD = 8  # static-row tokens a worker may name in one pull (it names those of the task's chunk: one today)
+MAX_HELD = 64  # static-row tokens a worker may name at once (those of the chunks it holds for this server)
 MAX_TOKEN = 64  # characters of one token (ours are 32 hex digits)
 PHASES = ("fwd", "efwd", "bwd", "ebwd")  # what peers send: Z rows (training, evaluation), dZ and score-gradient parts
 
 
-def task_event(spec: JobSpec, rank: int, address: str, gate: Gate, job: bytes, inv: Invoke,
-               weight_servers: list[str], stream_rows: int = 0) -> TaskEvent:
-    """The event a tensor worker gets for a copy of a task (the same for every copy but ``attempt``);
-    ``job``: the job's nonce, which the worker's requests are bound to; ``weight_servers``: those holding
-    the task's layer, its lead first (none for a task without weights); ``stream_rows``: the chunk's
-    rows when the task may be streamed (0: it may not). No secret: the worker has the job key from its
-    own environment; the CURVE key here is the public one, and the nonce is no secret either."""
-    cfg, key = spec.config, inv.key
-    return TaskEvent(
-        job=job.hex(), curve_public_key=gate.server_public.decode() if isinstance(gate, Curve) else None, graph_server=address,
-        weight_servers=tuple(weight_servers), model=cfg.model, dropout=cfg.dropout, attn_dropout=cfg.attention_dropout(),
-        negative_slope=cfg.negative_slope, seed=cfg.seed, num_train=spec.num_train, row_cache_mb=cfg.resolved_row_cache_mb(),
-        stream=Stream(stream_rows, cfg.stream_rows) if stream_rows and cfg.stream_rows else None,
-        task=TaskRef(key, rank, inv.version, tuple(inv.hold) if inv.hold else None, inv.attempt), wire_dtype=cfg.wire_dtype)
+def lease_event(spec: JobSpec, rank: int, address: str, gate: Gate, job: bytes, lease: str, idle_ms: int,
+                device: str = "cpu") -> LeaseEvent:
+    """The event a tensor worker is invoked with for ``lease``; ``job``: the job's nonce, which its
+    messages are bound to; ``idle_ms``: how long it waits for a task before it leaves. No secret: the
+    worker has the job key from its own environment; the CURVE key here is the public one, and the nonce
+    is no secret either."""
+    cfg = spec.config
+    return LeaseEvent(
+        job=job.hex(), curve_public_key=gate.server_public.decode() if isinstance(gate, Curve) else None,
+        graph_server=address, server=rank, lease=lease, weight_servers=tuple(spec.weight_servers), model=cfg.model,
+        dropout=cfg.dropout, attn_dropout=cfg.attention_dropout(), negative_slope=cfg.negative_slope, seed=cfg.seed,
+        num_train=spec.num_train, row_cache_mb=cfg.resolved_row_cache_mb() if cfg.backend in ("local", "lambda") else 0,
+        idle_ms=idle_ms, device=device, wire_dtype=cfg.wire_dtype)
 
 
 def task_of(task, layers: int, chunks: int, kinds: frozenset[str]) -> tuple[TaskKey, int]:
     """The key and attempt number of a task a worker names (``kinds``: the model's task kinds)."""
-    if not isinstance(task, dict):
-        raise ProtocolError("task must be an object")
-    kind, train = task.get("kind"), task.get("train")
-    if not isinstance(kind, str) or kind not in kinds or not isinstance(train, bool):
+    ref = TaskRef.from_wire(task)
+    key = ref.key
+    if key.kind not in kinds:
         raise ProtocolError(f"malformed task {task!r:.200}")
-    key = TaskKey(kind, train, integer(task.get("epoch"), "task epoch", 1), integer(task.get("layer"), "task layer", 0, layers),
-                  integer(task.get("chunk"), "task chunk", 0, chunks))
-    return key, integer(task.get("attempt", 1), "task attempt", 1)
+    integer(key.epoch, "task epoch", 1)
+    integer(key.layer, "task layer", 0, layers)
+    integer(key.chunk, "task chunk", 0, chunks)
+    return key, integer(ref.attempt, "task attempt", 1)
 
 
-def block_of(value, rows: int) -> tuple[int, int] | None:
-    """The rows ``[lo, hi)`` of a chunk of ``rows`` rows that a streamed task's message names (its
-    optional ``block``), or None when it names none."""
-    if value is None:
-        return None
-    if not isinstance(value, list) or len(value) != 2:
-        raise ProtocolError(f"block must be [first row, end row], got {value!r:.100}")
-    lo = integer(value[0], "block start", 0, rows)
-    return lo, integer(value[1], "block end", lo + 1, rows + 1)
-
-
-def run_id(msg: Message) -> str:
-    """The id a streamed task's run drew, in its blocks and its commit (``run``)."""
-    value = msg.get("run")
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_TOKEN:
-        raise ProtocolError(f"{msg.op}: a streamed task's run must be a string of 1 to {MAX_TOKEN} characters")
+def lease_of(msg: Message) -> str:
+    """The lease id a worker's message names."""
+    value = msg.get("lease")
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_LEASE_ID:
+        raise ProtocolError(f"{msg.op}: lease must be a string of 1 to {MAX_LEASE_ID} characters")
     return value
 
 
+def part_of(value, rows: int) -> tuple[int, int] | None:
+    """The rows ``[lo, hi)`` of a chunk of ``rows`` rows that a streamed task's result names (its
+    optional ``part``), or None when it names none."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise ProtocolError(f"part must be [first row, end row], got {value!r:.100}")
+    lo = integer(value[0], "part start", 0, rows)
+    return lo, integer(value[1], "part end", lo + 1, rows + 1)
+
+
 def held_tokens(value) -> frozenset[str]:
-    """The static-row tokens a worker says it holds (``pull_rows``'s optional ``have``). Only a match with
-    the server's own token counts, so a wrong one costs the worker its rows, never the server its state."""
+    """The static-row tokens a worker says it holds (a lease's or a result's optional ``have``). Only a
+    match with the server's own token counts, so a wrong one costs the worker its rows, never the server
+    its state."""
     if value is None:
         return frozenset()
     if (not isinstance(value, list) or len(value) > MAX_HELD

@@ -7,7 +7,9 @@ from dorylus_py.devices import cuda_devices, device_for, local_rank
 from dorylus_py.platforms import InprocPlatform, LocalLambdaPlatform
 from dorylus_py.serving.job import JobSpec
 from dorylus_py.serving.node import ServerNode
-from graph_servers.direct import DirectLink
+from dorylus_py.worker.event import LeaseEvent
+from dorylus_py.worker.task_runner import TaskRunner
+from graph_servers.direct import DirectWorkers
 
 
 def server_device(spec: JobSpec, rank: int) -> str:
@@ -19,12 +21,16 @@ def server_device(spec: JobSpec, rank: int) -> str:
     return device_for(cfg.device, cfg.backend, rank, local_rank(spec.graph_servers, rank), cuda_devices())
 
 
-def make_platform(spec: JobSpec, rank: int, node: ServerNode, device: str):
+def make_platform(spec: JobSpec, rank: int, node: ServerNode, device: str, direct_event: LeaseEvent):
     """Where this server's tensor tasks run; ``--lambdas`` is shared out among the graph servers. In-process
-    workers get a signing session of their own, emulated Lambdas the job key (their own environment)."""
+    threads run ``direct_event``'s lease with a signing session of their own (for the weight servers),
+    emulated Lambdas get the job key (their own environment)."""
     cfg = spec.config
     if cfg.backend not in ("local", "lambda"):
-        return InprocPlatform(cfg.tensor_threads, device, node.session.sibling(), DirectLink(node.ctx, node.poller))
+        session, gate = node.session.sibling(), node.gate
+        direct = DirectWorkers(node.ctx, node.poller, cfg.tensor_threads,
+                               lambda: TaskRunner(direct_event, session, gate))
+        return InprocPlatform(direct, device)
     per_server = spec.lambda_share[0]  # the run plan's share of --lambdas
     seed = cfg.seed * 1000 + rank + 7919 * spec.restart
     if cfg.backend == "local":

@@ -60,24 +60,24 @@ class Client:
 
 
 def unauthenticated(client, task) -> dict:
-    good = client.frames(Message("pull_rows", {"task": task}))
-    replayed = client.frames(Message("pull_rows", {"task": dict(task, epoch=9)}))
+    good = client.frames(Message("result", {"lease": "x", "task": task}))
+    replayed = client.frames(Message("result", {"lease": "x", "task": dict(task, epoch=9)}))
     return {
         "truncated frames": good[:1],
-        "unsigned": [b"\0" * 68, json.dumps({"op": "pull_rows", "task": task}).encode()],
+        "unsigned": [b"\0" * 68, json.dumps({"op": "result", "task": task}).encode()],
         "not json": [b"\xff\xfe"],
         "altered": [good[0], bytes(good[1]) + b" "],  # still valid JSON, no longer what was signed
-        "wrong key": Client(client.node, b"another key, 32 bytes long......").frames(Message("pull_rows", {"task": task})),
-        "signed for another server": client.session.encode(Message("pull_rows", {"task": task}), "tcp://127.0.0.1:1"),
+        "wrong key": Client(client.node, b"another key, 32 bytes long......").frames(Message("result", {"task": task})),
+        "signed for another server": client.session.encode(Message("result", {"task": task}), "tcp://127.0.0.1:1"),
         "replayed": replayed,
     }, replayed
 
 
 def authentic_but_bad(client) -> dict:
-    header = {"op": "push_result", "task": {}, "tensors": [{"name": "Z", "dtype": "float32", "shape": [2, 4]}]}
+    header = {"op": "result", "task": {}, "tensors": [{"name": "Z", "dtype": "float32", "shape": [2, 4]}]}
     return {
         "short tensor": signed(client.session, json.dumps(header).encode(), b"\0" * 7, to=client.node.address),
         "unknown op": signed(client.session, b'{"op": "format_disk"}', to=client.node.address),
-        "deep": signed(client.session, b'{"op": "pull_rows", "task": ' + b"[" * 5000 + b"}", to=client.node.address),
-        "huge number": signed(client.session, b'{"op": "pull_rows", "epoch": 1e999}', to=client.node.address),
+        "deep": signed(client.session, b'{"op": "lease", "lease": ' + b"[" * 5000 + b"}", to=client.node.address),
+        "huge number": signed(client.session, b'{"op": "lease", "epoch": 1e999}', to=client.node.address),
     }

@@ -47,7 +47,7 @@ from importlib import resources
 from dorylus_py.config import DECENTRAL_MODES, TrainConfig, row_cache_mb
 from dorylus_py.cost import transfer
 from dorylus_py.cost.gpu import GPUS, GpuSpeed, gpu_of, weight_server_type
-from dorylus_py.cost.model import Prices, read_record, value_of
+from dorylus_py.cost.model import Prices, invocations, read_record, value_of
 from dorylus_py.errors import ConfigError, DataError
 from dorylus_py.plan import plan
 from dorylus_py.training.record_schema import record_settings
@@ -187,6 +187,8 @@ class Calibration:
     @classmethod
     def from_record(cls, run_dir: str, instance: str) -> "Calibration":
         config, metrics, tasks, _ = read_record(run_dir, CALIBRATION_TASK_FIELDS, "a calibration reads it")
+        leases = [t for t in tasks if t["kind"] == "lease"]  # billing rows, not work
+        tasks = [t for t in tasks if t["kind"] != "lease"]
         why = "a calibration needs a run of a distributed backend (with tasks.jsonl and epochs)"
         if config.get("backend") not in ("local", "lambda", "cpu", "gpu") or config.get("mode") in DECENTRAL_MODES:
             raise DataError(f"{run_dir}: {why}; its config.json says --backend {config.get('backend', 'reference')} "
@@ -211,7 +213,7 @@ class Calibration:
         tensor = [t for t in tasks if t["kind"] not in GRAPH_KINDS]
         task_s = _fixed_task_seconds(tensor, work)
         tensor_s = sum(t["end"] - t["start"] for t in tensor) / epochs - task_s * len(tensor) / epochs
-        billed = sum(t["billed_ms"] for t in tensor) / 1000.0
+        billed = sum(t["billed_ms"] for t in invocations(tasks + leases)) / 1000.0  # leases: waiting included
         steady = statistics.median(m["epoch_s"] for m in rows)
         idle = _idle_seconds(tasks, rows, setup.graph_servers)
         cal = cls(graph_s / work.graph_units(setup.graph_servers), max(tensor_s, 0.0) / work.tensor_units(),

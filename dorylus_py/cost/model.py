@@ -4,7 +4,8 @@
 Dorylus paper, ``value = 1 / (time x cost)``. A run made on this machine is priced *as if* its graph
 servers were ``--as-instance`` EC2 instances for the run's wall time (its weight servers
 ``--weight-instance``: by default the same, or c5.xlarge beside GPU types), and its emulated
-Lambdas were billed what ``tasks.jsonl`` records (billed ms at the configured memory).
+Lambdas were billed what ``tasks.jsonl`` records (billed ms at the configured memory): each lease (an
+invocation that serves tasks until released) for its whole run, waiting included, as AWS bills it.
 """
 
 from __future__ import annotations
@@ -122,15 +123,24 @@ def run_cost(config: dict, wall_s: float, tasks: list[dict], prices: Prices, ins
     servers, weight = servers_of(config), weight_servers_of(config)
     hours = servers * wall_s / 3600.0
     hourly = (servers - weight) * prices.hourly(instance) + weight * prices.hourly(weight_server_type(instance, weight_instance))
-    lambdas = [t for t in tasks if str(t.get("where", "")).endswith("lambda")]
+    lambdas = invocations(tasks)
     gb_s = sum(t["billed_ms"] / 1000.0 * t["memory_mb"] / 1024.0 for t in lambdas)
     return RunCost(servers, hours, wall_s / 3600.0 * hourly, len(lambdas), gb_s,
                    gb_s * prices.lambda_gb_second + len(lambdas) * prices.lambda_per_request, wall_s)
 
 
+def invocations(tasks: list[dict]) -> list[dict]:
+    """The rows of :func:`read_record`'s tasks that are Lambda invocations, each billed: a lease's row
+    (``leases.jsonl``, ``kind`` ``lease``: billed for its whole run, waiting included), or a task of a
+    record from before leases (one invocation each). A task run in a lease names it (``lease``) and is
+    billed through the lease's row."""
+    return [t for t in tasks if str(t.get("where", "")).endswith("lambda") and "lease" not in t]
+
+
 def read_record(run_dir: str | Path, task_fields: tuple[str, ...] = (),
                 why: str = "") -> tuple[dict, list[dict], list[dict], dict]:
-    """``config``, ``metrics`` rows, ``tasks`` rows, ``summary`` of a run record, each file checked against
+    """``config``, ``metrics`` rows, ``tasks`` rows (``leases.jsonl``'s billing rows last), ``summary`` of a
+    run record, each file checked against
     its schema (``training/record_schema.py``; every task row with ``task_fields`` too, which the caller
     needs for ``why``): one line naming the file and field if not. A record whose process was killed
     before it could write ``summary.json`` gets one from its epochs."""
@@ -145,6 +155,8 @@ def read_record(run_dir: str | Path, task_fields: tuple[str, ...] = (),
     metrics = read_metrics(run_dir / "metrics.jsonl")
     tasks = read_tasks(run_dir / "tasks.jsonl", task_fields, why) if (run_dir / "tasks.jsonl").exists() else []
     tasks = [t for t in tasks if t["kind"] != "resize"]  # the autotuner's decisions (--lambdas auto) are no work
+    if (run_dir / "leases.jsonl").exists():  # the Lambda invocations: billing rows, kind "lease" (invocations())
+        tasks += read_tasks(run_dir / "leases.jsonl")
     if (run_dir / "summary.json").exists():
         summary = read_summary(run_dir / "summary.json")
     else:

@@ -55,6 +55,7 @@ def accuracy_plots(runs: list[tuple[str, list[dict], float]], out_dir: Path) -> 
 
 def timeline(name: str, tasks: list[dict], path: Path) -> Path | None:
     """Tasks per (server, chunk) lane over time, coloured by their work; None if the run has no tasks."""
+    tasks = [t for t in tasks if t["kind"] != "lease"]  # a Lambda's lease: billing, not work
     if not tasks:
         return None
     fig = timeline_figure(name, tasks)

@@ -110,6 +110,8 @@ def time_by_kind(tasks: list[dict]) -> dict[str, float]:
     """Seconds spent per kind of work (``task_names.py``: the evaluation pass apart), summed over tasks."""
     out: dict[str, float] = defaultdict(float)
     for t in tasks:
+        if t["kind"] == "lease":  # a Lambda's lease: billing, not work
+            continue
         out[task_name(t["kind"], t.get("train", True))] += t["end"] - t["start"]
     return dict(out)
 

@@ -53,7 +53,7 @@ from dorylus_py.platforms.base import Completion
 from dorylus_py.platforms.local import KILL_GRACE_S, LocalLambdaPlatform
 from dorylus_py.timescale import scaled
 from dorylus_py.protocol import ProtocolError
-from dorylus_py.worker.event import TaskEvent
+from dorylus_py.worker.event import LeaseEvent
 
 log = logging.getLogger(__name__)
 API = "/2015-03-31/functions/"
@@ -121,11 +121,11 @@ class LambdaService:
     def invoke(self, event: dict) -> Completion | None:
         """Run ``event`` on a free worker and wait for it; None when every worker is busy (throttled)."""
         try:
-            typed = TaskEvent.from_dict(event)
+            typed = LeaseEvent.from_dict(event)
         except ProtocolError as e:  # what the handler would raise at once, as a function error
             now = time.time()
             return Completion({}, "lambda-service", now, now, 1, self.function.memory_mb, False, f"ProtocolError: {e}")
-        task = typed.task.to_wire()
+        task = {"lease": typed.lease}
         call = _Call()
         with self._lock:
             if len(self._calls) >= self.function.concurrency:

@@ -69,21 +69,12 @@ class ModelSpec:
         return [t for t in self.tensors() if t.layer == layer]
 
 
-def fuses_last_layer(model: str, layers: int, fuse: str, backend: str, latency_ms: float = 0.0,
-                     bandwidth_mbps: float = 0.0) -> bool:
-    """Whether the last layer runs fused: GCN with 2 layers or more, and ``fuse`` ``on``, or ``auto``
-    where a task saved is a round trip or bytes on a slow link saved: the ``lambda`` backend, and
-    ``local`` with an emulated latency (``latency_ms`` > 0) or capped links (``bandwidth_mbps`` > 0).
-    Fusing widens the last layer's Gather from the classes to the hidden width and adds two graph jobs
-    per chunk, so without a round trip or link time to save it does not pay: on the 200 k graph
-    (``benchmarks/bench_lambda.py``, medians of 3) fused epochs took 1.01x (sync) and 1.08x (async) the
-    unfused ones on ``local`` without latency, and 0.98x and 0.93x at 20 ms; at 200 Mbps a Lambda (async
-    S=1, int8 rows) 0.83-0.88x, its tasks moving 3.8 MB a chunk and epoch instead of 7.2 (docs/performance.md).
-    GAT and GraphSAGE (whose last layer has ApplyEdge tasks or a self term) and a one-layer GCN (whose
-    input is the features, not a Gather's output) keep the separate loss task."""
-    if not architecture(model).can_fuse(layers) or fuse == "off":
-        return False
-    return fuse == "on" or backend == "lambda" or (backend == "local" and (latency_ms > 0 or bandwidth_mbps > 0))
+def fuses_last_layer(model: str, layers: int, fuse: str) -> bool:
+    """Whether the last layer runs fused: GCN with 2 layers or more, and ``fuse`` ``on`` (the run plan
+    turns ``auto`` into ``on`` or ``off``: ``plan.fuse``). GAT and GraphSAGE (whose last layer has
+    ApplyEdge tasks or a self term) and a one-layer GCN (whose input is the features, not a Gather's
+    output) keep the separate loss task."""
+    return architecture(model).can_fuse(layers) and fuse == "on"
 
 
 def model_spec(name: str, dims: list[int], heads: int = 8, out_heads: int = 1, negative_slope: float = 0.2) -> ModelSpec:

@@ -1,14 +1,15 @@
-"""AWS Lambda: tensor tasks invoked through aiobotocore on one asyncio loop (no thread per call).
+"""AWS Lambda: leases of tensor workers invoked through aiobotocore on one asyncio loop (no thread per call).
 
-Each ``invoke`` schedules a ``RequestResponse`` call (with the log tail, which carries the billed
+Each ``invoke`` (a lease: the function serves its graph server's tasks until released, idle or out of
+time, ``worker/handler.py``) schedules a ``RequestResponse`` call (with the log tail, which carries the billed
 duration) on a loop running in one background thread; at most ``concurrency`` are in flight. Throttling
 (``TooManyRequestsException``, HTTP 429: the function is at its concurrency limit) is retried with
 exponential back-off and full jitter until the function's timeout has passed, since a throttled call
 never started (counting it as a failure made a job whose ``--lambdas`` exceeded the function's
 concurrency give up on its tasks: measured on the lab's Lambda service); Lambda's own 5xx errors and
 connection failures are retried so up to ``max_attempts``; anything else, or a function error,
-is a failed :class:`Completion`, and the graph server relaunches the task through the same tracker as
-for the local emulator (so do tasks that simply take too long). Credentials, region and profile come
+is a failed :class:`Completion`, and the graph server relaunches the tasks the lease held through the
+same tracker as for the local emulator (so do tasks that simply take too long). Credentials, region and profile come
 from the standard AWS chain; ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) points at moto or LocalStack.
 
 ``run_here``: also run the handler on this machine for every accepted invocation (in a pool of
@@ -28,7 +29,7 @@ import time
 
 from dorylus_py.errors import ConfigError
 from dorylus_py.platforms.base import Completion, Platform, PoolLoad, billed_ms
-from dorylus_py.worker.event import TaskEvent
+from dorylus_py.worker.event import LeaseEvent
 
 THROTTLE_CODES = {"TooManyRequestsException", "ThrottlingException"}
 RETRYABLE_CODES = THROTTLE_CODES | {"ServiceException", "EC2ThrottledException", "ResourceNotReadyException"}
@@ -166,10 +167,10 @@ class AwsLambdaPlatform(Platform):
     def concurrency(self) -> int:
         return self.slots.limit
 
-    def invoke(self, event: TaskEvent) -> None:
+    def invoke(self, event: LeaseEvent) -> None:
         asyncio.run_coroutine_threadsafe(self._invoke(event), self.loop)
 
-    async def _invoke(self, event: TaskEvent) -> None:
+    async def _invoke(self, event: LeaseEvent) -> None:
         async with self.slots:
             start = time.time()
             resp, body, error = await self._call(json.dumps(event.to_dict()).encode())
@@ -218,9 +219,9 @@ class AwsLambdaPlatform(Platform):
             if failures >= self.max_attempts:
                 return None, b"", f"gave up after {self.max_attempts} attempts: {error}"
 
-    def _finish(self, event: TaskEvent, start: float, billed: int | None, ok: bool, error: str) -> None:
+    def _finish(self, event: LeaseEvent, start: float, billed: int | None, ok: bool, error: str) -> None:
         end = time.time()
-        self._done.put(Completion(event.task.to_wire(), self.name, start, end, billed if billed is not None else billed_ms(end - start),
+        self._done.put(Completion({"lease": event.lease}, self.name, start, end, billed if billed is not None else billed_ms(end - start),
                                   self.memory_mb, ok, error))
 
     def completions(self) -> list[Completion]:

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import math
 import queue
+import random
 import time
 from dataclasses import dataclass
 
-from dorylus_py.worker.event import TaskEvent
+from dorylus_py.worker.event import LeaseEvent
 
 
 @dataclass
 class Completion:
     """One finished invocation, successful or not (what ``tasks.jsonl`` records)."""
 
-    task: dict
+    task: dict  # what ran: ``{"lease": id}`` for a lease
     where: str  # e.g. "local-lambda", "inproc-cpu", "aws-lambda"
     start: float  # unix seconds
     end: float
@@ -49,7 +50,8 @@ class Platform:
         """Tasks run at once; the rest wait for a worker (0: no limit known)."""
         return 0
 
-    def invoke(self, event: TaskEvent) -> None:
+    def invoke(self, event: LeaseEvent) -> None:
+        """Start a worker for ``event``'s lease; its :class:`Completion` names the lease (``task``: ``{"lease": id}``)."""
         raise NotImplementedError
 
     def resize(self, size: int) -> None:
@@ -81,14 +83,25 @@ class Platform:
 
 
 class LambdaContext:
-    """The part of AWS's context object the handler uses, with an optional injected early timeout and,
-    for the emulator alone, a cap on the worker's transfer rate (``bandwidth_mbps``, each way; 0: none)."""
+    """The part of AWS's context object the handler uses and, for the emulator alone, injected failures and
+    a cap on the worker's transfer rate (``bandwidth_mbps``, each way; 0: none). A failure runs the clock
+    out: after ``expire_at_check`` more time checks the context reports no time left, which the handler
+    notices as a Lambda running out of time; with ``fail_rate``, each task a lease starts
+    (:meth:`task_started`) fails so, at once or part-way, with that probability."""
 
-    def __init__(self, timeout_ms: int, expire_at_check: int | None = None, bandwidth_mbps: float = 0.0):
+    def __init__(self, timeout_ms: int, expire_at_check: int | None = None, bandwidth_mbps: float = 0.0,
+                 fail_rate: float = 0.0, seed: int = 0):
         self.deadline = time.monotonic() + timeout_ms / 1000
         self.expire_at_check = expire_at_check  # after this many time checks, report no time left
         self.checks = 0
         self.bandwidth_mbps = bandwidth_mbps
+        self.fail_rate = fail_rate
+        self._rng = random.Random(seed)
+
+    def task_started(self) -> None:
+        """A lease starts a task: with probability ``fail_rate`` the invocation dies during it."""
+        if self.fail_rate and self.expire_at_check is None and self._rng.random() < self.fail_rate:
+            self.expire_at_check = self.checks + self._rng.randrange(0, 4)  # 0: at once; 1-3: part-way
 
     def get_remaining_time_in_millis(self) -> int:
         self.checks += 1

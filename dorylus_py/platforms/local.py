@@ -2,11 +2,13 @@
 
 ``concurrency`` processes stay warm (like Lambda containers, they keep their sockets between
 invocations); the first invocation on each waits ``cold_start_ms`` first, as a new container would.
-``bandwidth_mbps`` caps each worker's transfers, each way (``dorylus_py/worker/link.py``).
-Each invocation can be delayed by ``latency_ms`` (invoke latency) and, with probability ``fail_rate``,
-made to fail: either before it starts, or part-way through by running its clock out, which exercises
-the relaunch path with partial effects. Billed duration is the handler's run time rounded up to 1 ms,
-at ``memory_mb``.
+An invocation is a lease (``worker/event.py``): it serves its graph server's tasks until released,
+idle or out of time. ``bandwidth_mbps`` caps each worker's transfers, each way
+(``dorylus_py/worker/link.py``). Each invocation can be delayed by ``latency_ms`` (invoke latency), and
+each task it runs, with probability ``fail_rate``, makes it fail: at once or part-way through, by
+running its clock out (``LambdaContext``), which exercises the relaunch path with partial effects.
+Billed duration is the handler's run time rounded up to 1 ms, at ``memory_mb``: a lease is billed
+while it waits for tasks, as AWS bills a function that waits.
 
 Each worker gets the job key in its own environment (``DORYLUS_KEY``, passed with its start-up arguments,
 not on a command line), where the handler reads it at its cold start, as a real Lambda reads its own.
@@ -43,28 +45,24 @@ from dorylus_py.platforms.base import (
     billed_ms,
 )
 from dorylus_py.timescale import scaled
-from dorylus_py.worker.event import TaskEvent
+from dorylus_py.worker.event import LeaseEvent
 
 KILL_GRACE_S = 2.0  # past its time limit, a worker still running an invocation is killed (the handler stops itself before)
 
 
 def _invoke(payload: str, latency_ms: float, fail_rate: float, timeout_ms: int, seed: int, bandwidth_mbps: float) -> tuple:
     """Runs in a worker process; returns (start, end, run_seconds, ok, error, what the handler returned)."""
-    rng = random.Random(seed)
     if latency_ms:
         time.sleep(latency_ms / 1000)
     start = time.time()
     event = json.loads(payload)  # exactly what AWS would hand the function
-    expire = None
-    if rng.random() < fail_rate:
-        expire = rng.randrange(0, 4)  # 0: dies at once; 1-3: part-way through
     t0 = time.perf_counter()
     try:
         from dorylus_py.worker.handler import handler
 
-        output = handler(event, LambdaContext(timeout_ms, expire, bandwidth_mbps))
+        output = handler(event, LambdaContext(timeout_ms, None, bandwidth_mbps, fail_rate, seed))
         ok, err = True, ""
-    except Exception as e:  # noqa: BLE001  (a failed Lambda; the graph server relaunches)
+    except Exception as e:  # noqa: BLE001  (a failed Lambda; the graph server relaunches its tasks)
         ok, err, output = False, f"{type(e).__name__}: {e}", None
     return start, time.time(), time.perf_counter() - t0, ok, err, output
 
@@ -180,9 +178,9 @@ class LocalLambdaPlatform(Platform):
     def concurrency(self) -> int:
         return self.size
 
-    def invoke(self, event: TaskEvent) -> None:
-        self._pending.put((event.task.to_wire(), (json.dumps(event.to_dict()), self.latency_ms, self.fail_rate, self.timeout_ms,
-                                           self.rng.getrandbits(32), self.bandwidth_mbps)))
+    def invoke(self, event: LeaseEvent) -> None:
+        self._pending.put(({"lease": event.lease}, (json.dumps(event.to_dict()), self.latency_ms, self.fail_rate,
+                                                    self.timeout_ms, self.rng.getrandbits(32), self.bandwidth_mbps)))
         self._wake_send.send_bytes(b"")
 
     def resize(self, size: int) -> None:

@@ -19,8 +19,8 @@ DTYPES = {
 # Every op a process may receive. Unknown ops are rejected before any field is read.
 OPS = frozenset(
     {
-        # tensor worker -> graph server
-        "pull_rows", "push_block", "push_result",
+        # tensor worker <-> graph server (a lease: worker/handler.py)
+        "lease", "task", "result", "leave", "release",
         # tensor worker -> weight server (pull_state: the driver, for checkpoints)
         "pull_weights", "push_grad", "pull_state",
         # graph server <-> graph server
@@ -30,7 +30,7 @@ OPS = frozenset(
         # decentralised worker <-> worker (dorylus_py/decentral; also ping and stop)
         "steal", "mix", "snapshot", "report", "dead", "row", "average",
         # replies
-        "batches", "params", "state", "ok", "rows", "weights", "duplicate", "refused", "cancel", "error",
+        "batches", "params", "state", "ok", "weights", "duplicate", "refused", "error",
     }
 )  # fmt: skip
 

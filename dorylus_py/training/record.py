@@ -2,7 +2,8 @@
 
 ``config.json`` (the configuration and the dataset's counts), ``metrics.jsonl`` (one line per epoch:
 epoch, loss, train/val/test accuracy, epoch seconds, wall seconds), ``tasks.jsonl`` (one line per task,
-for distributed backends), ``summary.json`` and ``weights.npz`` / ``best_weights.npz``.
+for distributed backends), ``leases.jsonl`` (one line per Lambda invocation, a lease that served tasks:
+what it was billed), ``summary.json`` and ``weights.npz`` / ``best_weights.npz``.
 
 ``--overwrite`` deletes only what :func:`record_files` says dorylus wrote there (these files, ``logs/``,
 ``checkpoints/``, the record's copy of the data in ``partitions/`` as its manifest lists it): a folder
@@ -31,8 +32,8 @@ from dorylus_py.jsonfile import read_json_lines
 from dorylus_py.timescale import model_times
 from dorylus_py.training.record_schema import read_metrics, read_tasks
 
-RECORD_FILES = ("config.json", "metrics.jsonl", "tasks.jsonl", "summary.json", "weights.npz", "best_weights.npz",
-                "graph.npz", "clusters.npy")  # clusters and graph: what gossip / all-reduce workers read
+RECORD_FILES = ("config.json", "metrics.jsonl", "tasks.jsonl", "leases.jsonl", "summary.json", "weights.npz",
+                "best_weights.npz", "graph.npz", "clusters.npy")  # clusters and graph: what gossip / all-reduce workers read
 # atomic_file's temporary files, which a killed run may leave
 _TEMP = re.compile(r"\.(?:%s)\.[a-z0-9_]{8}\.tmp" % "|".join(map(re.escape, RECORD_FILES)))
 _LOG = re.compile(r"[A-Za-z0-9_.-]+\.log")  # logs/ROLE.log: the servers' and workers' output
@@ -52,7 +53,7 @@ class RunRecord:
         self.best = BestTracker()
         self.summary: dict | None = None  # once written
         self._best_weights: dict[str, np.ndarray] | None = None
-        self._tasks = None
+        self._logs: dict[str, object] = {}  # tasks.jsonl, leases.jsonl: open once written to
         if continue_after is None:
             self._create(overwrite)
         else:
@@ -83,9 +84,10 @@ class RunRecord:
             self.history.append(row)
             self.best.update(row["epoch"], row["val_acc"], row["test_acc"])
         self._rewrite_lines("metrics.jsonl", self.history)
-        if (self.dir / "tasks.jsonl").exists():
-            tasks = read_tasks(self.dir / "tasks.jsonl", ("epoch",), "--resume keeps the rows of the epochs it keeps")
-            self._rewrite_lines("tasks.jsonl", [t for t in tasks if t["epoch"] <= after])
+        for name in ("tasks.jsonl", "leases.jsonl"):
+            if (self.dir / name).exists():
+                rows = read_tasks(self.dir / name, ("epoch",), "--resume keeps the rows of the epochs it keeps")
+                self._rewrite_lines(name, [t for t in rows if t["epoch"] <= after])
         try:
             old_best = json.loads((self.dir / "summary.json").read_text()).get("best_epoch")
         except (OSError, ValueError):
@@ -120,10 +122,15 @@ class RunRecord:
         self._metrics = open(self.dir / "metrics.jsonl", "a")
 
     def log_tasks(self, rows: list[dict]) -> None:
-        if self._tasks is None:
-            self._tasks = open(self.dir / "tasks.jsonl", "a")
-        self._tasks.writelines(json.dumps(r) + "\n" for r in rows)
-        self._tasks.flush()
+        """Task rows into ``tasks.jsonl``; a Lambda lease's (``kind`` ``lease``: an invocation, billed for its
+        whole run, which served tasks) into ``leases.jsonl``."""
+        for name, part in (("tasks.jsonl", [r for r in rows if r.get("kind") != "lease"]),
+                           ("leases.jsonl", [r for r in rows if r.get("kind") == "lease"])):
+            if part:
+                if name not in self._logs:
+                    self._logs[name] = open(self.dir / name, "a")
+                self._logs[name].writelines(json.dumps(r) + "\n" for r in part)
+                self._logs[name].flush()
 
     def save_weights(self, name: str, arrays: dict[str, np.ndarray]) -> None:
         with atomic_file(self.dir / name) as tmp:
@@ -171,8 +178,8 @@ class RunRecord:
     def close(self) -> None:
         _unfinished.discard(self)
         self._metrics.close()
-        if self._tasks is not None:
-            self._tasks.close()
+        for f in self._logs.values():
+            f.close()
 
     def _write_json(self, name: str, obj: dict) -> None:
         with atomic_file(self.dir / name) as tmp:

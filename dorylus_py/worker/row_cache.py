@@ -62,6 +62,11 @@ class RowCache:
             self._slots.setdefault(slot, {})[name] = token
             self.nbytes += rows.nbytes
 
+    def tokens(self, where: str) -> list[str]:
+        """The tokens of every rows held for slots of the graph server at ``where`` (the first part of a slot)."""
+        with self._lock:
+            return [token for slot, names in self._slots.items() if slot[0] == where for token in names.values()]
+
     def _evict(self) -> None:
         while self.nbytes > self.cap and self._rows:
             self._drop(next(iter(self._rows)))

@@ -9,27 +9,25 @@ over the blocks and goes in the last message. Dropout masks are keyed by vertex 
 exactly its rows of the chunk's mask, and a streamed result equals the whole-chunk one up to float
 rounding (sums in another order, products of smaller blocks).
 
-The graph server says in the event when a task may be streamed, with the chunk's row count
-(``TaskEvent.stream``; None: whole chunks).
+The graph server cuts a streamed task into parts, one ``task`` message each, sent together
+(``graph_servers/server.py``); the worker answers each part (``task_runner.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from dorylus_py.worker.event import Stream
-
-MAX_BLOCKS = 64  # a task's pulls all go out at once: their replies must fit the sockets' queues
+MAX_BLOCKS = 64  # a task's parts all go out at once: they must fit the sockets' queues
 
 
-def stream_spans(stream: Stream | None) -> list[tuple[int, int]]:
-    """Rows ``[lo, hi)`` of each block, or an empty list when the task is not streamed (no stream, or
-    a chunk that fits in one block). Blocks grow past the size asked where it would make more than
-    ``MAX_BLOCKS``."""
-    if stream is None or stream.rows <= stream.block:
+def stream_spans(rows: int, block: int) -> list[tuple[int, int]]:
+    """Rows ``[lo, hi)`` of each block of a chunk of ``rows`` rows cut into blocks of ``block`` rows,
+    or an empty list when it is not streamed (``block`` 0, or a chunk that fits in one block). Blocks
+    grow past the size asked where it would make more than ``MAX_BLOCKS``."""
+    if not block or rows <= block:
         return []
-    block = max(stream.block, -(-stream.rows // MAX_BLOCKS))
-    return [(lo, min(lo + block, stream.rows)) for lo in range(0, stream.rows, block)]
+    block = max(block, -(-rows // MAX_BLOCKS))
+    return [(lo, min(lo + block, rows)) for lo in range(0, rows, block)]
 
 
 class Totals:

@@ -134,8 +134,10 @@ def test_the_images_packages_and_context_run_a_jobs_tasks_alone(moto_aws, small_
         service.stop()
 
     tasks = [json.loads(x) for x in (tmp_path / "run" / "tasks.jsonl").read_text().splitlines()]
-    done = [t for t in tasks if t["where"] == "aws-lambda" and t["ok"]]
-    assert done and len(service.invocations) >= len(done) and all(i["ok"] for i in service.invocations)
+    leases = [json.loads(x) for x in (tmp_path / "run" / "leases.jsonl").read_text().splitlines()]
+    done = [t for t in tasks if t["where"] == "aws-lambda" and t["ok"]]  # each run in one of the leases invoked
+    assert done and len(service.invocations) >= len(leases) > 0 and all(i["ok"] for i in service.invocations)
+    assert {t["lease"] for t in done} <= {t["id"] for t in leases}
     reads = [c for c in moto_aws.calls if c.action == "secretsmanager:GetSecretValue"]
     assert reads and all(":assumed-role/dorylus-lambda/" in c.principal and c.allowed for c in reads)
     assert len(reads) == len(service.containers)  # once per cold start

@@ -117,8 +117,8 @@ def test_backoff_is_jittered_and_capped():
 
 
 def test_training_through_the_aws_platform_against_moto(moto_url, tmp_path, small_graph, monkeypatch):
-    """Tensor tasks are invoked on moto (recorded, payloads checked) and run here, streamed in blocks of
-    64 rows (150-row chunks); same maths as local whole chunks."""
+    """Leases of tensor workers are invoked on moto (recorded, payloads checked) and run here, their tasks
+    streamed in parts of 64 rows (150-row chunks); same maths as local whole chunks."""
     import os
 
     import boto3
@@ -148,12 +148,14 @@ def test_training_through_the_aws_platform_against_moto(moto_url, tmp_path, smal
     invokes = [json.loads(base64.b64decode(c["body"])) for c in calls
                if c["url"].endswith("/functions/dorylus-tensor/invocations")]
     tasks = [json.loads(x) for x in (tmp_path / "aws" / "tasks.jsonl").read_text().splitlines()]
-    lambda_tasks = [t for t in tasks if t["where"] == "aws-lambda"]
-    assert len(invokes) == len(lambda_tasks) > 0
-    assert {(e["task"]["kind"], e["task"]["epoch"], e["task"]["layer"], e["task"]["chunk"], e["task"]["server"]) for e in invokes} \
-        == {(t["kind"], t["epoch"], t["layer"], t["chunk"], t["server"]) for t in lambda_tasks}
+    leases = [json.loads(x) for x in (tmp_path / "aws" / "leases.jsonl").read_text().splitlines()]  # billed each
+    assert len(invokes) == len(leases) > 0 and {e["lease"] for e in invokes} == {t["id"] for t in leases}
+    ran = [t for t in tasks if "lease" in t]  # the tasks, each run in one of them
+    assert ran and {t["lease"] for t in ran} <= {e["lease"] for e in invokes} and all(t["where"] == "aws-lambda" for t in ran)
     assert all(e["graph_server"].startswith("tcp://") and "token" not in e for e in invokes)
-    assert {e["stream"]["block"] for e in invokes if e["stream"]} == {64} and any(e["stream"] for e in invokes)
+    ends = [json.loads(line.split(" end ", 1)[1]) for f in (tmp_path / "aws" / "logs").glob("graph-server-*.log")
+            for line in f.read_text().splitlines() if " end {" in line]
+    assert sum(e["result_blocks"] for e in ends) > 0  # streamed: parts of 64 rows
     assert os.environ["DORYLUS_KEY"] not in recording  # the job key is in no Lambda payload
     loss = {name: [json.loads(x)["loss"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
             for name in ("aws", "local")}

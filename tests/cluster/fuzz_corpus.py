@@ -6,8 +6,9 @@ flipped; messages signed with another key, for another process, or for another j
 messages; and, with a valid MAC for this job, hostile bodies: nesting past the limit, huge and
 non-finite numbers, non-objects, tensor specs whose sizes overflow or are negative, and the role's own
 ops with realistic values (true task kinds, layers and chunks, tensors of the job's true widths, ghost
-rows of a real peer, gradients of the model's true block shapes, streamed blocks) in which one thing is
-wrong: an epoch no job reaches, a key that names no task, a position out of range, a row too many.
+rows of a real peer, gradients of the model's true block shapes, streamed parts) in which one thing is
+wrong: an epoch no job reaches, a key that names no task, a lease that is not the sender's (lease ids are
+random, and each worker knows only its own), a position out of range, a row too many.
 
 Every authentic message is malformed for its role by construction, so none can change what the job
 computes: a key holder who sends well-formed results is not what a MAC can stop (docs/architecture.md,
@@ -33,7 +34,7 @@ from tests.protocol.forge import signed
 
 FAR = 10**6  # an epoch no test job reaches
 OPS = {
-    "graph-server": ["pull_rows", "push_result", "push_block", "ghosts", "progress"],
+    "graph-server": ["lease", "result", "leave", "ghosts", "progress"],
     "weight-server": ["pull_weights", "push_grad", "pull_state", "ping"],
     "driver": ["hello", "heartbeat", "epoch_stats", "tasks", "switch"],
     "worker": ["steal", "mix", "snapshot", "ping", "report", "row", "average", "dead"],  # decentral peers
@@ -119,15 +120,17 @@ def _task(rng: random.Random, job: Job, values: list) -> dict:
 def _graph_server(op: str, rng: random.Random, job: Job, values: list) -> Message:
     v = lambda: rng.choice(values)  # noqa: E731
     rows, (_, hidden, classes) = rng.choice(job.rows), job.widths
-    if op in ("pull_rows", "push_result", "push_block"):
-        fields = {"req": rng.choice(["r", None, v()]), "task": _task(rng, job, values), "version": rng.choice([0, 3, v()])}
-        if rng.random() < 0.3:
-            fields["have"] = rng.choice([["f" * 32], ["t" * 65], ["t"] * 9, v()])
-        if op == "pull_rows":
-            return Message(op, fields)
+    lease = rng.choice(["0" * 16, "f" * 16, "", "x" * 33, None, 7, v()])  # no lease of this job's (ids are random)
+    if op in ("lease", "leave"):
+        fields = {"lease": lease, "reason": rng.choice(["idle", v()])}
+        if rng.random() < 0.5:
+            fields["have"] = rng.choice([["f" * 32], ["t" * 65], ["t"] * 65, v()])
+        return Message(op, fields)
+    if op == "result":
         span = rng.choice([[0, rows], [0, 64], [64, 128], [-1, 5], [5, 5], [0, rows + 1], [rows, rows + 64], None, v()])
-        fields |= {"block": span, "run": rng.choice(["r" * 16, "", "x" * 65, None, 7]), "streamed": rng.choice([True, 1]),
-                   "loss_sum": rng.choice([1.0, float("nan"), v()]), "correct": rng.choice([[1, 2, 3], [-1, 0, 0], v()])}
+        fields = {"lease": lease, "task": _task(rng, job, values), "version": rng.choice([0, 3, v()]), "part": span,
+                  "last": rng.choice([True, 1, None]), "loss_sum": rng.choice([1.0, float("nan"), v()]),
+                  "correct": rng.choice([[1, 2, 3], [-1, 0, 0], v()]), "failed": rng.choice([None, "x", v()])}
         whole = not (isinstance(span, list) and len(span) == 2 and all(type(x) is int for x in span))
         n = rows if whole else max(0, min(rows, span[1] - span[0]))
         tensors = rng.choice([{"Z": _true(rng, (n, hidden), rng.random() < 0.5)}, {"dG": _true(rng, (n, classes))},
@@ -234,7 +237,7 @@ def _hostile_header(rng: random.Random, values: list) -> bytes:
                             [2**40, 2**40], [3, -5], [1] * 5])
         specs = rng.choice([[{"name": "grad", "dtype": "float32", "shape": shape}],
                             [{"name": "grad", "dtype": "object", "shape": [1]}], {"Z": 1}])
-        return json.dumps({"op": rng.choice(["push_grad", "ghosts", "push_result"]), "tensors": specs}).encode()
+        return json.dumps({"op": rng.choice(["push_grad", "ghosts", "result"]), "tensors": specs}).encode()
     return json.dumps({"op": "ping", **{f"k{i}": rng.choice(values) for i in range(3)}}, allow_nan=True).encode()
 
 

@@ -12,6 +12,7 @@ from dorylus_py.cluster.launcher import train_distributed
 from dorylus_py.config import TrainConfig
 from dorylus_py.errors import ConfigError
 from dorylus_py.models.spec import fuses_last_layer
+from dorylus_py.plan import plan
 from dorylus_py.partition import prepare
 from dorylus_py.training import RunRecord, train_reference
 from tests.cluster import assert_gradients_once
@@ -84,13 +85,15 @@ def test_fuse_flags_backends_and_models_without_fusion():
     parse = build_parser().parse_args
     assert parse(["train", "--no-fuse"]).fuse == "off" and parse(["train", "--fuse", "on"]).fuse == "on"
     assert parse(["train"]).fuse == "auto"
-    def fused(**settings) -> bool:
-        c = TrainConfig(**settings)
-        return fuses_last_layer(c.model, c.layers, c.fuse, c.backend, c.lambda_latency_ms, c.lambda_bandwidth_mbps)
+    def fused(**settings) -> bool:  # on a graph of 16 features and 10 classes (hidden 16 unless given), as planned
+        c = plan(TrainConfig(**settings), 16, 10, 1000).config
+        return fuses_last_layer(c.model, c.layers, c.fuse)
 
     assert fused(backend="local", lambda_latency_ms=20) and fused(backend="lambda", lambda_function="f")
     assert fused(backend="local", lambda_bandwidth_mbps=200) and fused(backend="cpu", fuse="on")
     assert not fused(backend="cpu") and not fused(backend="local")  # no round trip or link time to save
+    assert not fused(backend="lambda", lambda_function="f", hidden=21)  # the last Gather over twice as wide
+    assert fused(backend="lambda", lambda_function="f", hidden=20)
     assert not fused(backend="local", fuse="off") and not fused(backend="local", model="sage")
     assert not fused(backend="local", layers=1, fuse="on")
     with pytest.raises(ConfigError, match="^fuse must be one of auto, on, off"):
@@ -99,5 +102,5 @@ def test_fuse_flags_backends_and_models_without_fusion():
 
     assert {s.task for s in model_spec("gcn", [8, 4, 2]).stages(fused=True)} >= {"fused"}
     for name, dims in (("gcn", [8, 2]), ("sage", [8, 4, 2]), ("gat", [8, 4, 2])):
-        assert not fuses_last_layer(name, len(dims) - 1, "on", "local")
+        assert not fuses_last_layer(name, len(dims) - 1, "on")
         assert model_spec(name, dims).stages(fused=True) == model_spec(name, dims).stages(fused=False)

@@ -4,7 +4,7 @@ server, the driver), sent to all three at once while the job trains, and 2,000 m
 connection that never reads its replies. Every process survives, no bug is met (the tests run with
 ``DORYLUS_STRICT=1``: a handler failing in a way no check names kills its process), every per-epoch loss
 equals an undisturbed run's, and no reply or log carries the key. Once on ``cpu``, once on ``local``
-with streamed tasks (``push_block``). The fuzzed job trains until the fuzzing is over and a few epochs
+with streamed tasks (results in parts). The fuzzed job trains until the fuzzing is over and a few epochs
 more, then is stopped (Ctrl-C); the undisturbed run trains as many epochs.
 
 The job runs from a cluster file (fixed ports, every process started here through the CLI), so the

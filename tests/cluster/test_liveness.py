@@ -132,19 +132,19 @@ def test_a_bug_in_a_handler_is_logged_and_the_loop_goes_on(driver, monkeypatch, 
     client = Client(node)
 
     def handle(peer: Peer, msg: Message) -> None:
-        if msg.op == "push_result":
+        if msg.op == "result":
             raise IndexError("a bug")
         node.reply(peer, Message("ok", {"req": msg.get("req")}))
 
     try:
         with pytest.raises(IndexError):  # in the tests (DORYLUS_STRICT=1) a bug fails, never counts as refused
-            client.ask(handle, Message("push_result", {"req": "a"}))
+            client.ask(handle, Message("result", {"req": "a"}))
         monkeypatch.delenv("DORYLUS_STRICT")  # as in production
-        reply = client.ask(handle, Message("push_result", {"req": "b"}))
+        reply = client.ask(handle, Message("result", {"req": "b"}))
         assert reply.op == "error" and reply["reason"] == "internal error" and reply["req"] == "b"
-        assert client.ask(handle, Message("pull_rows", {"req": "c"})).op == "ok"  # still serving
+        assert client.ask(handle, Message("lease", {"req": "c"})).op == "ok"  # still serving
         assert node.rejections.counts["bugs"] == 2 and node.rejections.counts["invalid"] == 0
-        assert "bug while handling push_result from" in caplog.text
+        assert "bug while handling result from" in caplog.text
     finally:
         client.close()
         node.close()

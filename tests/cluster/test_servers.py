@@ -36,7 +36,7 @@ def test_weight_server_rejects_bad_messages_and_keeps_serving(driver):
                     Message("push_grad", {"layer": 1, "version": 0, "key": [1, 0, 0]}, {}),
                     Message("pull_weights", {"layer": 1, "version": 1, "hold": [[1], 2, 3]}),
                     *[Message("pull_weights", {"layer": 1, "version": 0, "epoch": e}) for e in (0, 10**9, "1", 1.5, [1])],
-                    Message("pull_rows", {"task": {}})]:
+                    Message("lease", {"task": {}})]:
             assert client.ask(ws.handle, bad).op == "error", bad
         got = client.ask(ws.handle, Message("pull_weights", {"layer": 1, "version": 0}))
         assert got.op == "weights" and got.tensors["W1.0"].shape == (4, 3)  # one block: the whole tensor

@@ -1,6 +1,6 @@
 """Streaming inside a task (``--stream-rows``): whole jobs equal whole-chunk ones; the worker's link
-credits replies that came while it computed. How the graph server serves blocks of rows and stages
-result blocks until the task's last message commits them: ``tests/graph_servers/test_requests.py`` and
+credits replies that came while it computed. How the graph server sends a task in parts and stages
+their results until the task's last part commits them: ``tests/graph_servers/test_requests.py`` and
 ``test_staging.py``."""
 
 import json
@@ -15,7 +15,6 @@ from dorylus_py.cli import main
 from dorylus_py.config import ConfigError, TrainConfig
 from dorylus_py.protocol import Message, Session
 from dorylus_py.worker.channel import Channel
-from dorylus_py.worker.event import Stream
 from dorylus_py.worker.stream import MAX_BLOCKS, Totals, stream_spans
 from tests.clients import KEY
 from tests.cluster import assert_gradients_once
@@ -50,10 +49,10 @@ def test_a_streamed_job_equals_whole_chunks(small_graph, tmp_path, kw, faults):
 
 
 def test_blocks_and_totals():
-    assert stream_spans(Stream(100, 37)) == [(0, 37), (37, 74), (74, 100)]
-    assert len(stream_spans(Stream(10_000, 1))) == MAX_BLOCKS  # every pull goes out at once
-    for off in (None, Stream(30, 37), Stream(37, 37)):
-        assert stream_spans(off) == []
+    assert stream_spans(100, 37) == [(0, 37), (37, 74), (74, 100)]
+    assert len(stream_spans(10_000, 1)) == MAX_BLOCKS  # every part goes out at once
+    for rows, block in ((30, 0), (30, 37), (37, 37)):
+        assert stream_spans(rows, block) == []
     t = Totals()
     import torch
     for i in range(3):
@@ -89,7 +88,7 @@ def test_a_reply_that_came_while_the_worker_computed_is_timed_from_before_its_co
             msg = server_session.decode(body, address)
             if i == 1:
                 computing.wait(30)  # a hang guard
-            reply = Message("rows", {"req": msg["req"]}, {"x": payload})
+            reply = Message("task", {"req": msg["req"]}, {"x": payload})
             server.send_multipart([route, *server_session.encode(reply, msg.sender)])
 
     t = threading.Thread(target=serve)
@@ -97,7 +96,7 @@ def test_a_reply_that_came_while_the_worker_computed_is_timed_from_before_its_co
     try:
         ch = Channel(sock, address, session, _Capped())
         ch.link.in_free = ch.link.out_free = 0.0
-        first, second = ch.send(Message("pull_rows", {})), ch.send(Message("pull_rows", {}))
+        first, second = ch.send(Message("pull_weights", {})), ch.send(Message("pull_weights", {}))
         empty_at = ch.quiet  # the socket was last seen empty then (at the latest)
         assert ch.reply(first, time.monotonic() + 30).tensors["x"].nbytes == payload.nbytes
         transfer_s = (payload.nbytes + 1_000) / (_Capped.bandwidth_mbps * 1e6 / 8)  # a reply, its header under 1 kB

@@ -21,7 +21,7 @@ from dorylus_py.cost.estimate import (
     vcpus,
     workload_of,
 )
-from dorylus_py.cost.model import Prices, bytes_per_epoch, read_record
+from dorylus_py.cost.model import Prices, bytes_per_epoch, invocations, read_record
 from dorylus_py.cost.report import report_rows
 from dorylus_py.data import write_npz
 
@@ -46,7 +46,7 @@ def test_report_numbers_agree_with_tasks_jsonl(runs, tmp_path, capsys):
     rows = {r["run"]: r for r in report_rows([str(runs / "local"), str(runs / "cpu")], prices, "c5.2xlarge", None)}
     for name in ("local", "cpu"):
         config, metrics, tasks, summary = read_record(runs / name)
-        lam = [t for t in tasks if t["where"] == "local-lambda"]
+        lam = invocations(tasks)  # the leases (each billed for its whole run) of leases.jsonl
         gb_s = sum(t["billed_ms"] * t["memory_mb"] for t in lam) / 1000 / 1024
         servers = config["graph_servers"] + config["weight_servers"]
         server_usd = servers * metrics[-1]["wall_s"] / 3600 * prices.hourly("c5.2xlarge")

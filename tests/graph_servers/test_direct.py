@@ -1,4 +1,6 @@
-"""In-process workers reach their graph server through a queue (graph_servers/direct.py), not a socket."""
+"""A graph server's own tensor threads (graph_servers/direct.py): tasks go to them on a queue, their
+results come back on the loop thread, as from a socket (JSON's types), and a task that raises is a
+failed result, never a dead thread."""
 
 from __future__ import annotations
 
@@ -9,76 +11,58 @@ import numpy as np
 import zmq
 
 from dorylus_py.protocol import Message
-from graph_servers.direct import DirectLink
+from graph_servers.direct import DIRECT, DirectWorkers
 
 
-def _serve_until(link: DirectLink, poller: zmq.Poller, handle, replies: list, rejected: list, expected: int) -> None:
-    while len(replies) < expected:
-        if poller.poll(2000):
-            link.serve(handle, (ValueError,), rejected.append)
+class Runner:
+    """What a TaskRunner does with a task, as far as the threads care: a result, or an exception."""
+
+    def __init__(self):
+        self.thread = None
+
+    def run(self, task: Message, copy_rows: bool = False) -> Message:
+        assert copy_rows  # the server's own arrays: the runner copies them
+        self.thread = threading.current_thread()
+        if task.op == "bad":
+            raise ValueError("a malformed task")
+        if task.get("silent"):
+            return None
+        return Message("result", {"task": task["task"], "span": (1, 3)}, {"Z": task.tensors["P"] * 2})
 
 
-def test_a_request_is_answered_on_the_loop_thread_with_copies_and_wire_types():
+def _results(workers: DirectWorkers, poller: zmq.Poller, expected: int, timeout_s: float = 10) -> list:
+    got, rejected = [], []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < expected and time.monotonic() < deadline:
+        if poller.poll(200):
+            workers.serve(lambda who, msg: got.append((who, threading.current_thread(), msg)), (ValueError,), rejected.append)
+    return got
+
+
+def test_results_come_back_on_the_loop_thread_with_wire_types_and_failures_as_results():
     ctx, poller = zmq.Context.instance(), zmq.Poller()
-    link = DirectLink(ctx, poller)
+    runner = Runner()
+    workers = DirectWorkers(ctx, poller, 2, lambda: runner)
     rows = np.arange(6, dtype=np.float32).reshape(3, 2)
-    seen = []
-
-    def handle(slot, msg):
-        seen.append((threading.current_thread() is threading.main_thread(), msg.fields))
-        if msg.op == "bad":
-            raise ValueError("a malformed field")
-        slot.answer(Message("rows", {"span": (1, 3)}, {"P": rows}))
-
-    replies, rejected = [], []
-
-    def worker():
-        for op in ("pull_rows", "bad"):
-            replies.append(link.request(Message(op, {"task": (0, 1)}), timeout_s=10))
-
-    t = threading.Thread(target=worker)
-    t.start()
-    _serve_until(link, poller, handle, replies, rejected, 2)
-    t.join(10)
-    ok, bad = replies
-    assert seen[0] == (True, {"task": [0, 1]})  # served on the loop thread; fields as JSON decodes them
-    assert ok.op == "rows" and ok["span"] == [1, 3]
-    np.testing.assert_array_equal(ok.tensors["P"], rows)
-    rows[:] = -1  # the server writes its arrays later: the worker's copy keeps what was served
-    assert ok.tensors["P"][0, 1] == 1.0
-    assert bad.op == "error" and "malformed" in bad["reason"] and len(rejected) == 1
-    link.close()
+    workers.send(Message("task", {"task": {"chunk": 0}}, {"P": rows}))
+    workers.send(Message("task", {"task": {"chunk": 1}, "silent": True}, {"P": rows}))  # a part with nothing to say
+    workers.send(Message("bad", {"task": {"chunk": 2}}))
+    got = _results(workers, poller, 2)
+    by_chunk = {msg["task"]["chunk"]: (who, thread, msg) for who, thread, msg in got}
+    assert set(by_chunk) == {0, 2}
+    who, thread, ok = by_chunk[0]
+    assert who is workers and thread is threading.main_thread() and runner.thread is not threading.main_thread()
+    assert ok["span"] == [1, 3] and ok["lease"] == DIRECT  # fields as a socket would carry them
+    np.testing.assert_array_equal(ok.tensors["Z"], rows * 2)
+    failed = by_chunk[2][2]
+    assert "ValueError: a malformed task" in failed["failed"] and failed["lease"] == DIRECT
+    workers.close()
 
 
-def test_a_request_nobody_answers_times_out():
-    link = DirectLink(zmq.Context.instance(), zmq.Poller())
-    assert link.request(Message("pull_rows", {}), timeout_s=0.2) is None
-    link.close()
-
-
-def test_a_request_after_close_gets_no_reply_at_once():
-    link = DirectLink(zmq.Context.instance(), zmq.Poller())
-    link.close()
-    t0 = time.monotonic()
-    assert link.request(Message("pull_rows", {}), timeout_s=10) is None
-    assert time.monotonic() - t0 < 1
-
-
-def test_close_ends_the_requests_waiting_and_the_first_answer_counts():
+def test_close_stops_the_threads_and_drops_what_was_not_started():
     ctx, poller = zmq.Context.instance(), zmq.Poller()
-    link = DirectLink(ctx, poller)
-    got = []
-    t = threading.Thread(target=lambda: got.append(link.request(Message("pull_rows", {}), timeout_s=10)))
-    t0 = time.monotonic()
-    t.start()
-    while poller.poll(2000) == []:  # the request is queued
-        pass
-    link.close()
-    t.join(10)
-    assert got == [None] and time.monotonic() - t0 < 5
-    from graph_servers.direct import DirectSlot
-
-    slot = DirectSlot()
-    slot.answer(Message("ok", {}))
-    slot.answer(Message("error", {"reason": "later"}))
-    assert slot.wait(1).op == "ok"
+    workers = DirectWorkers(ctx, poller, 1, Runner)
+    workers.close()
+    workers.send(Message("task", {"task": {"chunk": 0}}, {"P": np.zeros((1, 1), np.float32)}))
+    time.sleep(0.2)
+    assert workers._results.empty()

@@ -43,6 +43,28 @@ def test_input_rows_are_float32_and_row_normalised_per_chunk(small_graph, tmp_pa
     assert x.shape == (small_graph.num_nodes, 16)
 
 
+def test_input_rows_are_normalised_once_not_per_pull(small_graph, tmp_path, monkeypatch):
+    """Layer 0's input never changes: the first pull makes every row's and later pulls are views of them
+    (the ``cpu`` backend pulled and normalised it three times a chunk and epoch); with more rows than the
+    cache takes, each pull makes its own, as before."""
+    import graph_servers.graph_state as graph_state
+
+    calls = []
+    monkeypatch.setattr(graph_state, "row_normalized", lambda x: calls.append(len(x)) or row_normalized(x))
+    prepare(small_graph, tmp_path / "p", 1, "hash", feature_dtype="bfloat16")
+    state = GraphState(PartitionStore.open(tmp_path / "p").load(0), GCN, [3], "row")
+    pulls = [state.input_rows(*state.chunk(c)) for _ in range(3) for c in range(3)]
+    assert calls == [state.n]  # once, for every row
+    assert len({id(rows.base) for rows in pulls}) == 1  # views of one array
+    np.testing.assert_array_equal(pulls[4], row_normalized(state.part.feature_rows(*state.chunk(1))))
+    calls.clear()
+    monkeypatch.setattr(graph_state, "INPUT_CACHE_BYTES", 100)
+    big = GraphState(state.part, GCN, [3], "row")
+    for _ in range(2):
+        big.input_rows(*big.chunk(0))
+    assert len(calls) == 2
+
+
 def test_sage_and_gat_share_the_stores_index_arrays(small_graph, tmp_path):
     """GraphSAGE's mean: values of its own on the mapped patterns; GAT: per-edge arrays over both blocks,
     ``A_LLᵀ`` with an int32 map to its edges."""

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.lab
 
 SHAPED = [Link("d", h, rate_mbit=200, delay_ms=1) for h in "abc"] + [
     Link(x, y, rate_mbit=10_000, delay_ms=0.1) for x, y in ("ab", "ac", "bc")]
-OPS = ("pull_rows", "push_result", "pull_weights", "push_grad", "epoch_stats", "heartbeat", "hello", "ghosts")
+OPS = ("lease", "task", "result", "pull_weights", "push_grad", "epoch_stats", "heartbeat", "hello", "ghosts")
 
 
 def plaintext(lab_data) -> dict[str, bytes]:
@@ -29,7 +29,7 @@ def plaintext(lab_data) -> dict[str, bytes]:
     input-feature rows (pulled by every Lambda of layer 0; `--feature-norm none` sends them as stored)."""
     graph = load_graph(lab_data.parent / "g.npz")
     rows = {f"feature row {v}": np.ascontiguousarray(graph.features[v], np.float32).tobytes() for v in range(0, 600, 150)}
-    return {op: op.encode() for op in OPS} | {"header JSON": b'{"op":"'} | rows
+    return {op: f'"op":"{op}"'.encode() for op in OPS} | {"header JSON": b'{"op":"'} | rows  # as a header names it
 
 
 def run(lab: LabCluster, lab_data, tmp_path, flags: list[str]) -> tuple[int, dict, dict]:

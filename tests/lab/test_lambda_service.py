@@ -76,8 +76,8 @@ def _invoke_unreachable(address: str, n: int, timeout_s: float) -> tuple[list, d
     platform = AwsLambdaPlatform("dorylus", n, 1769, region="us-east-1", endpoint_url=address,
                                  base_delay_s=0.2, max_delay_s=1.0, max_attempts=20)
     try:
-        for chunk in range(n):
-            platform.invoke(event_for("not an address", chunk=chunk))
+        for i in range(n):
+            platform.invoke(event_for("not an address", lease=f"l{i}"))
         done, deadline = [], time.monotonic() + timeout_s
         while len(done) < n:
             assert time.monotonic() < deadline, f"{len(done)} of {n} completions"
@@ -104,7 +104,7 @@ def test_invocations_through_aiobotocore_are_run_throttled_and_reported(service)
     names no graph server it can reach) comes back as a function error with its billed duration."""
     assert deployed_memory_mb("dorylus", "us-east-1", endpoint_url=service.address) == 1769
     done, stats = _invoke_unreachable(service.address, 3, 60)
-    assert sorted(c.task["chunk"] for c in done) == [0, 1, 2]
+    assert sorted(c.task["lease"] for c in done) == ["l0", "l1", "l2"]
     assert all(not c.ok and "Unhandled: " in c.error and "ZMQError" in c.error for c in done)
     assert all(c.billed_ms >= 1 and c.memory_mb == 1769 for c in done)
     assert stats["throttled"] >= 2 and service.stats["throttled"] == stats["throttled"]

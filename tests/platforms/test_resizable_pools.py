@@ -27,7 +27,7 @@ def until(what, timeout_s=120.0):
 
 def bad_event(i):
     """An event the handler refuses at once (after the emulated latency): enough to keep a worker busy."""
-    return event_for("not an address", chunk=i)
+    return event_for("not an address", lease=f"l{i}")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -145,7 +145,7 @@ def test_the_aws_platform_reports_calls_in_flight_and_lets_more_through_when_res
                                  endpoint_url=f"http://127.0.0.1:{server.server_address[1]}")
     try:
         for i in range(3):
-            platform.invoke(event_for(chunk=i))
+            platform.invoke(event_for(lease=f"l{i}"))
         until(lambda: platform.load() == PoolLoad(ready=1, waiting=2, busy=1))
         platform.resize(3)
         until(lambda: platform.load() == PoolLoad(ready=3, waiting=0, busy=3))  # all three calls in flight

@@ -76,7 +76,7 @@ def test_authentic_hostile_headers_decode_consistently_or_raise_protocol_error(f
 def test_round_trips_of_any_tensors(specs):
     sender, receiver = Session(KEY), Session(KEY)
     tensors = {f"t{i}": (np.arange(int(np.prod(shape))) % 3).astype(dtype).reshape(shape) for i, (dtype, shape) in enumerate(specs)}
-    got = receiver.decode(sender.encode(Message("rows", {"n": len(specs)}, tensors), ADDR), ADDR)
+    got = receiver.decode(sender.encode(Message("task", {"n": len(specs)}, tensors), ADDR), ADDR)
     assert got["n"] == len(specs) and set(got.tensors) == set(tensors)
     for name, t in tensors.items():
         assert got.tensors[name].dtype == t.dtype and np.array_equal(got.tensors[name], t)

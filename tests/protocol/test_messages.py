@@ -5,7 +5,7 @@ from dorylus_py.protocol import Message, ProtocolError, require
 
 
 def test_require_checks_fields_and_shapes():
-    msg = Message("push_result", {"task": 1}, {"Z": np.zeros((3, 4), np.float32)})
+    msg = Message("result", {"task": 1}, {"Z": np.zeros((3, 4), np.float32)})
     require(msg, "task", shapes={"Z": (3, 4)})
     with pytest.raises(ProtocolError, match="missing 'loss_sum'"):
         require(msg, "loss_sum")

@@ -23,19 +23,19 @@ def pair() -> tuple[Session, Session]:
 def test_round_trip_without_copies():
     a, b = pair()
     z = np.arange(12, dtype=np.float32).reshape(3, 4)
-    frames = a.encode(Message("push_result", {"task": {"chunk": 1}}, {"Z": z, "m": np.array([True, False])}), ADDR)
+    frames = a.encode(Message("result", {"task": {"chunk": 1}}, {"Z": z, "m": np.array([True, False])}), ADDR)
     assert len(frames[0]) == ENVELOPE_BYTES
     assert np.shares_memory(np.asarray(frames[2]), z)  # encode: the frame is the array's own memory
     got = b.decode(frames, ADDR)
     assert np.shares_memory(got.tensors["Z"], z)  # decode: the tensor is a view of the frame
-    assert got.op == "push_result" and got["task"] == {"chunk": 1} and got.sender == a.id
+    assert got.op == "result" and got["task"] == {"chunk": 1} and got.sender == a.id
     np.testing.assert_array_equal(got.tensors["Z"], z)
     assert got.tensors["m"].tolist() == [True, False] and "tensors" not in got.fields
 
 
 def test_reply_is_bound_to_the_asking_session():
     client, server = pair()
-    request = server.decode(client.encode(Message("pull_rows", {"req": "r1"}), ADDR), ADDR)
+    request = server.decode(client.encode(Message("lease", {"req": "r1"}), ADDR), ADDR)
     reply = server.encode(Message("ok", {"req": "r1"}), request.sender)
     assert client.decode(reply, client.id).op == "ok"
     other = Session(KEY)
@@ -51,7 +51,7 @@ def test_round_trip_over_pair_sockets_zero_copy():
     sa, sb = pair()
     big = np.random.default_rng(0).standard_normal((1000, 64)).astype(np.float32)
     for _ in range(2):  # each message gets its own sequence number
-        a.send_multipart(sa.encode(Message("rows", {}, {"P": big, "empty": np.zeros((0, 64), np.float32)}), ADDR),
+        a.send_multipart(sa.encode(Message("task", {}, {"P": big, "empty": np.zeros((0, 64), np.float32)}), ADDR),
                          copy=False)
         frames = b.recv_multipart(copy=False)
         got = sb.decode(frames, ADDR)
@@ -80,12 +80,12 @@ def test_row_blocks_travel_in_the_form_named_and_arrive_as_float32(wire, bytes_p
 
 def test_only_float32_row_blocks_can_be_sent_narrower():
     with pytest.raises(ProtocolError, match="tensor 'P': expected 2-D float32"):
-        Session(KEY).encode(Message("rows", {}, {"P": np.zeros(4, np.float32)}, wire={"P": "int8"}), ADDR)
+        Session(KEY).encode(Message("task", {}, {"P": np.zeros(4, np.float32)}, wire={"P": "int8"}), ADDR)
 
 
 def test_the_key_travels_in_no_frame():
     a, _ = pair()
-    frames = a.encode(Message("rows", {"x": KEY.hex()[:0]}, {"P": np.frombuffer(b"\0" * 64, np.uint8)}), ADDR)
+    frames = a.encode(Message("task", {"x": KEY.hex()[:0]}, {"P": np.frombuffer(b"\0" * 64, np.uint8)}), ADDR)
     blob = b"".join(bytes(f) for f in frames)
     assert KEY not in blob and KEY.hex().encode() not in blob and "KEY" not in repr(a) and KEY.hex() not in repr(a)
 
@@ -109,28 +109,28 @@ def signed(session: Session, header: bytes, *data: bytes, me=ADDR) -> list:
         (b'{"op":"ok","epoch":9007199254740993}', [], "out of range"),
         (b'{"op":"launch_missiles"}', [], "unknown op"),
         (b'{"op":["ok"]}', [], "unknown op"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[2,2]}]}', [], "does not match the 0 data"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[2,2]}]}', [b"\0" * 15],
+        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[2,2]}]}', [], "does not match the 0 data"),
+        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[2,2]}]}', [b"\0" * 15],
          r"15 bytes, but shape \[2, 2\] of float32 needs 16"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":"object","shape":[1]}]}', [b"\0" * 8], "dtype 'object'"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":["float32"],"shape":[1]}]}', [b"\0" * 4], "not allowed"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[-1]}]}', [b""], "bad shape"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[true]}]}', [b"\0" * 4], "bad shape"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":"uint8","shape":[1,1,1,1,1]}]}', [b"\0"], "bad shape"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":"uint8","shape":[1]},{"name":"P","dtype":"uint8","shape":[1]}]}',
+        (b'{"op":"task","tensors":[{"name":"P","dtype":"object","shape":[1]}]}', [b"\0" * 8], "dtype 'object'"),
+        (b'{"op":"task","tensors":[{"name":"P","dtype":["float32"],"shape":[1]}]}', [b"\0" * 4], "not allowed"),
+        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[-1]}]}', [b""], "bad shape"),
+        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[true]}]}', [b"\0" * 4], "bad shape"),
+        (b'{"op":"task","tensors":[{"name":"P","dtype":"uint8","shape":[1,1,1,1,1]}]}', [b"\0"], "bad shape"),
+        (b'{"op":"task","tensors":[{"name":"P","dtype":"uint8","shape":[1]},{"name":"P","dtype":"uint8","shape":[1]}]}',
          [b"\0", b"\0"], "named twice"),
-        (b'{"op":"rows","tensors":{"P":1}}', [b"\0"], "does not match"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[2,2],"wire":"int4"}]}', [b"\0" * 8],
+        (b'{"op":"task","tensors":{"P":1}}', [b"\0"], "does not match"),
+        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[2,2],"wire":"int4"}]}', [b"\0" * 8],
          "wire form 'int4'"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":"int64","shape":[2,2],"wire":"int8"}]}', [b"\0" * 8],
+        (b'{"op":"task","tensors":[{"name":"P","dtype":"int64","shape":[2,2],"wire":"int8"}]}', [b"\0" * 8],
          "for 2-D float32 rows"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[4],"wire":"float16"}]}', [b"\0" * 8],
+        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[4],"wire":"float16"}]}', [b"\0" * 8],
          "for 2-D float32 rows"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[2,2],"wire":"int8"}]}', [b"\0" * 7],
+        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[2,2],"wire":"int8"}]}', [b"\0" * 7],
          r"7 bytes, but shape \[2, 2\] in int8 needs 8"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[65536,65536],"wire":"bfloat16"}]}',
+        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[65536,65536],"wire":"bfloat16"}]}',
          [b""], "larger than a frame may be"),
-        (b'{"op":"rows","tensors":[{"name":"P","dtype":"float32","shape":[1],"extra":1}]}', [b"\0" * 4],
+        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[1],"extra":1}]}', [b"\0" * 4],
          "name, dtype, shape and wire"),
     ],
 )
@@ -164,7 +164,7 @@ def test_brackets_and_escaped_quotes_inside_strings_do_not_count_as_nesting():
 ])
 def test_unauthenticated_messages_are_refused_before_parsing(mutate, message):
     sender, receiver = pair()
-    frames = [bytes(f) for f in sender.encode(Message("rows", {}, {"P": np.ones(4, np.float32)}), ADDR)]
+    frames = [bytes(f) for f in sender.encode(Message("task", {}, {"P": np.ones(4, np.float32)}), ADDR)]
     with pytest.raises(AuthError, match=message):
         receiver.decode(mutate(frames), ADDR)
 
@@ -195,7 +195,7 @@ def test_short_keys_are_refused_and_sending_non_finite_numbers_fails_clearly():
     with pytest.raises(ProtocolError, match="not a finite number"):
         Session(KEY).encode(Message("epoch_stats", {"loss_sum": float("nan")}), ADDR)
     with pytest.raises(ProtocolError, match="cannot be sent"):
-        Session(KEY).encode(Message("rows", {}, {"P": np.array(["a"])}), ADDR)
+        Session(KEY).encode(Message("task", {}, {"P": np.array(["a"])}), ADDR)
 
 
 def test_a_shape_whose_size_overflows_is_refused_by_name():
@@ -269,7 +269,7 @@ def test_a_message_signed_for_no_job_must_be_a_bare_hello_before_it_takes_a_repl
 def test_a_sender_refuses_a_message_over_the_cap_naming_the_setting(monkeypatch):
     small = Session(KEY, Limits(max_message_bytes=1000))
     with pytest.raises(ProtocolError, match="exceeds the cap of 1000.*DORYLUS_MAX_MESSAGE_MB"):
-        small.encode(Message("rows", {}, {"P": np.zeros(300, np.float32)}), ADDR)
+        small.encode(Message("task", {}, {"P": np.zeros(300, np.float32)}), ADDR)
     monkeypatch.setenv("DORYLUS_MAX_MESSAGE_MB", "3")
     assert Limits().max_message_bytes == 3 * 2**20
     for bad in ("0", "2048", "1e3", "-1"):

@@ -90,7 +90,6 @@ REVIEWED = {
     ("dorylus_py/platforms/local.py", "LocalLambdaPlatform.__init__", "default park_s=60.0"): "scaled where read (_reap)",
     ("dorylus_py/platforms/local.py", "LocalLambdaPlatform._stop", "join(timeout=5)"): REAP,
     ("dorylus_py/platforms/local.py", "LocalLambdaPlatform.close", "join(timeout=5)"): REAP,
-    ("graph_servers/server.py", "GraphServer._flush_tasks", "default timeout_s=5.0"): REAP,
 }
 
 

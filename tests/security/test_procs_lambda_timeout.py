@@ -27,17 +27,17 @@ def test_a_stopped_worker_is_killed_at_its_timeout_and_replaced():
     try:
         frozen = pool.worker_pids()[0]
         os.kill(frozen, signal.SIGSTOP)
-        pool.invoke(event_for("not an address", chunk=0))
+        pool.invoke(event_for("not an address", lease="l0"))
         done = []
         until(lambda: done.extend(pool.completions()) or done, timeout_s=TIMEOUT_S + KILL_GRACE_S + 60)
-        assert [(c.ok, c.task["chunk"]) for c in done] == [(False, 0)]
+        assert [(c.ok, c.task["lease"]) for c in done] == [(False, "l0")]
         assert done[0].error == f"Sandbox.Timedout: Task timed out after {TIMEOUT_S:.2f} seconds"
         assert done[0].billed_ms == TIMEOUT_S * 1000 and pool.timed_out == 1
         until(lambda: not psutil.pid_exists(frozen))  # killed, stopped as it was
         assert pool.worker_pids() != [frozen]
-        pool.invoke(event_for("not an address", chunk=1))  # the relaunch finds a fresh worker in a pool of one
+        pool.invoke(event_for("not an address", lease="l1"))  # the relaunch finds a fresh worker in a pool of one
         until(lambda: done.extend(pool.completions()) or len(done) == 2)
-        assert done[1].task["chunk"] == 1 and "Timedout" not in done[1].error  # it ran (and refused the address)
+        assert done[1].task["lease"] == "l1" and "Timedout" not in done[1].error  # it ran (and refused the address)
     finally:
         pool.close()
 
@@ -106,11 +106,11 @@ def test_the_lab_lambda_service_kills_a_stopped_worker_frees_its_slot_and_runs_t
     try:
         frozen = service.pool.worker_pids()[0]
         os.kill(frozen, signal.SIGSTOP)
-        first = service.invoke(event_for("not an address", chunk=0).to_dict())
+        first = service.invoke(event_for("not an address", lease="l0").to_dict())
         assert not first.ok and "Task timed out" in first.error and first.where == "local-lambda"  # the pool's, not the guard's
         until(lambda: not psutil.pid_exists(frozen))
-        second = service.invoke(event_for("not an address", chunk=1).to_dict())  # not throttled: the slot is free
-        assert second is not None and second.task["chunk"] == 1 and "Timedout" not in second.error
+        second = service.invoke(event_for("not an address", lease="l1").to_dict())  # not throttled: the slot is free
+        assert second is not None and second.task["lease"] == "l1" and "Timedout" not in second.error
         assert service.stats["throttled"] == 0 and service.stats["function_errors"] == 2
     finally:
         service.close()

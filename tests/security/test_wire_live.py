@@ -233,7 +233,7 @@ def test_a_tensor_too_big_for_numpy_is_refused_by_every_role(job):
     driver, as a hello and as another op): refused, and the job trains on."""
     nonce = job.nonce()
     spec = {"tensors": [{"name": "P", "dtype": "float32", "shape": HUGE}], "req": "r"}
-    attacks = [("gs0", {"op": "push_result", **spec}, nonce), ("ws0", {"op": "push_grad", **spec}, nonce),
+    attacks = [("gs0", {"op": "result", **spec}, nonce), ("ws0", {"op": "push_grad", **spec}, nonce),
                ("driver", {"op": "epoch_stats", **spec}, nonce), ("driver", {"op": "push_grad", **spec}, b""),
                ("driver", {"op": "hello", **spec}, b"")]
     for name, header, bound in attacks:

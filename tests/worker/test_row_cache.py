@@ -1,17 +1,18 @@
 """A warm worker's static-row cache: bounded by bytes, once full it keeps what it holds, one block per
 chunk and tensor name (a new token for the same chunk replaces the old rows); against a real graph
-server, the worker (``handler._pull_rows``) puts the held rows back, bit for bit."""
-
-import threading
+server, a lease that holds a chunk's rows is sent none and its runner puts them back, bit for bit."""
 
 import numpy as np
 import pytest
+import torch
 
-from dorylus_py.worker import handler as worker
-from dorylus_py.worker.row_cache import RowCache
+from dorylus_py.protocol import Message, ProtocolError, Session
 from dorylus_py.protocol.transport import Plain
+from dorylus_py.worker import task_runner
+from dorylus_py.worker.row_cache import RowCache
+from dorylus_py.worker.task_runner import TaskAborted, TaskRunner
 from tests.clients import KEY, driver  # noqa: F401  (a fixture)
-from tests.graph_servers import TASK, served  # noqa: F401  (a fixture)
+from tests.graph_servers import TASK, hello, leave, pump, served  # noqa: F401  (a fixture)
 from tests.worker import event_for
 
 
@@ -54,76 +55,63 @@ def test_held_rows_stay_with_the_caller_when_evicted_and_a_zero_cap_empties_the_
     assert len(cache) == 0  # nothing fits in 0 bytes
 
 
-def _pull_with_reply(monkeypatch, cache, reply):
-    """The worker's side of a pull, against a graph server that answers ``reply``; returns the tensors
-    and the pull it sent."""
-    from dorylus_py.worker import handler as worker
-
-    sent = []
-    monkeypatch.setattr(worker, "_row_cache", cache)
-    _, tensors = worker._pull_rows(event_for("tcp://gs", 1, **TASK), TASK, lambda msg: sent.append(msg) or reply)
-    return tensors, sent[0]
+def _runner(monkeypatch, cache, graph_server="tcp://gs") -> TaskRunner:
+    """A lease's runner with ``cache`` as its container's, and a layer's weights that need no weight server."""
+    monkeypatch.setattr(task_runner, "_row_cache", cache)
+    runner = TaskRunner(event_for(graph_server, 1), Session(KEY), Plain.of_job(KEY))
+    monkeypatch.setattr(runner, "_weights", lambda ref, task: ({"version": 0}, {"W": torch.ones(16, 8)}))
+    return runner
 
 
-def test_the_worker_uses_held_rows_only_under_the_token_it_named(monkeypatch):
-    from dorylus_py.protocol import Message
+def _task(static, tensors, chunk: int = 0) -> Message:
+    return Message("task", {"lease": "l1", "task": dict(TASK, chunk=chunk), "ws": [0], "id_start": 0, "edge_start": 0,
+                            "ghost_edge_start": 0, "static": static}, tensors)
 
+
+def test_the_worker_uses_held_rows_only_under_the_token_the_server_named(monkeypatch):
     cache = RowCache(1 << 20)
-    cache.keep(("tcp://gs", 0, 0), "P", "mine", rows(2, 3.0))
-    tensors, pull = _pull_with_reply(monkeypatch, cache, Message("rows", {"static": {"P": "mine"}}, {"dZ": rows(2)}))
-    assert pull["have"] == ["mine"] and tensors["P"][0, 0] == 3.0 and "dZ" in tensors
-    fresh = rows(2, 5.0)  # the server's token changed (a restart on other data): new rows replace the old
-    tensors, _ = _pull_with_reply(monkeypatch, cache, Message("rows", {"static": {"P": "theirs"}}, {"P": fresh}))
-    assert tensors["P"] is fresh and cache.held(("tcp://gs", 0, 0))["P"][0] == "theirs"
+    cache.keep(("tcp://gs", 0, 0), "P", "mine", np.full((2, 16), 3.0, np.float32))
+    runner = _runner(monkeypatch, cache)
+    assert runner.held() == ["mine"]
+    out = runner.run(_task({"P": "mine"}, {}))
+    np.testing.assert_array_equal(out.tensors["Z"], np.full((2, 8), 48.0, np.float32))  # 16 x 3.0 per row
+    fresh = np.full((2, 16), 5.0, np.float32)  # the server's token changed (a restart on other data)
+    runner.run(_task({"P": "theirs"}, {"P": fresh}))
+    assert cache.held(("tcp://gs", 0, 0))["P"][0] == "theirs" and runner.held() == ["theirs"]
 
 
 @pytest.mark.parametrize("static", ["x", 5, [["P", "t"]], {"P": 5}, {"P": None}, {"P": "not held"}, {"Q": "mine"},
                                     {"P": ["mine"]}])
-def test_a_malformed_or_unheld_static_field_aborts_the_task_and_nothing_else(monkeypatch, static):
-    from dorylus_py.protocol import Message
-    from dorylus_py.worker.handler import TaskAborted
-
+def test_a_malformed_or_unheld_static_field_fails_the_task_and_nothing_else(monkeypatch, static):
     cache = RowCache(1 << 20)
-    cache.keep(("tcp://gs", 0, 0), "P", "mine", rows(2))
-    with pytest.raises(TaskAborted, match="pull_rows"):
-        _pull_with_reply(monkeypatch, cache, Message("rows", {"static": static}, {}))
+    cache.keep(("tcp://gs", 0, 0), "P", "mine", np.zeros((2, 16), np.float32))
+    with pytest.raises((TaskAborted, ProtocolError)):
+        _runner(monkeypatch, cache).run(_task(static, {}))
 
 
-def test_any_json_as_the_static_field_is_used_or_aborts_the_task(monkeypatch):
-    from dorylus_py.protocol import Message
-    from dorylus_py.worker.handler import TaskAborted
+def test_any_json_as_the_static_field_is_used_or_fails_the_task(monkeypatch):
     from tests.cluster.fuzz_corpus import hypothesis_values
 
+    runner = _runner(monkeypatch, RowCache(1 << 20))
     for value in hypothesis_values(300):
         try:
-            _pull_with_reply(monkeypatch, RowCache(1 << 20), Message("rows", {"static": value}, {"P": rows(1)}))
-        except TaskAborted:
+            runner.run(_task(value, {"P": np.zeros((1, 16), np.float32)}))
+        except (TaskAborted, ProtocolError):
             pass
 
 
-def test_the_worker_puts_its_held_rows_back_bit_for_bit(served, monkeypatch):
+def test_a_lease_that_holds_the_rows_is_not_sent_them_and_computes_the_same(served, monkeypatch):
     gs, client = served()
-    cache = RowCache()
-    monkeypatch.setattr(worker, "_row_cache", cache)
-    event = event_for(gs.node.address, 1, **TASK)
-    got = []
-
-    def pulls():
-        sock = worker._socket(gs.node.address, Plain.of_job(KEY))  # past the server's gate
-        try:
-            for _ in range(2):
-                reply, tensors = worker._pull_rows(event, TASK, lambda msg: worker._request(sock, msg, client.session))
-                got.append((reply, {k: np.array(v) for k, v in tensors.items()}))
-        finally:
-            sock.close(0)
-
-    t = threading.Thread(target=pulls)
-    t.start()
-    while t.is_alive():
-        gs.node.serve_once(gs.handle, 20)
-    (cold, cold_rows), (warm, warm_rows) = got
-    assert "P" in cold.tensors and "P" not in warm.tensors and len(cache) == 1
-    np.testing.assert_array_equal(warm_rows["P"], cold_rows["P"])
-    assert warm_rows["P"].dtype == np.float32
-
-    assert worker._row_cache_of(0) is None and len(cache) == 0  # a later event that turns the cache off empties it
+    cache = RowCache(1 << 20)
+    first, second = gs.platform.events
+    cold = hello(gs, client, first.lease, want=2)
+    runner = _runner(monkeypatch, cache, gs.node.address)
+    cold_out = [runner.run(t) for t in cold]
+    assert len(cache) == 2 and sorted(runner.held()) == sorted(t["static"]["P"] for t in cold)
+    assert leave(gs, client, first.lease)[0].op == "release"  # both tasks back in the queue, for the next lease
+    warm = hello(gs, client, second.lease, want=2, have=runner.held())
+    assert all("P" not in t.tensors for t in warm)
+    warm_out = [runner.run(t) for t in warm]
+    for a, b in zip(cold_out, warm_out):
+        np.testing.assert_array_equal(a.tensors["Z"], b.tensors["Z"])
+    assert task_runner._row_cache_of(0) is None and len(cache) == 0  # a later event that turns the cache off empties it
