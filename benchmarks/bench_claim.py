@@ -39,6 +39,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_runtime import synth_parts  # noqa: E402
+from bench_scale_model import busy_cell  # noqa: E402
 from bench_tta import (  # noqa: E402
     BestTracker,
     epochs_to_target,
@@ -150,17 +151,6 @@ def measure(out: Path, args) -> dict:
             "msgs_task": statistics.median(s["messages"] for s in servers) / per_epoch if per_epoch and servers else None,
             "mb": statistics.median(s["bytes"] for s in servers) / 1e6 if servers else math.nan,
             "gbs": gbs / epochs, "rss": max((t.get("peak_rss_mb") or 0 for t in tasks if t["kind"] == "lease"), default=0)}
-
-
-def busy_cell(runs: list[dict]) -> str:
-    hosts = sorted({h for r in runs for h in r["busy"]})
-    short = {"graph-server-0": "g0", "graph-server-1": "g1", "weight-server-0": "w", "lambdas": "L"}
-    cells = []
-    for h in hosts:
-        known = [v for r in runs if (v := r["busy"].get(h)) is not None]
-        if known:
-            cells.append(f"{short.get(h, h)} {100 * statistics.median(known):.0f} %")
-    return ", ".join(cells) or "-"
 
 
 def med(runs: list[dict], key: str) -> float | None:
