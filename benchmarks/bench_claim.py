@@ -15,8 +15,11 @@ time is the model's (raw / D). Columns, medians over seeds:
   ratio to sync's, test accuracy at the best validation epoch;
 - value (``dorylus report``'s, servers as ``--instance``, Lambdas at ``--lambda-mb``, waiting billed) and
   its ratio to the same servers alone and to CPU-only with the Lambdas' cores;
-- each host's cores busy; a graph server's CPU seconds per epoch (raw: the work is the box's) and per
-  offloaded task, its messages per task and MB per epoch; Lambda GB-s per epoch.
+- each host's cores busy; a graph server's CPU seconds per epoch (raw: the work is the box's) and its
+  ratio to the same servers alone; the CPU a graph server spends per offloaded task on handing it off
+  (its CPU an epoch less what the same servers alone spend besides their tensor threads, per task) and
+  that cost over the work it gives away (the tensor threads' CPU per task); its messages per task and MB
+  per epoch; Lambda GB-s per epoch.
 
     python benchmarks/bench_claim.py [--graphs reddit,amazon,cora --seeds 3 --epochs 30
         --lambdas-per-server 8 --lambda-mb 512 --host-cpus 1 --dilation D --markdown FILE]
@@ -144,10 +147,11 @@ def measure(out: Path, args) -> dict:
     offloaded = [t for t in tasks if "lease" in t]
     per_epoch = len([t for t in offloaded if t["epoch"] > rows[0]["epoch"]]) / max(1, k * len(steady))
     cpu = statistics.median(s["cpu_s"] for s in servers) if servers else math.nan
+    tensor = statistics.median(s["tensor_cpu_s"] for s in servers) if servers and "tensor_cpu_s" in servers[0] else None
     gbs = sum(t["billed_ms"] / 1000 * t["memory_mb"] / 1024 for t in invocations(tasks))
     return {"rows": rows, "value": row["value"], "epoch_s": steady_epoch_s(rows),
             "test_acc": BestTracker.over(rows).test_acc_at_best_val, "busy": {h: r.get("busy") for h, r in hosts.items()},
-            "cpu_s": cpu, "task_ms": 1000 * cpu / per_epoch if per_epoch else None,
+            "cpu_s": cpu, "tensor_s": tensor, "tasks": per_epoch,
             "msgs_task": statistics.median(s["messages"] for s in servers) / per_epoch if per_epoch and servers else None,
             "mb": statistics.median(s["bytes"] for s in servers) / 1e6 if servers else math.nan,
             "gbs": gbs / epochs, "rss": max((t.get("peak_rss_mb") or 0 for t in tasks if t["kind"] == "lease"), default=0)}
@@ -165,7 +169,8 @@ def fmt(value, spec: str) -> str:
 def table(results: dict, args) -> list[str]:
     cols = ("graph", "setup", "model epoch s", "/ same servers", "time to target s (reached)", "/ sync",
             "test acc at best val", "value", "/ same servers", "/ CPU-only more cores", "cores busy",
-            "graph-server CPU s / epoch", "ms / offloaded task", "messages / task", "MB / epoch", "Lambda GB-s / epoch")
+            "graph-server CPU s / epoch", "/ same servers", "offload CPU ms / task (/ its work)", "messages / task",
+            "MB / epoch", "Lambda GB-s / epoch")
     lines = [f"| {' | '.join(cols)} |", "| --- " * len(cols) + "|"]
     for graph in args.graphs:
         same, more = results.get((graph, "cpu-same")), results.get((graph, "cpu-more"))
@@ -175,13 +180,19 @@ def table(results: dict, args) -> list[str]:
             if not runs:
                 continue
             tta = median_tta([r["tta"] for r in runs])
-            value, epoch = med(runs, "value"), med(runs, "epoch_s")
+            value, epoch, cpu = med(runs, "value"), med(runs, "epoch_s"), med(runs, "cpu_s")
+            offload = "-"
+            if same and not setup.startswith("cpu") and med(same, "tensor_s") is not None:
+                kept = med(same, "cpu_s") - med(same, "tensor_s")  # what the servers do besides the tensor work
+                given, tasks = med(same, "tensor_s") / med(same, "tasks"), med(runs, "tasks")
+                cost = (cpu - kept) / tasks
+                offload = f"{1000 * cost:.2f} ({cost / given:.2f}x)"
             lines.append(
                 f"| {graph} | {SETUPS[setup]} | {fmt(epoch, '.3f')} | {ratio(epoch, med(same, 'epoch_s')) if same else '-'} "
                 f"| {seconds(tta)} ({sum(r['tta'] is not None for r in runs)}/{len(runs)}) | "
                 f"{ratio(tta, sync) if setup != 'sync' else ''} | {100 * med(runs, 'test_acc'):.1f} % | {fmt(value, ',.4g')} "
                 f"| {ratio(value, med(same, 'value')) if same else '-'} | {ratio(value, med(more, 'value')) if more else '-'} "
-                f"| {busy_cell(runs)} | {fmt(med(runs, 'cpu_s'), '.3f')} | {fmt(med(runs, 'task_ms'), '.2f')} "
+                f"| {busy_cell(runs)} | {fmt(cpu, '.3f')} | {ratio(cpu, med(same, 'cpu_s')) if same else '-'} | {offload} "
                 f"| {fmt(med(runs, 'msgs_task'), '.2f')} | {fmt(med(runs, 'mb'), '.1f')} | {fmt(med(runs, 'gbs'), '.3f')} |")
     return lines
 

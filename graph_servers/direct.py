@@ -25,9 +25,10 @@ DIRECT = "direct"  # the lease id of a server's own threads
 
 
 class DirectWorkers:
-    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, threads: int, runner):
+    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, threads: int, runner, on_thread=None):
         """``runner()``: a new :class:`~dorylus_py.worker.task_runner.TaskRunner` (one per thread: its
-        sockets to the weight servers are its own)."""
+        sockets to the weight servers are its own); ``on_thread()``: called first on each thread (the
+        server's CPU accounting, ``usage.py``)."""
         self.threads = max(1, threads)
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         self._results: queue.SimpleQueue = queue.SimpleQueue()
@@ -41,13 +42,15 @@ class DirectWorkers:
         self._poller = poller
         poller.register(self._wake_recv, zmq.POLLIN)  # a result wakes the loop's poll
         for i in range(self.threads):
-            threading.Thread(target=self._work, args=(runner,), name=f"tensor_{i}", daemon=True).start()
+            threading.Thread(target=self._work, args=(runner, on_thread), name=f"tensor_{i}", daemon=True).start()
 
     def send(self, task: Message) -> None:
         """From the loop thread: a task for the next free thread."""
         self._tasks.put(task)
 
-    def _work(self, runner) -> None:
+    def _work(self, runner, on_thread) -> None:
+        if on_thread is not None:
+            on_thread()
         run = runner()
         while (task := self._tasks.get()) is not None and not self._closed:
             try:

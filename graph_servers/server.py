@@ -93,7 +93,8 @@ class GraphServer(Requests, Leasing):
         self.weight_servers = [node.dealer(a, answered=True, session=push) for a in spec.weight_servers]
         self.blocks = weight_blocks(self.model.tensors(), len(spec.weight_servers))
         self.layer_servers = [servers_of_layer(self.blocks, l) for l in range(self.model.num_layers)]
-        self.platform = make_platform(spec, self.k, node, device, self._lease_event(DIRECT, device))
+        self.usage = Usage()
+        self.platform = make_platform(spec, self.k, node, device, self._lease_event(DIRECT, device), self.usage)
         self.direct = getattr(self.platform, "direct", None)  # the cpu/gpu backends' own threads
         if self.direct is not None:  # one lease that never ends, as many tasks out as threads
             self.dispatcher = Dispatcher(1, self.direct.threads)
@@ -123,7 +124,6 @@ class GraphServer(Requests, Leasing):
         self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "blocks": 0, "leases": 0,
                       "peer_rows_fresh": 0, "peer_rows_late": 0}  # async: peer messages in time for their epoch's read, or not
         self.gradients_sent: dict[tuple, int] = {}  # (epoch, layer, chunk) -> times forwarded (once)
-        self.usage = Usage()
         self.staging = BlockStaging(staging_cap(self.state))  # streamed tasks' result blocks until their commit
         self.finished = False
         log.info("graph server %d start %s", self.k, json.dumps({

@@ -21,6 +21,7 @@ class Usage:
         self.totals = {"bytes_sent": 0, "bytes_received": 0, "messages": 0}
         self.ops: Counter = Counter()  # messages by direction and op ("out:task", "in:result"): the end log's
         self._graph_clock: int | None = None
+        self._tensor_clocks: list[int] = []  # the cpu/gpu backends' tensor threads (graph_servers/direct.py)
         self.start()
 
     def start(self) -> None:
@@ -44,6 +45,12 @@ class Usage:
         if self._graph_clock is None and THREAD_CLOCKS:
             self._graph_clock = time.pthread_getcpuclockid(threading.get_ident())
 
+    def on_tensor_thread(self) -> None:
+        """Called from a tensor thread of the server's own (``cpu``/``gpu``): its CPU time is counted from
+        then on, as ``tensor_cpu_s``: the work a Lambda would take off the server."""
+        if THREAD_CLOCKS:
+            self._tensor_clocks.append(time.pthread_getcpuclockid(threading.get_ident()))
+
     def epoch(self) -> dict:
         """What was spent since the last call (on the loop thread, at each epoch's report: in async mode
         the epochs overlap, so this is since the previous report). Requests of in-process workers
@@ -59,5 +66,7 @@ class Usage:
             cpu["loop_cpu_s"] = time.clock_gettime(time.pthread_getcpuclockid(self._loop))
         if self._graph_clock is not None:
             cpu["graph_cpu_s"] = time.clock_gettime(self._graph_clock)
+        if self._tensor_clocks:
+            cpu["tensor_cpu_s"] = sum(time.clock_gettime(c) for c in list(self._tensor_clocks))
         return {"bytes": self.totals["bytes_sent"] + self.totals["bytes_received"],
                 "messages": self.totals["messages"]} | cpu

@@ -21,15 +21,16 @@ def server_device(spec: JobSpec, rank: int) -> str:
     return device_for(cfg.device, cfg.backend, rank, local_rank(spec.graph_servers, rank), cuda_devices())
 
 
-def make_platform(spec: JobSpec, rank: int, node: ServerNode, device: str, direct_event: LeaseEvent):
+def make_platform(spec: JobSpec, rank: int, node: ServerNode, device: str, direct_event: LeaseEvent, usage=None):
     """Where this server's tensor tasks run; ``--lambdas`` is shared out among the graph servers. In-process
     threads run ``direct_event``'s lease with a signing session of their own (for the weight servers),
-    emulated Lambdas get the job key (their own environment)."""
+    emulated Lambdas get the job key (their own environment); ``usage``: the server's CPU accounting,
+    which counts its own threads' tensor work."""
     cfg = spec.config
     if cfg.backend not in ("local", "lambda"):
         session, gate = node.session.sibling(), node.gate
-        direct = DirectWorkers(node.ctx, node.poller, cfg.tensor_threads,
-                               lambda: TaskRunner(direct_event, session, gate))
+        direct = DirectWorkers(node.ctx, node.poller, cfg.tensor_threads, lambda: TaskRunner(direct_event, session, gate),
+                               usage.on_tensor_thread if usage is not None else None)
         return InprocPlatform(direct, device)
     per_server = spec.lambda_share[0]  # the run plan's share of --lambdas
     seed = cfg.seed * 1000 + rank + 7919 * spec.restart
