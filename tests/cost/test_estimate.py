@@ -22,6 +22,7 @@ from dorylus_py.cost.estimate import (
     workload_of,
 )
 from dorylus_py.cost.model import Prices, bytes_per_epoch, invocations, read_record
+from dorylus_py.cost.task_names import task_name
 from dorylus_py.cost.report import report_rows
 from dorylus_py.data import write_npz
 
@@ -56,7 +57,7 @@ def test_report_numbers_agree_with_tasks_jsonl(runs, tmp_path, capsys):
         assert r["servers $"] == pytest.approx(server_usd) and r["lambda $"] == pytest.approx(lambda_usd)
         assert r["total $"] == pytest.approx(server_usd + lambda_usd)
         gather = sum(t["end"] - t["start"] for t in tasks if t["kind"] == "gather")
-        assert r["_kinds"]["gather"] == pytest.approx(gather)
+        assert r["_kinds"][task_name("gather", True)] == pytest.approx(gather)
         assert f"| {name} |" in md.read_text() and f"<td>{name}</td>" in page.read_text()
     assert rows["cpu"]["lambda calls"] == 0 and rows["local"]["lambda calls"] > 0
     text = page.read_text()
