@@ -17,9 +17,10 @@ time is the model's (raw / D). Columns, medians over seeds:
   its ratio to the same servers alone and to CPU-only with the Lambdas' cores;
 - each host's cores busy; a graph server's CPU seconds per epoch (raw: the work is the box's) and its
   ratio to the same servers alone; the CPU a graph server spends per offloaded task on handing it off
-  (its CPU an epoch less what the same servers alone spend besides their tensor threads, per task) and
-  that cost over the work it gives away (the tensor threads' CPU per task); its messages per task and MB
-  per epoch; Lambda GB-s per epoch.
+  (its CPU an epoch less what the same servers alone spend besides their tensor threads and less its own
+  tensor threads' CPU, per offloaded task) and that cost over the work it gives away (the same servers'
+  tensor CPU less what it still does itself); its messages per task and MB per epoch; Lambda GB-s per
+  epoch. ``sync-auto`` and ``async-auto`` run with ``--offload auto`` (narrow tasks stay on the server).
 
     python benchmarks/bench_claim.py [--graphs reddit,amazon,cora --seeds 3 --epochs 30
         --lambdas-per-server 8 --lambda-mb 512 --host-cpus 1 --dilation D --markdown FILE]
@@ -64,7 +65,8 @@ from dorylus_py.hosts import FIT, box_cores, lambda_vcpus  # noqa: E402
 # Dorylus's shapes (uclasystem/dorylus run/*.config): features, hidden, classes, mean degree
 SHAPES = {"reddit": (602, 128, 41, 100), "amazon": (300, 64, 25, 34), "cora": (None, 16, None, None)}
 LINK = ["--lambda-bandwidth-mbps", "200"]
-SETUPS = {"sync": "Lambdas, sync", "async": "Lambdas, async", "cpu-same": "CPU only, the same servers",
+SETUPS = {"sync": "Lambdas, sync", "async": "Lambdas, async", "sync-auto": "Lambdas, sync, --offload auto",
+          "async-auto": "Lambdas, async, --offload auto", "cpu-same": "CPU only, the same servers",
           "cpu-more": "CPU only, the Lambdas' cores added"}
 
 
@@ -128,8 +130,9 @@ def command(parts: Path, out: Path, graph: str, args, seed: int, setup: str) -> 
     if setup.startswith("cpu"):
         backend = ["--backend", "cpu", "--mode", "sync"]
     else:
+        mode, _, offload = setup.partition("-")
         backend = ["--backend", "local", "--lambdas", str(lambdas), "--lambda-memory-mb", str(args.lambda_mb), *LINK,
-                   "--mode", setup]
+                   "--mode", mode, "--offload", offload or "all"]
     return [*children.module("dorylus_py"), "train", "--data", str(parts), "--out", str(out), "--quiet", "-k", "2",
             "--epochs", str(args.epochs), "--seed", str(seed), "--hidden", str(SHAPES[graph][1]), *backend,
             "--dilation", f"{args.dilation:g}", "--host-cpus", f"{host:g}", "--weight-host-cpus",
@@ -144,7 +147,7 @@ def measure(out: Path, args) -> dict:
     steady = rows[1:] or rows
     servers = [s for r in steady for s in r.get("servers", [])]
     epochs, k = len(rows), max(1, len(rows[0].get("servers", [])))
-    offloaded = [t for t in tasks if "lease" in t]
+    offloaded = [t for t in tasks if "lease" in t and t["where"] != "inproc-cpu"]  # --offload auto keeps some
     per_epoch = len([t for t in offloaded if t["epoch"] > rows[0]["epoch"]]) / max(1, k * len(steady))
     cpu = statistics.median(s["cpu_s"] for s in servers) if servers else math.nan
     tensor = statistics.median(s["tensor_cpu_s"] for s in servers) if servers and "tensor_cpu_s" in servers[0] else None
@@ -184,9 +187,10 @@ def table(results: dict, args) -> list[str]:
             offload = "-"
             if same and not setup.startswith("cpu") and med(same, "tensor_s") is not None:
                 kept = med(same, "cpu_s") - med(same, "tensor_s")  # what the servers do besides the tensor work
-                given, tasks = med(same, "tensor_s") / med(same, "tasks"), med(runs, "tasks")
-                cost = (cpu - kept) / tasks
-                offload = f"{1000 * cost:.2f} ({cost / given:.2f}x)"
+                here = med(runs, "tensor_s") or 0.0  # the tensor work they still do (--offload auto)
+                given = med(same, "tensor_s") - here  # the tensor work given away, an epoch
+                cost = cpu - kept - here  # what giving it away costs, an epoch
+                offload = f"{1000 * cost / med(runs, 'tasks'):.2f} ({cost / given:.2f}x)"
             lines.append(
                 f"| {graph} | {SETUPS[setup]} | {fmt(epoch, '.3f')} | {ratio(epoch, med(same, 'epoch_s')) if same else '-'} "
                 f"| {seconds(tta)} ({sum(r['tta'] is not None for r in runs)}/{len(runs)}) | "

@@ -17,6 +17,12 @@ DECENTRAL_MODES = ("gossip", "allreduce")  # data-parallel Cluster-GCN workers (
 FEATURE_NORMS = ("auto", "row", "none")
 MODELS = ("gcn", "gat", "sage")  # dorylus_py/models/spec.py describes each
 FUSE_CHOICES = ("auto", "on", "off")  # GCN's fused last layer; auto: where tensor tasks are Lambda invocations
+OFFLOAD_CHOICES = ("all", "auto")  # which tensor tasks go to Lambdas (graph_servers/leasing.py)
+# --offload auto: a task goes to a Lambda if it does at least this much work for each byte it moves over the link.
+# A graph server's core does about 7 dense GFLOP/s (1 core, the scale model's reddit runs: 0.5 s of tensor-thread CPU for
+# 3.5 GFLOP an epoch); a Lambda's link carries 25 MB/s: with the 8 a server on Dorylus's shapes, a task whose FLOPs per
+# byte are below about 7e9 / (8 x 25e6) = 35 takes longer on the links than on the server's core.
+OFFLOAD_FLOPS_PER_BYTE = 64
 LAMBDA_BACKENDS = ("local", "lambda")  # tensor tasks in Lambda containers (emulated, or AWS's)
 INPROC_BACKENDS = ("cpu", "gpu")  # tensor tasks in the graph servers' own threads
 AUTO_CHUNK_ROWS = 150_000  # --chunks auto: at most this many rows a chunk (a tensor task's memory grows with them)
@@ -267,6 +273,11 @@ class PoolSettings(Section):
                                        "full it keeps what it holds); the graph server then does not send them to it "
                                        "again (default: a quarter of --lambda-memory-mb; 0: off; the cpu and gpu "
                                        "backends never cache)", metavar="MB")
+    offload: str = setting("all", "local and lambda: which tensor tasks go to Lambdas. all (default): every one; auto: "
+                           f"those doing at least {OFFLOAD_FLOPS_PER_BYTE} FLOPs for each byte they would move over a "
+                           "Lambda's link (a wide layer's ApplyVertex: layer 0 on Dorylus's shapes); the rest (narrow "
+                           "layers, the loss, evaluation) run in a thread of the graph server, where their rows are",
+                           choices=OFFLOAD_CHOICES)
     stream_rows: int | Auto = setting(AUTO, "stream each row-wise tensor task (GCN and GraphSAGE) in blocks of this "
                                       "many rows: the worker asks for every block at once, computes on each as it "
                                       "arrives and sends its rows of the result back at once, so its downloads, compute "
@@ -297,6 +308,7 @@ class PoolSettings(Section):
                                   f"--lambda-memory-mb {self.lambda_memory_mb}")
         if self.stream_rows is not AUTO:
             at_least("--stream-rows", self.stream_rows, 0)
+        one_of("--offload", self.offload, OFFLOAD_CHOICES)
 
 
 @section

@@ -22,6 +22,7 @@ from dorylus_py.protocol import Message
 from dorylus_py.protocol.quantize import narrowed
 from dorylus_py.timescale import scaled
 from dorylus_py.worker.event import TaskRef
+from graph_servers.direct import DIRECT
 from graph_servers.task_io import STATIC, has_static, task_parts, task_rows
 from graph_servers.wire import lease_event
 
@@ -80,6 +81,11 @@ class Leasing:
                 self.leases_over.popitem(last=False)
         return self.dispatcher.ended(lease)
 
+    def _where(self, lease: str) -> str:
+        """What ran a lease's copies, as tasks.jsonl names it (``--offload auto``: some ran in the server's
+        own thread, as the ``cpu`` backend's do)."""
+        return "inproc-cpu" if lease == DIRECT and self.own_direct else self.platform.name
+
     def _copy_ended(self, lease: str, copy: tuple, now: float, ok: bool, error: str) -> None:
         """A copy's result came (``ok``), or it failed: its row in tasks.jsonl, and the scheduler told."""
         key, attempt = copy
@@ -89,7 +95,7 @@ class Leasing:
         sent = self.sent_at.pop(copy, now)
         self.stats["completed"] += 1
         self.task_rows.append({"kind": key.kind, "train": key.train, "server": self.k, "chunk": key.chunk,
-                               "epoch": key.epoch, "layer": key.layer, "attempt": attempt, "where": self.platform.name,
+                               "epoch": key.epoch, "layer": key.layer, "attempt": attempt, "where": self._where(lease),
                                "start": sent, "end": now, "billed_ms": 0, "memory_mb": getattr(self.platform, "memory_mb", 0),
                                "ok": ok, "error": error,
                                "lease": lease})
@@ -113,7 +119,7 @@ class Leasing:
         """A copy to run: it waits for a lease with room (``_dispatch``)."""
         self.stats["invoked"] += 1
         self.copies[(inst.key, inst.attempt)] = inst
-        self.dispatcher.submit((inst.key, inst.attempt))
+        self.dispatcher.submit((inst.key, inst.attempt), here=(inst.key.kind, inst.key.layer) in self.here)
         self.epoch_start.setdefault(inst.key.epoch, time.perf_counter())
 
     def _on_Serve(self, inst: ev.Serve, to: tuple[Lease, tuple], msg) -> None:
@@ -128,7 +134,7 @@ class Leasing:
                   "id_start": self.spec.id_offsets[self.k] + a, "edge_start": self.state.edge_offset + lo,
                   "ghost_edge_start": self.state.edge_offset + glo} | ({"static": {STATIC: token}} if token else {})
         self.sent_at[(key, attempt)] = time.time()
-        for span in task_parts(self.state, key, self.spec.config.stream_rows):
+        for span in task_parts(self.state, key, 0 if lease.here else self.spec.config.stream_rows):
             rows = task_rows(self.state, key, static_held=token is not None and token in lease.held, span=span)
             part = {"part": list(span), "rows": b - a} if span is not None else {}
             self._send_lease(lease, Message("task", fields | part | {"sent": time.time()}, rows,

@@ -32,6 +32,7 @@ from dorylus_py.pipeline.leases import Dispatcher, Lease
 from dorylus_py.pipeline.scheduler import Scheduler
 from dorylus_py.pipeline.stages import task_kinds, task_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy
+from dorylus_py.platforms import InprocPlatform
 from dorylus_py.protocol import Message
 from dorylus_py.protocol.quantize import narrowed
 from dorylus_py.serving.job import JobSpec
@@ -49,7 +50,7 @@ from graph_servers.staging import BlockStaging
 from graph_servers.task_io import apply_result, staging_cap, static_tokens
 from graph_servers.usage import Usage
 from graph_servers.wire import ghost_placement
-from graph_servers.workers import make_platform, server_device
+from graph_servers.workers import direct_workers, make_platform, server_device, tasks_here
 
 log = logging.getLogger("dorylus.graph_server")
 
@@ -95,13 +96,15 @@ class GraphServer(Requests, Leasing):
         self.layer_servers = [servers_of_layer(self.blocks, l) for l in range(self.model.num_layers)]
         self.usage = Usage()
         self.platform = make_platform(spec, self.k, node, device, self._lease_event(DIRECT, device), self.usage)
+        self.here = tasks_here(self.model, stages, cfg)  # (kind, layer) of the tasks its own threads run
         self.direct = getattr(self.platform, "direct", None)  # the cpu/gpu backends' own threads
-        if self.direct is not None:  # one lease that never ends, as many tasks out as threads
-            self.dispatcher = Dispatcher(1, self.direct.threads)
-            self.dispatcher.started(DIRECT, time.time())
-            self.dispatcher.hello(DIRECT, self.direct, frozenset(), time.time())
-        else:
-            self.dispatcher = Dispatcher(self.platform.concurrency, LEASE_DEPTH)
+        self.own_direct = self.direct is None and bool(self.here)  # --offload auto: one thread beside the Lambdas
+        if self.own_direct:
+            self.direct = direct_workers(node, 1, self._lease_event(DIRECT, device), self.usage)
+        pool = 0 if isinstance(self.platform, InprocPlatform) else self.platform.concurrency
+        self.dispatcher = Dispatcher(pool, LEASE_DEPTH, self.direct.threads if self.direct else 0)
+        if self.direct is not None:  # a lease that never ends, as many copies out as threads
+            self.dispatcher.own_threads(DIRECT, self.direct, time.time())
         self.copies: dict[tuple, ev.Invoke] = {}  # copies launched and not ended -> how (version, hold)
         self.sent_at: dict[tuple, float] = {}  # copies sent to a lease -> when
         self.leases_alive: dict[str, float] = {}  # leases invoked whose invocation has not ended -> when
@@ -111,7 +114,7 @@ class GraphServer(Requests, Leasing):
             rank=self.k, chunks=self.state.chunks, layers=spec.layers, epochs=cfg.epochs, mode=spec.mode,
             staleness=cfg.staleness, peers=tuple(self.peers), peer_chunks=spec.total_chunks - spec.chunk_counts[self.k],
             first_epoch=spec.first_epoch, policy=policy, stall_s=cfg.wait_timeout_s, stages=tuple(stages),
-            workers=self.platform.concurrency, epoch_gate=0 if cfg.remat else 1, local_barrier=cfg.local_barrier,
+            workers=pool + (self.direct.threads if self.own_direct else 0), epoch_gate=0 if cfg.remat else 1, local_barrier=cfg.local_barrier,
             sync_epochs=cfg.sync_epochs, fresh_wait_s=cfg.fresh_wait_ms / 1000 if spec.mode == "async" else 0.0)
         self.graph_thread = GraphThread(node.ctx, node.poller, self._graph_job)
         tasks_per_epoch = self.state.chunks * sum(s.task is not None for s in stages)
@@ -318,5 +321,7 @@ class GraphServer(Requests, Leasing):
         self._log_end()
         self.graph_thread.close()
         self.platform.close()
+        if self.own_direct:
+            self.direct.close()
         for s in [*self.peers.values(), *self.weight_servers]:
             s.close(0)

@@ -65,6 +65,27 @@ class ModelSpec:
         return [TensorSpec(f"{base}{l}", base, l, shape, decay) for l, s in enumerate(self.layers)
                 for base, shape, decay in self.arch.layer_tensors(s, l == 0)]
 
+    def link_intensity(self, kind: str, layer: int) -> float | None:
+        """FLOPs per byte a vertex task of ``kind`` at ``layer`` moves over a Lambda's link, per row (its dense
+        products, against its rows in and out; layer 0's input counts as held: a warm lease keeps the
+        features); None for a kind not priced so (GAT's ApplyEdge), which stays a Lambda's. Dorylus's Reddit
+        shape: layer 0's ApplyVertex 301 FLOPs a byte, layer 1's 16-18, the loss under 1."""
+        s = self.layers[layer]
+        din, z, out = s.d_in, s.z_width, s.out_width
+        own = out if self.self_term else 0  # GraphSAGE's self term: a second product, its own rows
+        scores = 2 * s.heads if self.aggregation == "attention" else 0
+        rows_in = 0 if layer == 0 else din
+        if kind == "fwd":
+            return 2 * din * (z + own) / (4 * (rows_in + z + own + scores))
+        if kind == "bwd":  # dW (and dG above layer 0) from the input, the upstream gradient(s) in, dG out
+            back = 2 if layer > 0 else 1
+            return back * 2 * din * (z + own) / (4 * (rows_in + z + own + scores + (din if layer > 0 else 0)))
+        if kind == "fused":  # logits = AP W, the loss, dW, d(AP): three products; AP in, d(AP) out
+            return 3 * 2 * din * out / (4 * (2 * din + 1))
+        if kind in ("loss", "eval"):  # a softmax over the classes: a few operations per logit
+            return 8 * out / (4 * (2 * out + 1))
+        return None
+
     def layer_tensors(self, layer: int) -> list[TensorSpec]:
         return [t for t in self.tensors() if t.layer == layer]
 

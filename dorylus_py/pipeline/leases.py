@@ -16,7 +16,10 @@ The :class:`Dispatcher` decides, without sockets or clocks (the server's shell g
   sent the rows starts sooner than a busy one that has them, and keeps them for the next time;
 - a lease is started for every copy waiting or out beyond the leases alive, up to the pool's size;
 - a lease that ends (it left, or its invocation returned or failed) hands back the copies it held,
-  which the scheduler then relaunches (they failed); a lease beyond a shrunk pool is released when idle.
+  which the scheduler then relaunches (they failed); a lease beyond a shrunk pool is released when idle;
+- copies of tasks that are better done where the rows are (``--offload auto``: too little work for the
+  bytes they would move) wait for the server's own threads instead, a lease of its own that is in no
+  pool and never ends (the ``cpu``/``gpu`` backends send every copy there).
 """
 
 from __future__ import annotations
@@ -37,17 +40,25 @@ class Lease:
     held: frozenset[str] = frozenset()  # the static rows' tokens it says it holds
     out: list[Copy] = field(default_factory=list)  # copies sent to it, oldest first
     idle_since: float | None = None  # connected and nothing out since then
+    here: bool = False  # the graph server's own threads: no invocation, in no pool, never ends
 
 
 @dataclass
 class Dispatcher:
     size: int  # leases at most (the pool)
     depth: int = 2  # copies out on one lease at most
+    here_depth: int = 0  # copies out on the server's own threads at most (their count)
     leases: dict[str, Lease] = field(default_factory=dict)
     queue: deque = field(default_factory=deque)  # copies waiting for a lease, in launch order
+    queue_here: deque = field(default_factory=deque)  # copies waiting for the server's own threads
 
-    def submit(self, copy: Copy) -> None:
-        self.queue.append(copy)
+    def submit(self, copy: Copy, here: bool = False) -> None:
+        """A copy to run on a lease, or (``here``) on the server's own threads."""
+        (self.queue_here if here else self.queue).append(copy)
+
+    def own_threads(self, lease: str, peer, now: float) -> None:
+        """The server's own threads, a lease that never ends (``here_depth`` copies out at once)."""
+        self.leases[lease] = Lease(lease, now, peer, idle_since=now, here=True)
 
     def started(self, lease: str, now: float) -> None:
         """The platform was asked to run ``lease``."""
@@ -63,19 +74,21 @@ class Dispatcher:
         return True
 
     def assign(self, token_of, now: float) -> list[tuple[Lease, Copy]]:
-        """Copies to send now, each with its lease, taken from the queue in order; ``token_of(key)``: the
+        """Copies to send now, each with its lease, taken from the queues in order; ``token_of(key)``: the
         static rows' token of the key's task (None: it has none)."""
         out = []
-        while self.queue:
-            room = [lease for lease in self.leases.values() if lease.peer is not None and len(lease.out) < self.depth]
-            if not room:
-                break
-            copy = self.queue.popleft()
-            token = token_of(copy[0])
-            lease = min(room, key=lambda l: (len(l.out), token is None or token not in l.held, l.started))
-            lease.out.append(copy)
-            lease.idle_since = None
-            out.append((lease, copy))
+        for queue, here, depth in ((self.queue, False, self.depth), (self.queue_here, True, self.here_depth)):
+            while queue:
+                room = [lease for lease in self.leases.values()
+                        if lease.here == here and lease.peer is not None and len(lease.out) < depth]
+                if not room:
+                    break
+                copy = queue.popleft()
+                token = token_of(copy[0])
+                lease = min(room, key=lambda l: (len(l.out), token is None or token not in l.held, l.started))
+                lease.out.append(copy)
+                lease.idle_since = None
+                out.append((lease, copy))
         return out
 
     def finished(self, lease: str, copy: Copy, held: frozenset[str] | None, now: float) -> bool:
@@ -99,27 +112,34 @@ class Dispatcher:
     def forget(self, done) -> None:
         """Drop waiting copies of keys that ``done(key)`` says need no copy any more."""
         self.queue = deque(c for c in self.queue if not done(c[0]))
+        self.queue_here = deque(c for c in self.queue_here if not done(c[0]))
+
+    def _pool(self) -> list[Lease]:
+        return [lease for lease in self.leases.values() if not lease.here]
 
     def to_start(self) -> int:
         """Leases to invoke now: one for every copy waiting or out (each runs one task at a time; ``depth``
         only lets the next one's rows travel meanwhile), within the pool's size."""
-        wanted = len(self.queue) + sum(len(l.out) for l in self.leases.values())
-        return max(0, min(self.size, wanted) - len(self.leases))
+        pool = self._pool()
+        wanted = len(self.queue) + sum(len(l.out) for l in pool)
+        return max(0, min(self.size, wanted) - len(pool))
 
     def to_release(self) -> list[Lease]:
         """Idle connected leases beyond the pool's size (it shrank), the longest idle first."""
-        extra = len(self.leases) - self.size
-        idle = sorted((l for l in self.leases.values() if l.peer is not None and not l.out),
-                      key=lambda l: l.idle_since)
-        return idle[:max(0, extra)]
+        pool = self._pool()
+        idle = sorted((l for l in pool if l.peer is not None and not l.out), key=lambda l: l.idle_since)
+        return idle[:max(0, len(pool) - self.size)]
 
     def load(self) -> tuple[int, int, int]:
-        """``(ready, waiting, busy)``: leases connected, copies waiting for one, leases with copies out."""
-        connected = [l for l in self.leases.values() if l.peer is not None]
+        """``(ready, waiting, busy)`` of the pool: leases connected, copies waiting for one, leases with
+        copies out."""
+        connected = [l for l in self._pool() if l.peer is not None]
         return len(connected), len(self.queue), sum(bool(l.out) for l in connected)
 
     def validate(self) -> None:
         """Invariants, for tests."""
         sent = [c for l in self.leases.values() for c in l.out]
-        assert len(sent) == len(set(sent)) and not set(sent) & set(self.queue)
-        assert all(len(l.out) <= self.depth and (l.peer is not None or not l.out) for l in self.leases.values())
+        waiting = [*self.queue, *self.queue_here]
+        assert len(sent) == len(set(sent)) and not set(sent) & set(waiting)
+        assert all(len(l.out) <= (self.here_depth if l.here else self.depth) and (l.peer is not None or not l.out)
+                   for l in self.leases.values())

@@ -1,7 +1,8 @@
 """Which lease runs which copy (``pipeline/leases.py``), without sockets: a lease per copy waiting or out,
 up to the pool; two copies out on a lease at most, the least loaded first and, among those, one that
 holds the chunk's static rows; copies of a lease that ended come back; a shrunk pool releases idle
-leases; and, under random interleavings, no copy is ever out twice or both out and waiting."""
+leases; copies meant for the server's own threads go only there, outside the pool; and, under random
+interleavings, no copy is ever out twice or both out and waiting."""
 
 import random
 
@@ -67,24 +68,48 @@ def test_an_ended_lease_gives_back_its_copies_and_a_shrunk_pool_releases_the_idl
     assert not d.queue
 
 
+def test_copies_for_the_servers_own_threads_go_there_and_no_lease_is_started_for_them():
+    d = Dispatcher(size=2, depth=2, here_depth=1)
+    d.own_threads("direct", "threads", 0.0)
+    d.submit(copy(0, kind="loss"), here=True)
+    d.submit(copy(1, kind="loss"), here=True)
+    d.submit(copy(0))
+    assert d.to_start() == 1 and d.load() == (0, 1, 0)  # the pool's view: one copy waits for a Lambda
+    sent = d.assign(lambda key: None, 0.0)
+    assert [(lease.id, c[0].kind) for lease, c in sent] == [("direct", "loss")]  # one out on a thread, one waits
+    assert list(d.queue) == [copy(0)] and list(d.queue_here) == [copy(1, kind="loss")]
+    d.started("a", 0.0)
+    d.hello("a", "peer-a", frozenset(), 0.0)
+    assert [(lease.id, c[0].kind) for lease, c in d.assign(lambda key: None, 0.0)] == [("a", "fwd")]
+    d.size = 0
+    assert [lease.id for lease in d.to_release()] == []  # "a" is busy; the threads are never released
+    d.finished("a", copy(0), None, 1.0)
+    assert [lease.id for lease in d.to_release()] == ["a"]
+    d.forget(lambda key: key.kind == "loss")
+    assert not d.queue_here
+    d.validate()
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_no_copy_is_ever_out_twice_under_any_interleaving(seed):
     rng = random.Random(seed)
-    d = Dispatcher(size=rng.randint(1, 4), depth=rng.randint(1, 3))
+    d = Dispatcher(size=rng.randint(1, 4), depth=rng.randint(1, 3), here_depth=rng.randint(0, 2))
+    if d.here_depth:
+        d.own_threads("direct", "threads", 0.0)
     attempts, leases = {}, 0
     for _ in range(60):
         step = rng.randrange(7)
         if step == 0:
             chunk = rng.randrange(4)
             attempts[chunk] = attempts.get(chunk, 0) + 1
-            d.submit(copy(chunk, attempts[chunk]))
+            d.submit(copy(chunk, attempts[chunk]), here=bool(d.here_depth) and rng.random() < 0.3)
         elif step == 1:
             before = len(d.leases)
             for _ in range(d.to_start()):
                 leases += 1
                 d.started(str(leases), 0.0)
-            assert len(d.leases) <= max(d.size, before)  # never past the pool
+            assert len(d.leases) <= max(d.size + bool(d.here_depth), before)  # never past the pool
         elif step == 2 and d.leases:
             lease = rng.choice(list(d.leases))
             d.hello(lease, lease, frozenset(), 0.0)
@@ -94,8 +119,8 @@ def test_no_copy_is_ever_out_twice_under_any_interleaving(seed):
             lease = rng.choice(list(d.leases.values()))
             if lease.out:
                 d.finished(lease.id, rng.choice(lease.out), None, 0.0)
-        elif step == 5 and d.leases:
-            for c in reversed(d.ended(rng.choice(list(d.leases)))):
+        elif step == 5 and (pool := [lease for lease in d.leases if lease != "direct"]):
+            for c in reversed(d.ended(rng.choice(pool))):
                 d.queue.appendleft(c)  # as a lease that left gives them back
         elif step == 6:
             d.size = rng.randint(0, 4)
