@@ -89,6 +89,8 @@ def parse_args():
                     "core, two vCPUs, as the graph-server hosts model)")
     ap.add_argument("--setups", default=",".join(SETUPS))
     ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--runs", type=Path, help="keep the run records in this new folder (for `dorylus report`); "
+                    "default a temporary one, removed")
     ap.error = fail
     args = ap.parse_args()
     args.graphs = [g.strip() for g in args.graphs.split(",") if g.strip()]
@@ -101,6 +103,8 @@ def parse_args():
         fail(f"--nodes: name=count pairs, got {args.nodes!r}")
     if args.seeds < 1 or args.epochs < 3 or args.lambdas_per_server < 1 or args.lambda_mb < 128:
         fail("--seeds >= 1, --epochs >= 3, --lambdas-per-server >= 1, --lambda-mb >= 128")
+    if args.runs and args.runs.exists():
+        fail(f"--runs {args.runs}: exists (give a new folder)")
     if why := unavailable():
         fail(why)
     args.vcpus = lambda_vcpus(args.lambda_mb)
@@ -230,8 +234,12 @@ def main() -> None:
     args = parse_args()
     t0, results, commands = time.perf_counter(), {}, []
     try:
-        with tempfile.TemporaryDirectory(prefix="dorylus-claim-") as tmp:
-            run_all(Path(tmp), args, results, commands)
+        if args.runs:
+            args.runs.mkdir(parents=True)
+            run_all(args.runs.resolve(), args, results, commands)
+        else:
+            with tempfile.TemporaryDirectory(prefix="dorylus-claim-") as tmp:
+                run_all(Path(tmp), args, results, commands)
     except KeyboardInterrupt:
         print("interrupted: the table has the runs that finished", flush=True)
     rss = max((r["rss"] for runs in results.values() for r in runs), default=0)
