@@ -3,7 +3,7 @@ time once the next epoch's backward forwards its first, so the copy reaches the 
 its own epoch's update, where a weight server without its duplicate check would add it to the next
 epoch's sum. Started in place of ``python -m graph_servers`` by ``test_distributed.py``."""
 
-from dorylus_py.serving.process import serve_process
+from dorylus_py.serving.process import exit_process, serve_process
 from graph_servers.server import GraphServer
 
 
@@ -21,4 +21,4 @@ class ResendingGraphServer(GraphServer):
 
 
 if __name__ == "__main__":
-    raise SystemExit(serve_process("graph-server", ResendingGraphServer))
+    exit_process(serve_process("graph-server", ResendingGraphServer))  # as graph_servers/__main__.py ends (its docstring: why)
