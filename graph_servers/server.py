@@ -102,7 +102,8 @@ class GraphServer(Requests, Leasing):
         if self.own_direct:
             self.direct = direct_workers(node, 1, self._lease_event(DIRECT, device), self.usage)
         pool = 0 if isinstance(self.platform, InprocPlatform) else self.platform.concurrency
-        self.dispatcher = Dispatcher(pool, LEASE_DEPTH, self.direct.threads if self.direct else 0)
+        own = self.direct.threads if self.direct is not None else 0  # its own threads, of either kind
+        self.dispatcher = Dispatcher(pool, LEASE_DEPTH, own)
         if self.direct is not None:  # a lease that never ends, as many copies out as threads
             self.dispatcher.own_threads(DIRECT, self.direct, time.time())
         self.copies: dict[tuple, ev.Invoke] = {}  # copies launched and not ended -> how (version, hold)
@@ -114,7 +115,7 @@ class GraphServer(Requests, Leasing):
             rank=self.k, chunks=self.state.chunks, layers=spec.layers, epochs=cfg.epochs, mode=spec.mode,
             staleness=cfg.staleness, peers=tuple(self.peers), peer_chunks=spec.total_chunks - spec.chunk_counts[self.k],
             first_epoch=spec.first_epoch, policy=policy, stall_s=cfg.wait_timeout_s, stages=tuple(stages),
-            workers=pool + (self.direct.threads if self.own_direct else 0), epoch_gate=0 if cfg.remat else 1, local_barrier=cfg.local_barrier,
+            workers=pool + own, epoch_gate=0 if cfg.remat else 1, local_barrier=cfg.local_barrier,
             sync_epochs=cfg.sync_epochs, fresh_wait_s=cfg.fresh_wait_ms / 1000 if spec.mode == "async" else 0.0)
         self.graph_thread = GraphThread(node.ctx, node.poller, self._graph_job)
         tasks_per_epoch = self.state.chunks * sum(s.task is not None for s in stages)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dorylus_py.devices import cuda_devices, device_for, local_rank
 from dorylus_py.models.spec import ModelSpec
 from dorylus_py.platforms import InprocPlatform, LocalLambdaPlatform
-from dorylus_py.sections import OFFLOAD_FLOPS_PER_BYTE
+from dorylus_py.sections import LAMBDA_BACKENDS, OFFLOAD_FLOPS_PER_BYTE
 from dorylus_py.serving.job import JobSpec
 from dorylus_py.serving.node import ServerNode
 from dorylus_py.worker.event import LeaseEvent
@@ -38,7 +38,7 @@ def tasks_here(model: ModelSpec, stages, cfg) -> frozenset[tuple[str, int]]:
     Reddit shape the narrow layer, the loss and evaluation, whose stages are link-bound chains an epoch
     waits on (issue 53), while layer 0's ApplyVertex (301 FLOPs a byte) still goes to Lambdas."""
     tasks = {(s.task, s.layer) for s in stages if s.task is not None}
-    if cfg.backend not in ("local", "lambda"):
+    if cfg.backend not in LAMBDA_BACKENDS:
         return frozenset(tasks)
     if cfg.offload == "all":
         return frozenset()
@@ -52,7 +52,7 @@ def make_platform(spec: JobSpec, rank: int, node: ServerNode, device: str, direc
     emulated Lambdas get the job key (their own environment); ``usage``: the server's CPU accounting,
     which counts its own threads' tensor work."""
     cfg = spec.config
-    if cfg.backend not in ("local", "lambda"):
+    if cfg.backend not in LAMBDA_BACKENDS:
         return InprocPlatform(direct_workers(node, cfg.tensor_threads, direct_event, usage), device)
     per_server = spec.lambda_share[0]  # the run plan's share of --lambdas
     seed = cfg.seed * 1000 + rank + 7919 * spec.restart

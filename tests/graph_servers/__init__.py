@@ -13,6 +13,7 @@ from dorylus_py.pipeline.events import Tick
 from dorylus_py.platforms import Platform
 from dorylus_py.protocol import Message
 from dorylus_py.serving.job import JobSpec
+from dorylus_py.sections import LAMBDA_BACKENDS
 from dorylus_py.serving.node import ServerNode
 from graph_servers.server import GraphServer
 from tests.clients import KEY, PUSHER, Client, driver  # noqa: F401  (a fixture)
@@ -58,7 +59,8 @@ def served(small_graph, tmp_path, driver, monkeypatch):  # noqa: F811
         spec = JobSpec(config=cfg, data_dir=str(tmp_path / "p"), feature_norm="row", dims=[16, 8, 4],
                        id_offsets=[0, small_graph.num_nodes], chunk_counts=[2], graph_servers=[node.address],
                        weight_servers=[])
-        monkeypatch.setattr(server_module, "make_platform", lambda *a: Recorder())
+        if backend in LAMBDA_BACKENDS:  # the cpu and gpu backends keep their own threads
+            monkeypatch.setattr(server_module, "make_platform", lambda *a: Recorder())
         gs = GraphServer(node, Message("start", {"spec": spec.to_wire(), "push_id": PUSHER}))
         gs.feed(Tick(time.time()))  # epoch 1's first tasks are out
         gs._dispatch()

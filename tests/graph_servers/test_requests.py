@@ -8,6 +8,7 @@ A lease that leaves hands its tasks back as they were; one whose invocation fail
 import json
 
 import numpy as np
+import pytest
 
 from dorylus_py.protocol import Message
 from tests.clients import KEY, Client, authentic_but_bad, driver, unauthenticated  # noqa: F401  (a fixture)
@@ -99,3 +100,12 @@ def test_the_server_sends_parts_and_commits_a_streamed_result_only_whole(served)
     assert push(parts[-1]["part"], z[slice(*parts[-1]["part"])], last=True) == []
     np.testing.assert_array_equal(gs.state.ZG[True][0][:rows], z)
     assert len(gs.staging) == 0 and gs.stats["blocks"] == len(parts) + 2
+
+
+@pytest.mark.parametrize("backend, offload, own", [("cpu", "all", 1), ("local", "all", 0), ("local", "auto", 1)])
+def test_the_scheduler_counts_every_thread_and_lease_a_task_can_run_on(served, backend, offload, own):
+    """The relaunch allowance spreads a queued copy's wait over the workers: the pool's leases and the
+    server's own threads (the cpu backend's, or --offload auto's one beside the Lambdas)."""
+    gs, _ = served(backend, offload=offload)
+    pool = 0 if backend == "cpu" else gs.platform.concurrency
+    assert gs.scheduler.tracker.workers == pool + own and own == (gs.direct.threads if gs.direct else 0)
