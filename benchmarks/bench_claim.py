@@ -23,7 +23,8 @@ time is the model's (raw / D). Columns, medians over seeds:
   epoch. ``sync-auto`` and ``async-auto`` run with ``--offload auto`` (narrow tasks stay on the server).
 
     python benchmarks/bench_claim.py [--graphs reddit,amazon,cora --seeds 3 --epochs 30
-        --lambdas-per-server 8 --lambda-mb 512 --host-cpus 1 --dilation D --markdown FILE]
+        --lambdas-per-server 8 --lambda-mb 512 --host-cpus 1 --dilation D --markdown FILE
+        --lambda-args "--lease-idle-ms 50 --lambda-latency-ms 20"]
 
 Needs root and cgroup v1; run it on a quiet machine (nothing else running) and say the load.
 """
@@ -88,6 +89,8 @@ def parse_args():
     ap.add_argument("--instance", default="c5.large", help="the servers' EC2 type for value (default c5.large: one "
                     "core, two vCPUs, as the graph-server hosts model)")
     ap.add_argument("--setups", default=",".join(SETUPS))
+    ap.add_argument("--lambda-args", default="", help="more `dorylus train` options for the setups with Lambdas "
+                    "(e.g. \"--lease-idle-ms 50 --lambda-latency-ms 20\")")
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--runs", type=Path, help="keep the run records in this new folder (for `dorylus report`); "
                     "default a temporary one, removed")
@@ -136,7 +139,7 @@ def command(parts: Path, out: Path, graph: str, args, seed: int, setup: str) -> 
     else:
         mode, _, offload = setup.partition("-")
         backend = ["--backend", "local", "--lambdas", str(lambdas), "--lambda-memory-mb", str(args.lambda_mb), *LINK,
-                   "--mode", mode, "--offload", offload or "all"]
+                   "--mode", mode, "--offload", offload or "all", *shlex.split(args.lambda_args)]
     return [*children.module("dorylus_py"), "train", "--data", str(parts), "--out", str(out), "--quiet", "-k", "2",
             "--epochs", str(args.epochs), "--seed", str(seed), "--hidden", str(SHAPES[graph][1]), *backend,
             "--dilation", f"{args.dilation:g}", "--host-cpus", f"{host:g}", "--weight-host-cpus",

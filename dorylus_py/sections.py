@@ -268,6 +268,11 @@ class PoolSettings(Section):
     lambda_memory_mb: int = setting(3008, "local: billed memory of an emulated Lambda (default 3008); lambda: read from "
                                     "the deployed function", most=10_240)
     lambda_timeout_s: float = setting(60.0, "a Lambda's time limit", most=900.0)
+    lease_idle_ms: float = setting(2000.0, "local and lambda: a Lambda serves its graph server's tasks until it has "
+                                   "waited this long for one; then it returns and stops being billed (AWS bills an "
+                                   "invocation while it waits), and the next task invokes one again. Short: billed "
+                                   "about only while busy, each burst of tasks paying an invocation's latency; long: "
+                                   "warm between stages, billed for the wait", metavar="MS", most=600_000.0)
     row_cache_mb: int | None = setting(None, "each warm tensor worker keeps the input-feature rows it pulled (the only "
                                        "rows that never change in training, and the widest), up to this many MB (once "
                                        "full it keeps what it holds); the graph server then does not send them to it "
@@ -301,6 +306,7 @@ class PoolSettings(Section):
         at_least("--lambda-cold-start-ms", self.lambda_cold_start_ms, 0)
         at_least("--lambda-memory-mb", self.lambda_memory_mb, 128)
         above("--lambda-timeout-s", self.lambda_timeout_s, 0)
+        at_least("--lease-idle-ms", self.lease_idle_ms, 1)
         if self.row_cache_mb is not None:
             at_least("--row-cache-mb", self.row_cache_mb, 0)
             if self.row_cache_mb >= self.lambda_memory_mb:

@@ -27,7 +27,8 @@ MAX_DILATION = 64.0  # beyond this a CFS quota of a small host is below the kern
 
 # Settings (sections.py) that are durations (x D) and rates (/ D) in a dilated run.
 DURATION_SETTINGS = ("lambda_latency_ms", "lambda_cold_start_ms", "lambda_timeout_s", "relaunch_min_s",
-                     "wait_timeout_s", "hang_timeout_s", "replace_timeout_s", "peer_timeout_s", "fresh_wait_ms")
+                     "wait_timeout_s", "hang_timeout_s", "replace_timeout_s", "peer_timeout_s", "fresh_wait_ms",
+                     "lease_idle_ms")
 RATE_SETTINGS = ("lambda_bandwidth_mbps",)
 
 

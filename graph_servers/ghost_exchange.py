@@ -41,22 +41,44 @@ class GhostExchange:
         4.85 M ghosts here: 5.4 times the rows of the sum), else None."""
         if not self.peers:
             return {}
-        contrib, total = self._contribution(phase, layer, chunk), self.outgoing[(phase, layer)]
+        scratch = self._scratch(phase, layer, chunk)
+        contrib, total = self._contribution(phase, layer, chunk, scratch), self.outgoing[(phase, layer)]
         ghosts = np.empty(len(contrib), np.int32)  # contrib's rows as ghost indices
         for p, (lo, hi, positions) in self.touched[chunk].items():
             ghosts[lo:hi] = positions + self.part.ghost_offsets[p]
-        total.add((self.part.index, chunk), ghosts, contrib)
+        total.add((self.part.index, chunk), ghosts, contrib, borrowed=scratch is not None)
         if total.done < len(total.keys):
             return None
         rows, offsets = total.take(), self.part.ghost_offsets
         return {p: (np.arange(offsets[p + 1] - offsets[p], dtype=np.int32), rows[offsets[p]: offsets[p + 1]])
                 for p in self.peers}
 
-    def _contribution(self, phase: str, layer: int, chunk: int) -> np.ndarray:
-        """The chunk's contribution rows, one per ghost it touches (in ghost order), computed on the device."""
+    def _scratch(self, phase: str, layer: int, chunk: int) -> np.ndarray | None:
+        """Sync mode on the CPU, GCN and GraphSAGE: one buffer a layer that each chunk's contribution is
+        written into and at once added to the sum (which copies a part it must keep). Two fresh arrays
+        per chunk (a zeroed output, MKL's result copied in) cost the loop thread a page fault and a
+        zeroing per 4 KiB: over half of its page faults, which were a third of its CPU on Dorylus's
+        Reddit shape (docs/performance.md). None elsewhere (async sends the rows themselves, a GPU
+        computes them on the device)."""
+        if self.attention or self.dev.copies or phase != "bwd":
+            return None
+        width = self.dG[layer].shape[1]
+        buf = self.contrib_scratch.get(layer)
+        if buf is None:
+            rows = max(m.shape[0] for m in self.ghost_t)
+            buf = self.contrib_scratch[layer] = np.zeros((rows, width), np.float32)
+        return buf[: self.ghost_t[chunk].shape[0]]
+
+    def _contribution(self, phase: str, layer: int, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The chunk's contribution rows, one per ghost it touches (in ghost order), computed on the device
+        (written into ``out`` when given: the CPU, GCN and GraphSAGE)."""
         s, (a, b), m = self.shapes[layer], self.chunk(chunk), self.ghost_t[chunk]
         with self.dev.stage():
             dg = self.dev.twin(self.dG[layer])[a:b]
+            if out is not None:
+                target = torch.from_numpy(out)
+                torch.addmm(target, m, dg, beta=0, out=target)  # beta 0: its old values are ignored
+                return out
             if not self.attention:
                 contrib = torch.sparse.mm(m, dg)
             elif phase == "bwd":

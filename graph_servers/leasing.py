@@ -26,7 +26,6 @@ from graph_servers.direct import DIRECT
 from graph_servers.task_io import STATIC, has_static, task_parts, task_rows
 from graph_servers.wire import lease_event
 
-LEASE_IDLE_S = 2.0  # a lease that has waited this long for a task leaves (and stops being billed)
 LEASE_DEPTH = 2  # tasks out on one lease at once: the next one's rows travel while it computes
 FLUSH_S = 5.0  # at the end, how long the server waits for its leases to end (their billing rows)
 LEASES_REMEMBERED = 4096  # leases over whose late messages are dropped quietly (each a few bytes)
@@ -36,7 +35,7 @@ class Leasing:
     def _lease_event(self, lease: str, device: str = "cpu"):
         """The event a worker is invoked with for ``lease`` (this server's own threads: ``device``'s)."""
         return lease_event(self.spec, self.k, self.node.address, self.node.gate, self.node.session.job, lease,
-                           int(scaled(LEASE_IDLE_S) * 1000), device)
+                           max(1, round(self.spec.config.lease_idle_ms)), device)
 
     # --- leases: copies to workers ------------------------------------------------------------------
 

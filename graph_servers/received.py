@@ -65,10 +65,14 @@ class OrderedSum:
         self.sum: np.ndarray | None = None
         self.waiting: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
-    def add(self, key: tuple[int, int], local: np.ndarray, rows: np.ndarray) -> None:
+    def add(self, key: tuple[int, int], local: np.ndarray, rows: np.ndarray, borrowed: bool = False) -> None:
+        """Fold ``rows`` (at ``local``) in, or keep them until every key before ``key`` is in; ``borrowed``:
+        the caller reuses ``rows`` afterwards, so a part that must wait is kept as a copy."""
         with self.lock:
             if key in self.waiting or key in self.keys[: self.done]:
                 raise ProtocolError(f"peer {key[0]} chunk {key[1]} contributed twice in one epoch")
+            if borrowed and (self.done >= len(self.keys) or self.keys[self.done] != key):
+                rows = rows.copy()
             self.waiting[key] = (local, rows)
             while self.done < len(self.keys) and self.keys[self.done] in self.waiting:
                 local, rows = self.waiting.pop(self.keys[self.done])

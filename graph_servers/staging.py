@@ -18,6 +18,7 @@ the task is relaunched), never one further along.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,7 @@ import numpy as np
 from dorylus_py.protocol import ProtocolError
 
 MIN_CAP_BYTES = 512 << 20
+SPARE_BYTES = 64 << 20  # taken arrays kept for reuse, at most
 
 
 @dataclass
@@ -42,6 +44,7 @@ class BlockStaging:
         self.cap = cap_bytes
         self.nbytes = 0
         self._partial: dict[tuple, _Partial] = {}  # (task key, attempt, run id) -> its blocks so far
+        self._spare: list[np.ndarray] = []  # arrays handed out by take, reused once nothing else holds them
 
     def add(self, run: tuple, rows: int, lo: int, hi: int, tensors: dict, widths: dict[str, int]) -> None:
         """Stage rows ``[lo, hi)`` of a chunk of ``rows`` rows for ``run`` (key, attempt, run id);
@@ -56,7 +59,7 @@ class BlockStaging:
                                     f"got {t.dtype} {t.shape}")
         part = self._partial.get(run)
         if part is None:  # np.empty and np.zeros only reserve pages: nothing is touched unless it fits
-            part = _Partial({n: np.empty((rows, w), np.float32) for n, w in widths.items()}, np.zeros(rows, bool))
+            part = _Partial({n: self._array(rows, w) for n, w in widths.items()}, np.zeros(rows, bool))
             if self.nbytes + part.nbytes > self.cap:
                 raise ProtocolError(f"result block: staging is full ({self.nbytes >> 20} of {self.cap >> 20} MB)")
             self._partial[run] = part
@@ -78,7 +81,20 @@ class BlockStaging:
         if part is None or not part.seen.all():
             missing = "every row" if part is None else f"{int((~part.seen).sum())} rows"
             raise ProtocolError(f"streamed result misses {missing}")
+        self._spare = [*part.arrays.values(), *self._spare]
+        while sum(a.nbytes for a in self._spare) > SPARE_BYTES:
+            self._spare.pop()
         return part.arrays
+
+    def _array(self, rows: int, width: int) -> np.ndarray:
+        """A ``(rows, width)`` array to stage into: a spare one that nothing holds any more (the caller
+        copied its rows into the server's arrays), else a new one. A new array's pages are faulted in and
+        zeroed by the kernel as the blocks are copied in: on this VM about 10 us a 4 KiB page, and a
+        third of the loop thread's page faults on Dorylus's Reddit shape (docs/performance.md)."""
+        for i in range(len(self._spare)):
+            if self._spare[i].shape == (rows, width) and sys.getrefcount(self._spare[i]) == 2:  # the list's, the call's
+                return self._spare.pop(i)
+        return np.empty((rows, width), np.float32)
 
     def forget(self, key, attempt: int | None = None) -> None:
         """Drop the partial results of ``key`` (of its copy ``attempt`` only, if given)."""

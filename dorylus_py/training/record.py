@@ -33,7 +33,8 @@ from dorylus_py.timescale import model_times
 from dorylus_py.training.record_schema import read_metrics, read_tasks
 
 RECORD_FILES = ("config.json", "metrics.jsonl", "tasks.jsonl", "leases.jsonl", "summary.json", "weights.npz",
-                "best_weights.npz", "graph.npz", "clusters.npy")  # clusters and graph: what gossip / all-reduce workers read
+                "best_weights.npz", "graph.npz", "clusters.npy",  # clusters and graph: what gossip / all-reduce workers read
+                "hosts.json")  # a scale-model run's hosts (dorylus_py/scale_model.py)
 # atomic_file's temporary files, which a killed run may leave
 _TEMP = re.compile(r"\.(?:%s)\.[a-z0-9_]{8}\.tmp" % "|".join(map(re.escape, RECORD_FILES)))
 _LOG = re.compile(r"[A-Za-z0-9_.-]+\.log")  # logs/ROLE.log: the servers' and workers' output

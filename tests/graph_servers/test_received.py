@@ -47,6 +47,23 @@ def test_the_sum_has_the_same_bits_in_every_arrival_order_and_restarts_each_epoc
         np.testing.assert_allclose(first, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_borrowed_rows_may_be_overwritten_once_added_in_any_order():
+    """The sender's contributions come in one reused buffer (``GhostExchange._scratch``): a part folded at
+    once is not kept, one that must wait is kept as a copy, so overwriting the buffer changes nothing."""
+    expected = OrderedSum(N, WIDTH, KEYS)
+    for key, (rows, values) in parts(3).items():
+        expected.add(key, rows, values)
+    want = expected.take()
+    for order in itertools.permutations(KEYS):
+        total, scratch = OrderedSum(N, WIDTH, KEYS), np.empty((30, WIDTH), np.float32)
+        for key in order:
+            rows, values = parts(3)[key]
+            scratch[:] = values
+            total.add(key, rows, scratch, borrowed=True)
+            scratch[:] = np.nan  # the next chunk's contribution is written over it
+        assert np.array_equal(total.take(), want)
+
+
 def test_the_sum_refuses_a_repeat_and_an_early_read():
     total, p = OrderedSum(N, WIDTH, KEYS), parts(0)
     total.add((1, 1), *p[(1, 1)])

@@ -6,11 +6,14 @@ results (``--stream-rows``) come in parts, staged and committed only whole, with
 A lease that leaves hands its tasks back as they were; one whose invocation fails, as failed copies."""
 
 import json
+import threading
+import time
 
 import numpy as np
 import pytest
 
-from dorylus_py.protocol import Message
+from dorylus_py.protocol import Message, Session
+from dorylus_py.worker.handler import Lease
 from tests.clients import KEY, Client, authentic_but_bad, driver, unauthenticated  # noqa: F401  (a fixture)
 from tests.graph_servers import TASK, hello, leave, pump, result, served  # noqa: F401  (a fixture)
 
@@ -109,3 +112,22 @@ def test_the_scheduler_counts_every_thread_and_lease_a_task_can_run_on(served, b
     gs, _ = served(backend, offload=offload)
     pool = 0 if backend == "cpu" else gs.platform.concurrency
     assert gs.scheduler.tracker.workers == pool + own and own == (gs.direct.threads if gs.direct else 0)
+
+
+def test_a_lease_with_no_task_for_its_idle_time_leaves_and_its_billing_ends(served):
+    """``--lease-idle-ms`` reaches the worker in its lease event; a real worker's lease that gets no task for
+    that long says so, is released, and its invocation returns (AWS stops billing it)."""
+    gs, client = served(lease_idle_ms=150)
+    first, second = gs.platform.events
+    assert first.idle_ms == second.idle_ms == 150
+    assert len(hello(gs, client, first.lease, want=2)) == 2  # epoch 1's two tasks go to the first lease
+    out = {}
+    worker = Lease(second, Session(KEY).for_job(bytes.fromhex(second.job)))
+    thread = threading.Thread(target=lambda: out.update(worker.run()), daemon=True)
+    began = time.monotonic()
+    thread.start()
+    while thread.is_alive() and time.monotonic() - began < 20:
+        pump(gs, client, want=0, turns=1)
+    took = time.monotonic() - began
+    assert out.get("status") == "idle" and out.get("tasks") == 0 and 0.15 <= took < 10
+    assert second.lease not in gs.dispatcher.leases and first.lease in gs.dispatcher.leases

@@ -34,3 +34,21 @@ def test_staging_refuses_bad_blocks_and_new_results_past_its_cap():
     assert len(s) == 1
     s.forget(key)
     assert len(s) == 0 and s.nbytes == 0
+
+
+def test_a_taken_array_is_staged_into_again_only_once_nothing_else_holds_it():
+    """A new staging array costs the loop thread a page fault per 4 KiB, so taken ones are reused, but
+    never while the result (or a view of it) is still held: a held one keeps its rows."""
+    key, s = TaskKey("fwd", True, 1, 0, 0), BlockStaging()
+    s.add((key, 1, "a"), 10, 0, 10, {"Z": np.full((10, 4), 1.0, np.float32)}, {"Z": 4})
+    held = s.take((key, 1, "a"), {"Z": 4})["Z"]
+    view = held[2:4]
+    s.add((key, 2, "a"), 10, 0, 10, {"Z": np.full((10, 4), 2.0, np.float32)}, {"Z": 4})
+    assert (held == 1.0).all() and (view == 1.0).all()  # still held: a new array was staged into
+    second = s.take((key, 2, "a"), {"Z": 4})["Z"]
+    assert second is not held and (second == 2.0).all()
+    address = second.__array_interface__["data"][0]
+    del second
+    s.add((key, 3, "a"), 10, 0, 10, {"Z": np.full((10, 4), 3.0, np.float32)}, {"Z": 4})
+    third = s.take((key, 3, "a"), {"Z": 4})["Z"]
+    assert third.__array_interface__["data"][0] == address and (third == 3.0).all() and (held == 1.0).all()

@@ -65,8 +65,9 @@ def test_overwrite_replaces_only_a_run_record(graph_npz, tmp_path, capsys):
     assert main(["train", "--data", str(graph_npz), "--epochs", "2", "--quiet", "--out", str(run), "--overwrite"]) == 2
     assert "(stale.txt)" in capsys.readouterr().err and (run / "stale.txt").exists()  # not the run's: kept
     (run / "stale.txt").unlink()
+    (run / "hosts.json").write_text("{}")  # what a scale-model run leaves: the run's too
     assert main(["train", "--data", str(graph_npz), "--epochs", "2", "--quiet", "--out", str(run), "--overwrite"]) == 0
-    assert len(read(run, "metrics.jsonl")) == 2
+    assert len(read(run, "metrics.jsonl")) == 2 and not (run / "hosts.json").exists()
     other = tmp_path / "notes"
     other.mkdir()
     (other / "mine.txt").write_text("not a run record")
