@@ -27,6 +27,9 @@ from dorylus_py.protocol import ProtocolError
 
 MIN_CAP_BYTES = 512 << 20
 SPARE_BYTES = 64 << 20  # taken arrays kept for reuse, at most
+# whether sys.getrefcount tells that nothing else holds an array: CPython with its GIL (not PyPy, not a
+# free-threaded build, whose counts are deferred); elsewhere nothing is reused
+EXACT_REFCOUNTS = sys.implementation.name == "cpython" and getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 @dataclass
@@ -91,7 +94,7 @@ class BlockStaging:
         copied its rows into the server's arrays), else a new one. A new array's pages are faulted in and
         zeroed by the kernel as the blocks are copied in: on this VM about 10 us a 4 KiB page, and a
         third of the loop thread's page faults on Dorylus's Reddit shape (docs/performance.md)."""
-        for i in range(len(self._spare)):
+        for i in range(len(self._spare) if EXACT_REFCOUNTS else 0):
             if self._spare[i].shape == (rows, width) and sys.getrefcount(self._spare[i]) == 2:  # the list's, the call's
                 return self._spare.pop(i)
         return np.empty((rows, width), np.float32)
