@@ -54,20 +54,20 @@ class GhostExchange:
                 for p in self.peers}
 
     def _scratch(self, phase: str, layer: int, chunk: int) -> np.ndarray | None:
-        """Sync mode on the CPU, GCN and GraphSAGE: one buffer a layer that each chunk's contribution is
+        """Sync mode on the CPU, GCN and GraphSAGE: the buffer each chunk's contribution is
         written into and at once added to the sum (which copies a part it must keep). Two fresh arrays
         per chunk (a zeroed output, MKL's result copied in) cost the loop thread a page fault and a
         zeroing per 4 KiB: over half of its page faults, which were a third of its CPU on Dorylus's
         Reddit shape (docs/performance.md). None elsewhere (async sends the rows themselves, a GPU
-        computes them on the device)."""
+        computes them on the device). Every layer shares the one buffer: each contribution is used up
+        before the call returns."""
         if self.attention or self.dev.copies or phase != "bwd":
             return None
-        width = self.dG[layer].shape[1]
-        buf = self.contrib_scratch.get(layer)
-        if buf is None:
-            rows = max(m.shape[0] for m in self.ghost_t)
-            buf = self.contrib_scratch[layer] = np.zeros((rows, width), np.float32)
-        return buf[: self.ghost_t[chunk].shape[0]]
+        rows, width = self.ghost_t[chunk].shape[0], self.dG[layer].shape[1]
+        if self.contrib_scratch.size < rows * width:  # the first call: sized for the largest chunk and layer
+            most = max(m.shape[0] for m in self.ghost_t) * max(g.shape[1] for g in self.dG)
+            self.contrib_scratch = np.empty(most, np.float32)
+        return self.contrib_scratch[: rows * width].reshape(rows, width)
 
     def _contribution(self, phase: str, layer: int, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
         """The chunk's contribution rows, one per ghost it touches (in ghost order), computed on the device

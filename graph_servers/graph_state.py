@@ -157,7 +157,7 @@ class GraphState(GatherStages, GhostExchange):
         ours = [(part.index, c) for c in range(self.chunks)]
         self.outgoing = {(phase, l): OrderedSum(g, width(phase, l), ours) for phase in self.phases
                          for l in range(self.layers)} if sync and self.peers else {}
-        self.contrib_scratch: dict[int, np.ndarray] = {}  # layer -> the buffer a chunk's contribution is written in
+        self.contrib_scratch = np.empty(0, np.float32)  # where a chunk's contribution is written (sync, CPU)
         if self.attention:
             self.SG = {t: [_zeros(n + g, s.heads) for s in shapes] for t in (True, False)}  # source scores, with ghosts
             self.SD = {t: [_zeros(n, s.heads) for s in shapes] for t in (True, False)}  # destination scores
