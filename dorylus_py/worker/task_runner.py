@@ -39,6 +39,7 @@ from dorylus_py.weights.blocks import join
 from dorylus_py.worker.channel import Channel
 from dorylus_py.worker.event import LeaseEvent, TaskRef
 from dorylus_py.worker.row_cache import RowCache
+from dorylus_py.worker.scratch import RowScratch
 from dorylus_py.worker.stream import Totals
 
 REQUEST_TIMEOUT_MS = 30_000  # no single answer takes longer (a dead server: the task is relaunched)
@@ -77,6 +78,7 @@ class TaskRunner:
         # (layer, version, epoch of a training pull) -> the layer's weights on the device, the newest last
         self.versions: OrderedDict[tuple, dict[str, torch.Tensor]] = OrderedDict()
         self._parts: dict[tuple, _Streamed] = {}  # a streamed copy (key, attempt) -> its state between parts
+        self.scratch = RowScratch()  # in-process rows' copies (copy_rows)
 
     def held(self) -> list[str]:
         """The static rows' tokens this container holds for our graph server (what the server may leave out)."""
@@ -85,10 +87,15 @@ class TaskRunner:
     def run(self, task: Message, copy_rows: bool = False) -> Message | None:
         """The ``result`` message of a ``task`` message (one part of it, if streamed: None for a part that
         is not the last of a task without per-row outputs); ``copy_rows``: the rows are the server's own
-        arrays (in-process), so they are copied before use."""
+        arrays (in-process), so they are copied before use (into the thread's reused scratch, unless a row
+        cache might keep them)."""
         ref = TaskRef.from_wire(task.get("task"))
         part, parts = _part(task)
-        rows = {k: np.array(v) if copy_rows else v for k, v in task.tensors.items()}
+        scratch = self.scratch if copy_rows and self.cache is None else None
+        if scratch is not None:
+            rows = scratch.copy(task.tensors)
+        else:
+            rows = {k: np.array(v) if copy_rows else v for k, v in task.tensors.items()}
         rows, fresh = self._static_rows(task, ref, rows, part)
         copy = (ref.key, ref.attempt)
         if part is None or part[0] == 0:
@@ -100,6 +107,8 @@ class TaskRunner:
         else:
             raise TaskAborted(f"part {list(part)} of a task whose first part this lease did not run")
         out, extra = run_task(self._context(ref, task, part[0] if part else 0), _on(rows, self.device), weights)
+        if scratch is not None:
+            out = scratch.owned(out)  # the result outlives the scratch's copies
         self._check_time()
         result = {k: _np(v) for k, v in out.items()}
         reply = {"task": ref.to_wire()} | fields
