@@ -5,7 +5,8 @@ their ``result`` messages back on another, which wakes the loop's poll through a
 same scheduler, dispatcher and result checks serve both. Nothing leaves the process, so nothing is
 signed, framed or copied through the kernel: at 10 M vertices a ``cpu`` graph server moved about 7 GB
 of task rows an epoch through its own socket and spent most of its loop thread on them. The rows are
-copied once, out of the server's arrays, by the thread that runs the task (off the loop thread): a
+copied once, out of the server's arrays, by the thread that runs the task (off the loop thread), into
+that thread's one reused buffer (``worker/scratch.py``: fresh arrays cost a page fault every 4 KiB): a
 task's rows are not written while it runs (the scheduler's rule for every task), and the copy means no
 later write can reach a thread that holds them longer. The threads are daemons: a server told to stop
 exits at once, even while a task waits for a weight server that is gone.
