@@ -30,7 +30,7 @@ class RowScratch:
         for k, a in arrays.items():
             starts[k] = end
             end += -(-a.nbytes // ALIGN) * ALIGN
-        if end > self._buf.nbytes:
+        if end + ALIGN > self._buf.nbytes:  # room for the copies after any start (malloc aligns to 16 only)
             self._buf = np.empty(end + ALIGN, np.uint8)  # a new buffer: copies a caller still holds stay intact
         base = -self._buf.ctypes.data % ALIGN
         out = {}

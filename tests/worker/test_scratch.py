@@ -32,6 +32,15 @@ def test_rows_are_copied_aligned_with_their_dtypes_into_one_reused_buffer():
     assert scratch.copy({"E": np.zeros((0, 7), np.float32)})["E"].shape == (0, 7)
 
 
+def test_rows_that_fill_the_buffer_to_its_last_byte_fit_whatever_its_alignment():
+    for offset in range(0, ALIGN, 16):  # malloc aligns to 16: the first copy may start up to 48 bytes in
+        scratch = RowScratch()
+        scratch._buf = np.empty(ALIGN * 3 + offset, np.uint8)[offset:]
+        for rows in (1, 2, 3, 4, 5):  # 64-byte rows: each pads to exactly the buffer the one before left
+            source = np.arange(rows * 16, dtype=np.float32).reshape(rows, 16)
+            np.testing.assert_array_equal(scratch.copy({"P": source})["P"], source)
+
+
 def test_only_tensors_that_share_the_buffer_are_copied_out():
     scratch = RowScratch()
     rows = scratch.copy({"P": np.ones((4, 4), np.float32)})
