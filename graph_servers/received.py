@@ -12,7 +12,8 @@ run's bits do not depend on the order the messages came in.
   ``(n, width)`` sum as soon as every key before them has come, and dropped. A sender sums its own
   chunks' parts this way (keys: its chunks) and sends each peer one slice of the sum; a receiver sums
   the peers' slices (keys: ``(peer, ALL_CHUNKS)``). Kept per peer chunk instead, the parts took about
-  2 GB a server at 10 M vertices / 200 M edges.
+  2 GB a server at 10 M vertices / 200 M edges. Its sum and the copies of waiting parts are written
+  again next epoch (``spares.py``: fresh arrays are page faults), up to ``SPARE_BYTES`` a sum.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import numpy as np
 import torch
 
 from dorylus_py.protocol import ProtocolError
+from graph_servers.spares import Spares
 
 ALL_CHUNKS = -1  # the chunk a sync-mode sum of all of a peer's chunks' contributions names
+SPARE_BYTES = 64 << 20  # an OrderedSum's buffers kept for the next epoch (Dorylus's Reddit shape: 8 x 7.7 MB)
 
 
 def moving_average(kept: np.ndarray, new: np.ndarray, gamma: np.float32) -> np.ndarray:
@@ -58,12 +61,15 @@ class OrderedSum:
         a receiver: ``(peer, ALL_CHUNKS)``); ``n`` rows of ``width`` (ghosts, or our vertices)."""
         self.n, self.width, self.keys = n, width, sorted(keys)
         self.lock = threading.Lock()  # the loop thread adds; the graph thread reads once all have come
+        self.spares = Spares(SPARE_BYTES)
         self._reset()
 
     def _reset(self) -> None:
         self.done = 0  # keys[:done] are in the sum
         self.sum: np.ndarray | None = None
-        self.waiting: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._sum_buffer: np.ndarray | None = None
+        # key -> (local, rows, the spare buffer rows were copied into, or None)
+        self.waiting: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
 
     def add(self, key: tuple[int, int], local: np.ndarray, rows: np.ndarray, borrowed: bool = False) -> None:
         """Fold ``rows`` (at ``local``) in, or keep them until every key before ``key`` is in; ``borrowed``:
@@ -71,16 +77,24 @@ class OrderedSum:
         with self.lock:
             if key in self.waiting or key in self.keys[: self.done]:
                 raise ProtocolError(f"peer {key[0]} chunk {key[1]} contributed twice in one epoch")
+            buffer = None
             if borrowed and (self.done >= len(self.keys) or self.keys[self.done] != key):
-                rows = rows.copy()
-            self.waiting[key] = (local, rows)
+                buffer = self.spares.get(rows.size)
+                copy = buffer[: rows.size].reshape(rows.shape)
+                np.copyto(copy, rows)
+                rows = copy
+            self.waiting[key] = (local, rows, buffer)
             while self.done < len(self.keys) and self.keys[self.done] in self.waiting:
-                local, rows = self.waiting.pop(self.keys[self.done])
+                local, rows, buffer = self.waiting.pop(self.keys[self.done])
                 if self.sum is None:  # the first part in order is written, not added (a fifth of the time)
-                    self.sum = np.zeros((self.n, self.width), np.float32)
+                    self._sum_buffer = self.spares.get(self.n * self.width)
+                    self.sum = self._sum_buffer[: self.n * self.width].reshape(self.n, self.width)
+                    self.sum.fill(0)
                     self.sum[local] = rows  # a part never repeats a row
                 else:  # torch's index_add: 3x numpy's fancy-indexed add, the same sums (no row repeats)
                     torch.from_numpy(self.sum).index_add_(0, torch.from_numpy(local).long(), torch.from_numpy(rows))
+                if buffer is not None:
+                    self.spares.give(buffer)
                 self.done += 1
 
     def add_to(self, a: int, b: int, target: np.ndarray) -> None:
@@ -91,16 +105,19 @@ class OrderedSum:
         target += self.take()
 
     def take(self) -> np.ndarray:
-        """The epoch's whole sum (every key in), and a fresh start for the next epoch's."""
+        """The epoch's whole sum (every key in), and a fresh start for the next epoch's (whose sum is
+        written into this one's memory once nothing holds it)."""
         with self.lock:
             if self.done < len(self.keys):
                 raise ValueError(f"the sum is read with {self.done} of {len(self.keys)} parts in")
             total = np.zeros((self.n, self.width), np.float32) if self.sum is None else self.sum
+            if self._sum_buffer is not None:
+                self.spares.give(self._sum_buffer)
             self._reset()
             return total
 
     @property
     def nbytes(self) -> int:
         """Bytes held: the waiting parts and the sum (0 once the epoch's sum is taken)."""
-        held = sum(local.nbytes + rows.nbytes for local, rows in self.waiting.values())
+        held = sum(local.nbytes + rows.nbytes for local, rows, _ in self.waiting.values())
         return held + (0 if self.sum is None else self.sum.nbytes)

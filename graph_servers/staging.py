@@ -24,12 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dorylus_py.protocol import ProtocolError
+from graph_servers.spares import EXACT_REFCOUNTS  # elsewhere nothing is reused
 
 MIN_CAP_BYTES = 512 << 20
 SPARE_BYTES = 64 << 20  # taken arrays kept for reuse, at most
-# whether sys.getrefcount tells that nothing else holds an array: CPython with its GIL (not PyPy, not a
-# free-threaded build, whose counts are deferred); elsewhere nothing is reused
-EXACT_REFCOUNTS = sys.implementation.name == "cpython" and getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 @dataclass

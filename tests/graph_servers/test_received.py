@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import numpy as np
 import pytest
@@ -62,6 +63,39 @@ def test_borrowed_rows_may_be_overwritten_once_added_in_any_order():
             total.add(key, rows, scratch, borrowed=True)
             scratch[:] = np.nan  # the next chunk's contribution is written over it
         assert np.array_equal(total.take(), want)
+
+
+def test_the_next_epoch_writes_into_the_last_sum_only_once_nothing_holds_it():
+    """The sum and the waiting copies are written again next epoch (graph_servers/spares.py), never while
+    a slice of the taken sum is still held (sent zero-copy), and with the same bits as a fresh start."""
+    want = {}
+    for seed in (1, 2, 3):
+        fresh = OrderedSum(N, WIDTH, KEYS)
+        for key, (rows, values) in parts(seed).items():
+            fresh.add(key, rows, values)
+        want[seed] = fresh.take()
+    total, scratch = OrderedSum(N, WIDTH, KEYS), np.empty((30, WIDTH), np.float32)
+
+    def epoch(seed: int) -> np.ndarray:
+        for key in reversed(KEYS):  # every part but the last one in waits, as a copy
+            rows, values = parts(seed)[key]
+            scratch[:] = values
+            total.add(key, rows, scratch, borrowed=True)
+        return total.take()
+
+    first = epoch(1)
+    held = first[:10]  # a peer's slice, still on its socket
+    first_buffer, held_copy = weakref.ref(first.base), held.copy()
+    del first
+    second = epoch(2)
+    assert np.array_equal(second, want[2]) and np.array_equal(held, held_copy)
+    assert second.base is not first_buffer()  # the held sum was not written into
+    second_buffer = weakref.ref(second.base)
+    del second, held
+    third = epoch(3)
+    assert np.array_equal(third, want[3])
+    assert third.base is second_buffer() or third.base is first_buffer()  # one nothing held was written into again
+    assert 0 < total.spares.nbytes <= 64 << 20
 
 
 def test_the_sum_refuses_a_repeat_and_an_early_read():
