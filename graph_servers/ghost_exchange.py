@@ -23,8 +23,20 @@ class GhostExchange:
         z = self.ZG[train][layer]
         out = {}
         for p, (pos, rows) in self.send_in_chunk[chunk].items():
-            out[p] = (pos, {"rows": z[rows]} | ({"scores": self.SG[train][layer][rows]} if self.attention else {}))
+            out[p] = (pos, {"rows": self._picked(z, rows)} | ({"scores": self.SG[train][layer][rows]} if self.attention else {}))
         return out
+
+    def _picked(self, source: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``source[rows]``, written into a buffer of a previous send that nothing holds any more (a fresh
+        array per chunk and peer is page faults: ``spares.py``)."""
+        if source.dtype != np.float32 or source.ndim != 2:
+            return source[rows]
+        size = len(rows) * source.shape[1]
+        buffer = self.send_spares.get(size)
+        picked = buffer[:size].reshape(len(rows), source.shape[1])
+        np.take(source, rows, axis=0, out=picked, mode="clip")  # the rows are ours (clip: no buffered copy)
+        self.send_spares.give(buffer)  # reused once the message that carries ``picked`` is gone
+        return picked
 
     def contributions(self, phase: str, layer: int, chunk: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Peer -> (positions in its send list to us, rows): ``bwd``: ``A[chunk, its ghosts]ᵀ dG_l[chunk]``;

@@ -1,5 +1,7 @@
 """The rows to and from the peers: sync mode's one sum per peer, and peer contributions taken in any order."""
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,25 @@ def test_a_run_of_consecutive_positions_travels_as_its_first(small_graph, tmp_pa
     for fields, tensors in (({"first": -1}, {"rows": rows}), ({"first": 0}, {}), ({}, {"rows": rows})):
         with pytest.raises(ProtocolError):
             ghost_positions(Message("ghosts", fields, tensors))
+
+
+def test_rows_for_peers_are_picked_into_reused_buffers_only_once_nothing_holds_them(small_graph, tmp_path):
+    """A chunk's rows for a peer are ``Z[rows]``; the buffer they are picked into is written again for a
+    later chunk only once the message that carried them is gone (graph_servers/spares.py)."""
+    prepare(small_graph, tmp_path / "p", 2, "hash")
+    state = GraphState(PartitionStore.open(tmp_path / "p").load(0), GCN, [3, 3], "none", sync=True)
+    z = state.ZG[True][0]
+    z[:] = np.random.default_rng(2).standard_normal(z.shape).astype(np.float32)
+    sent = state.rows_for_peers(True, 0, 0)[1]  # held: still on its socket
+    held = sent[1]["rows"].copy()
+    np.testing.assert_array_equal(held, z[state.send_in_chunk[0][1][1]])
+    z[:] += 1
+    again = state.rows_for_peers(True, 0, 0)[1][1]["rows"]
+    np.testing.assert_array_equal(sent[1]["rows"], held)  # the held rows were not written over
+    np.testing.assert_array_equal(again, z[state.send_in_chunk[0][1][1]])
+    assert not np.shares_memory(again, sent[1]["rows"])
+    buffer = weakref.ref(again.base)
+    del sent, again
+    third = state.rows_for_peers(True, 0, 0)[1][1]["rows"]
+    assert third.base is buffer()  # nothing held it: written into again
+    np.testing.assert_array_equal(third, z[state.send_in_chunk[0][1][1]])
