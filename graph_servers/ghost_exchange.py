@@ -33,7 +33,7 @@ class GhostExchange:
             return source[rows]
         size = len(rows) * source.shape[1]
         buffer = self.send_spares.get(size)
-        picked = buffer[:size].reshape(len(rows), source.shape[1])
+        picked = buffer.reshape(len(rows), source.shape[1])
         np.take(source, rows, axis=0, out=picked, mode="clip")  # the rows are ours (clip: no buffered copy)
         self.send_spares.give(buffer)  # reused once the message that carries ``picked`` is gone
         return picked

@@ -59,7 +59,7 @@ from dorylus_py.partition.layout import Partition
 from graph_servers.device_rows import DeviceRows
 from graph_servers.gather import GatherStages
 from graph_servers.ghost_exchange import GhostExchange
-from graph_servers.received import ALL_CHUNKS, SPARE_BYTES, NewestParts, OrderedSum
+from graph_servers.received import ALL_CHUNKS, NewestParts, OrderedSum
 from graph_servers.spares import Spares
 
 INPUT_CACHE_BYTES = 2 << 30  # a partition's float32 inputs kept for the job at most (more: made per pull)
@@ -159,7 +159,7 @@ class GraphState(GatherStages, GhostExchange):
         self.outgoing = {(phase, l): OrderedSum(g, width(phase, l), ours) for phase in self.phases
                          for l in range(self.layers)} if sync and self.peers else {}
         self.contrib_scratch = np.empty(0, np.float32)  # where a chunk's contribution is written (sync, CPU)
-        self.send_spares = Spares(SPARE_BYTES)  # where the rows sent to peers are picked (ghost_exchange.py)
+        self.send_spares = Spares()  # where the rows sent to peers are picked (ghost_exchange.py)
         if self.attention:
             self.SG = {t: [_zeros(n + g, s.heads) for s in shapes] for t in (True, False)}  # source scores, with ghosts
             self.SD = {t: [_zeros(n, s.heads) for s in shapes] for t in (True, False)}  # destination scores

@@ -27,7 +27,6 @@ from dorylus_py.protocol import ProtocolError
 from graph_servers.spares import Spares
 
 ALL_CHUNKS = -1  # the chunk a sync-mode sum of all of a peer's chunks' contributions names
-SPARE_BYTES = 64 << 20  # an OrderedSum's buffers kept for the next epoch (Dorylus's Reddit shape: 8 x 7.7 MB)
 
 
 def moving_average(kept: np.ndarray, new: np.ndarray, gamma: np.float32) -> np.ndarray:
@@ -61,13 +60,12 @@ class OrderedSum:
         a receiver: ``(peer, ALL_CHUNKS)``); ``n`` rows of ``width`` (ghosts, or our vertices)."""
         self.n, self.width, self.keys = n, width, sorted(keys)
         self.lock = threading.Lock()  # the loop thread adds; the graph thread reads once all have come
-        self.spares = Spares(SPARE_BYTES)
+        self.spares = Spares()
         self._reset()
 
     def _reset(self) -> None:
         self.done = 0  # keys[:done] are in the sum
         self.sum: np.ndarray | None = None
-        self._sum_buffer: np.ndarray | None = None
         # key -> (local, rows, the spare buffer rows were copied into, or None)
         self.waiting: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
 
@@ -80,15 +78,14 @@ class OrderedSum:
             buffer = None
             if borrowed and (self.done >= len(self.keys) or self.keys[self.done] != key):
                 buffer = self.spares.get(rows.size)
-                copy = buffer[: rows.size].reshape(rows.shape)
+                copy = buffer.reshape(rows.shape)
                 np.copyto(copy, rows)
                 rows = copy
             self.waiting[key] = (local, rows, buffer)
             while self.done < len(self.keys) and self.keys[self.done] in self.waiting:
                 local, rows, buffer = self.waiting.pop(self.keys[self.done])
                 if self.sum is None:  # the first part in order is written, not added (a fifth of the time)
-                    self._sum_buffer = self.spares.get(self.n * self.width)
-                    self.sum = self._sum_buffer[: self.n * self.width].reshape(self.n, self.width)
+                    self.sum = self.spares.get(self.n * self.width).reshape(self.n, self.width)
                     self.sum.fill(0)
                     self.sum[local] = rows  # a part never repeats a row
                 else:  # torch's index_add: 3x numpy's fancy-indexed add, the same sums (no row repeats)
@@ -111,8 +108,8 @@ class OrderedSum:
             if self.done < len(self.keys):
                 raise ValueError(f"the sum is read with {self.done} of {len(self.keys)} parts in")
             total = np.zeros((self.n, self.width), np.float32) if self.sum is None else self.sum
-            if self._sum_buffer is not None:
-                self.spares.give(self._sum_buffer)
+            if self.sum is not None:
+                self.spares.give(self.sum.base)  # the flat buffer the sum is a view of
             self._reset()
             return total
 

@@ -18,19 +18,21 @@ import numpy as np
 # whether sys.getrefcount tells that nothing else holds an array: CPython with its GIL (not PyPy, not a
 # free-threaded build, whose counts are deferred)
 EXACT_REFCOUNTS = sys.implementation.name == "cpython" and getattr(sys, "_is_gil_enabled", lambda: True)()
+SPARE_BYTES = 64 << 20  # kept by one owner, at most (Dorylus's Reddit shape: a sum and its waiting parts, 8 x 7.7 MB)
 
 
 class Spares:
-    def __init__(self, cap_bytes: int):
+    def __init__(self, cap_bytes: int = SPARE_BYTES):
         """Keep at most ``cap_bytes`` of buffers (the newest kept first)."""
         self.cap_bytes = cap_bytes
         self._kept: list[np.ndarray] = []
 
     def get(self, size: int) -> np.ndarray:
-        """A flat float32 buffer of at least ``size`` elements: a kept one that nothing holds, else new.
-        Its contents are whatever was last written."""
+        """A flat float32 buffer of ``size`` elements: a kept one of that size that nothing holds, else
+        new (of exactly that size, so what its owner counts is what it holds). Its contents are whatever
+        was last written."""
         for i in range(len(self._kept) if EXACT_REFCOUNTS else 0):
-            if self._kept[i].size >= size and sys.getrefcount(self._kept[i]) == 2:  # the list's, the call's
+            if self._kept[i].size == size and sys.getrefcount(self._kept[i]) == 2:  # the list's, the call's
                 return self._kept.pop(i)
         return np.empty(size, np.float32)
 

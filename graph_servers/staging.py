@@ -18,16 +18,14 @@ the task is relaunched), never one further along.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from dorylus_py.protocol import ProtocolError
-from graph_servers.spares import EXACT_REFCOUNTS  # elsewhere nothing is reused
+from graph_servers.spares import Spares
 
 MIN_CAP_BYTES = 512 << 20
-SPARE_BYTES = 64 << 20  # taken arrays kept for reuse, at most
 
 
 @dataclass
@@ -45,7 +43,7 @@ class BlockStaging:
         self.cap = cap_bytes
         self.nbytes = 0
         self._partial: dict[tuple, _Partial] = {}  # (task key, attempt, run id) -> its blocks so far
-        self._spare: list[np.ndarray] = []  # arrays handed out by take, reused once nothing else holds them
+        self._spares = Spares()  # arrays handed out by take, reused once nothing else holds them
 
     def add(self, run: tuple, rows: int, lo: int, hi: int, tensors: dict, widths: dict[str, int]) -> None:
         """Stage rows ``[lo, hi)`` of a chunk of ``rows`` rows for ``run`` (key, attempt, run id);
@@ -82,9 +80,8 @@ class BlockStaging:
         if part is None or not part.seen.all():
             missing = "every row" if part is None else f"{int((~part.seen).sum())} rows"
             raise ProtocolError(f"streamed result misses {missing}")
-        self._spare = [*part.arrays.values(), *self._spare]
-        while sum(a.nbytes for a in self._spare) > SPARE_BYTES:
-            self._spare.pop()
+        for array in part.arrays.values():
+            self._spares.give(array.base)  # the flat buffer the array is a view of
         return part.arrays
 
     def _array(self, rows: int, width: int) -> np.ndarray:
@@ -92,10 +89,7 @@ class BlockStaging:
         copied its rows into the server's arrays), else a new one. A new array's pages are faulted in and
         zeroed by the kernel as the blocks are copied in: on this VM about 10 us a 4 KiB page, and a
         third of the loop thread's page faults on Dorylus's Reddit shape (docs/performance.md)."""
-        for i in range(len(self._spare) if EXACT_REFCOUNTS else 0):
-            if self._spare[i].shape == (rows, width) and sys.getrefcount(self._spare[i]) == 2:  # the list's, the call's
-                return self._spare.pop(i)
-        return np.empty((rows, width), np.float32)
+        return self._spares.get(rows * width).reshape(rows, width)
 
     def forget(self, key, attempt: int | None = None) -> None:
         """Drop the partial results of ``key`` (of its copy ``attempt`` only, if given)."""
