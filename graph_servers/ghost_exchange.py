@@ -47,18 +47,28 @@ class GhostExchange:
         return {p: (positions, contrib[lo:hi]) for p, (lo, hi, positions) in self.touched[chunk].items()}
 
     def summed_contributions(self, phase: str, layer: int, chunk: int) -> dict[int, tuple[np.ndarray, np.ndarray]] | None:
-        """Sync mode: add the chunk's contribution to the epoch's sum (in chunk order, as the receiver
-        sums); once every chunk of ours is in, peer -> (positions, rows) of the sum, one message per peer
-        instead of one per chunk (at 10 M / 200 M, 34 chunks each touched about 0.77 M of the peer's
-        4.85 M ghosts here: 5.4 times the rows of the sum), else None."""
+        """Sync mode: ``chunk``'s ``dG_l`` rows are in; add the contributions of every chunk that is in and
+        follows the ones already summed, in chunk order (as the receiver sums); once every chunk of ours
+        is in, peer -> (positions, rows) of the sum, one message per peer instead of one per chunk (at
+        10 M / 200 M, 34 chunks each touched about 0.77 M of the peer's 4.85 M ghosts here: 5.4 times the
+        rows of the sum), else None. A chunk that comes early is computed when its turn comes, from its
+        ``dG_l`` rows (written once an epoch): a contribution computed early had to wait as a copy, a
+        fresh ghost-sized array per chunk that came out of order (with Lambdas, most of them)."""
         if not self.peers:
             return {}
-        scratch = self._scratch(phase, layer, chunk)
-        contrib, total = self._contribution(phase, layer, chunk, scratch), self.outgoing[(phase, layer)]
-        ghosts = np.empty(len(contrib), np.int32)  # contrib's rows as ghost indices
-        for p, (lo, hi, positions) in self.touched[chunk].items():
-            ghosts[lo:hi] = positions + self.part.ghost_offsets[p]
-        total.add((self.part.index, chunk), ghosts, contrib, borrowed=scratch is not None)
+        total, ready = self.outgoing[(phase, layer)], self.ready_to_sum[(phase, layer)]
+        if chunk in ready or (self.part.index, chunk) in total.keys[: total.done]:
+            raise ValueError(f"chunk {chunk}'s layer {layer} {phase} contribution was summed twice in one epoch")
+        ready.add(chunk)
+        while total.done < len(total.keys) and total.keys[total.done][1] in ready:
+            turn = total.keys[total.done][1]
+            ready.discard(turn)
+            scratch = self._scratch(phase, layer, turn)
+            contrib = self._contribution(phase, layer, turn, scratch)
+            ghosts = np.empty(len(contrib), np.int32)  # contrib's rows as ghost indices
+            for p, (lo, hi, positions) in self.touched[turn].items():
+                ghosts[lo:hi] = positions + self.part.ghost_offsets[p]
+            total.add((self.part.index, turn), ghosts, contrib, borrowed=scratch is not None)
         if total.done < len(total.keys):
             return None
         rows, offsets = total.take(), self.part.ghost_offsets

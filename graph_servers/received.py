@@ -10,7 +10,8 @@ run's bits do not depend on the order the messages came in.
   average of stale gradients): the same memory, and a stale part's noise damped.
 - :class:`OrderedSum` (sync): every key contributes exactly once per epoch, so parts are folded into one
   ``(n, width)`` sum as soon as every key before them has come, and dropped. A sender sums its own
-  chunks' parts this way (keys: its chunks) and sends each peer one slice of the sum; a receiver sums
+  chunks' parts this way (keys: its chunks; it computes each only when its turn comes, so none waits:
+  ``GhostExchange.summed_contributions``) and sends each peer one slice of the sum; a receiver sums
   the peers' slices (keys: ``(peer, ALL_CHUNKS)``). Kept per peer chunk instead, the parts took about
   2 GB a server at 10 M vertices / 200 M edges. Its sum and the copies of waiting parts are written
   again next epoch (``spares.py``: fresh arrays are page faults), up to ``SPARE_BYTES`` a sum.

@@ -44,6 +44,26 @@ def test_sync_mode_sends_one_sum_of_all_chunks_contributions_per_peer(small_grap
         async_receiver.store_peer_rows("bwd", 0, 0, ALL_CHUNKS, {"positions": positions, "rows": rows})
 
 
+def test_a_chunk_that_comes_early_waits_as_a_name_not_as_a_copy_of_its_contribution(small_graph, tmp_path):
+    """Sync: chunks whose ``dG`` rows come before an earlier chunk's are summed only when their turn comes
+    (from their rows, written once an epoch): no ghost-sized copy waits meanwhile, and nothing is summed
+    before chunk 0; a chunk that comes twice in one epoch is refused."""
+    prepare(small_graph, tmp_path / "p", 2, "hash")
+    state = GraphState(PartitionStore.open(tmp_path / "p").load(0), GCN, [3, 3], "none", sync=True)
+    state.dG[0][:] = np.random.default_rng(3).standard_normal(state.dG[0].shape).astype(np.float32)
+    total = state.outgoing[("bwd", 0)]
+    for c in (2, 1):
+        assert state.summed_contributions("bwd", 0, c) is None
+        assert total.done == 0 and total.nbytes == 0  # nothing computed, nothing kept
+    with pytest.raises(ValueError, match="chunk 2's layer 0 bwd contribution was summed twice"):
+        state.summed_contributions("bwd", 0, 2)
+    assert set(state.summed_contributions("bwd", 0, 0)) == {1}
+    assert total.done == 0 and not state.ready_to_sum[("bwd", 0)]  # the next epoch starts afresh
+    state.summed_contributions("bwd", 0, 0)
+    with pytest.raises(ValueError, match="chunk 0's layer 0 bwd contribution was summed twice"):
+        state.summed_contributions("bwd", 0, 0)
+
+
 def test_peer_contributions_in_any_order_are_taken_and_repeats_refused(small_graph, tmp_path):
     """Senders send increasing positions (checked without a sort); any other order is taken as long as
     no position repeats, and gives the same sum."""
