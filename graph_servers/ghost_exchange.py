@@ -51,24 +51,27 @@ class GhostExchange:
         follows the ones already summed, in chunk order (as the receiver sums); once every chunk of ours
         is in, peer -> (positions, rows) of the sum, one message per peer instead of one per chunk (at
         10 M / 200 M, 34 chunks each touched about 0.77 M of the peer's 4.85 M ghosts here: 5.4 times the
-        rows of the sum), else None. A chunk that comes early is computed when its turn comes, from its
-        ``dG_l`` rows (written once an epoch): a contribution computed early had to wait as a copy, a
-        fresh ghost-sized array per chunk that came out of order (with Lambdas, most of them)."""
+        rows of the sum), else None. A chunk that comes early is computed when its turn comes, from what
+        its contribution reads (``dG_l``; GAT: also ``α̃`` and ``ds``), each written once for the chunk in
+        an epoch's backward: computed early, it had to wait as a copy of the ghosts' rows it touches, one
+        live per chunk that came out of order (with Lambdas, most of them; at 10 M / 200 M, up to 33
+        copies of about 0.77 M rows). The price: the products of chunks that came before chunk 0 run
+        after it, on the loop thread."""
         if not self.peers:
             return {}
         total, ready = self.outgoing[(phase, layer)], self.ready_to_sum[(phase, layer)]
         if chunk in ready or (self.part.index, chunk) in total.keys[: total.done]:
-            raise ValueError(f"chunk {chunk}'s layer {layer} {phase} contribution was summed twice in one epoch")
+            raise ValueError(f"chunk {chunk}'s layer {layer} {phase} contribution came twice in one epoch")
         ready.add(chunk)
         while total.done < len(total.keys) and total.keys[total.done][1] in ready:
             turn = total.keys[total.done][1]
-            ready.discard(turn)
             scratch = self._scratch(phase, layer, turn)
             contrib = self._contribution(phase, layer, turn, scratch)
             ghosts = np.empty(len(contrib), np.int32)  # contrib's rows as ghost indices
             for p, (lo, hi, positions) in self.touched[turn].items():
                 ghosts[lo:hi] = positions + self.part.ghost_offsets[p]
             total.add((self.part.index, turn), ghosts, contrib, borrowed=scratch is not None)
+            ready.discard(turn)  # only once summed: a product that raised is tried again at the next call
         if total.done < len(total.keys):
             return None
         rows, offsets = total.take(), self.part.ghost_offsets
@@ -77,7 +80,7 @@ class GhostExchange:
 
     def _scratch(self, phase: str, layer: int, chunk: int) -> np.ndarray | None:
         """Sync mode on the CPU, GCN and GraphSAGE: the buffer each chunk's contribution is
-        written into and at once added to the sum (which copies a part it must keep). Two fresh arrays
+        written into and at once added to the sum (every part comes in its turn: none is copied). Two fresh arrays
         per chunk (a zeroed output, MKL's result copied in) cost the loop thread a page fault and a
         zeroing per 4 KiB: over half of its page faults, which were a third of its CPU on Dorylus's
         Reddit shape (docs/performance.md). None elsewhere (async sends the rows themselves, a GPU

@@ -13,8 +13,9 @@ run's bits do not depend on the order the messages came in.
   chunks' parts this way (keys: its chunks; it computes each only when its turn comes, so none waits:
   ``GhostExchange.summed_contributions``) and sends each peer one slice of the sum; a receiver sums
   the peers' slices (keys: ``(peer, ALL_CHUNKS)``). Kept per peer chunk instead, the parts took about
-  2 GB a server at 10 M vertices / 200 M edges. Its sum and the copies of waiting parts are written
-  again next epoch (``spares.py``: fresh arrays are page faults), up to ``SPARE_BYTES`` a sum.
+  2 GB a server at 10 M vertices / 200 M edges. Its sum (and the copy of a part that waits, given
+  ``borrowed``: no caller's parts wait today) is written again next epoch (``spares.py``: fresh arrays
+  are page faults), up to ``SPARE_BYTES`` a sum.
 """
 
 from __future__ import annotations

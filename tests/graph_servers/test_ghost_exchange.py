@@ -55,13 +55,38 @@ def test_a_chunk_that_comes_early_waits_as_a_name_not_as_a_copy_of_its_contribut
     for c in (2, 1):
         assert state.summed_contributions("bwd", 0, c) is None
         assert total.done == 0 and total.nbytes == 0  # nothing computed, nothing kept
-    with pytest.raises(ValueError, match="chunk 2's layer 0 bwd contribution was summed twice"):
+    with pytest.raises(ValueError, match="chunk 2's layer 0 bwd contribution came twice"):
         state.summed_contributions("bwd", 0, 2)
     assert set(state.summed_contributions("bwd", 0, 0)) == {1}
     assert total.done == 0 and not state.ready_to_sum[("bwd", 0)]  # the next epoch starts afresh
     state.summed_contributions("bwd", 0, 0)
-    with pytest.raises(ValueError, match="chunk 0's layer 0 bwd contribution was summed twice"):
+    with pytest.raises(ValueError, match="chunk 0's layer 0 bwd contribution came twice"):
         state.summed_contributions("bwd", 0, 0)
+
+
+def test_a_contribution_whose_product_raised_is_summed_at_the_next_call(small_graph, tmp_path, monkeypatch):
+    """A product that fails (e.g. out of device memory) leaves its chunk ready, not lost: the next call
+    sums it, and the epoch's sum comes out whole instead of waiting for a chunk that never comes again."""
+    prepare(small_graph, tmp_path / "p", 2, "hash")
+    store = PartitionStore.open(tmp_path / "p")
+    state, reference = (GraphState(store.load(0), GCN, [3, 3], "none", sync=True) for _ in range(2))
+    for s in (state, reference):
+        s.dG[0][:] = np.random.default_rng(4).standard_normal(s.dG[0].shape).astype(np.float32)
+    expected = [reference.summed_contributions("bwd", 0, c) for c in range(3)][2][1][1]
+    real, failures = state._contribution, [1]
+
+    def flaky(*args):
+        if failures:
+            failures.pop()
+            raise MemoryError("device out of memory")
+        return real(*args)
+
+    monkeypatch.setattr(state, "_contribution", flaky)
+    assert state.summed_contributions("bwd", 0, 1) is None
+    with pytest.raises(MemoryError):
+        state.summed_contributions("bwd", 0, 0)
+    got = state.summed_contributions("bwd", 0, 2)
+    np.testing.assert_array_equal(got[1][1], expected)
 
 
 def test_peer_contributions_in_any_order_are_taken_and_repeats_refused(small_graph, tmp_path):
