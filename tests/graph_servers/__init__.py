@@ -75,9 +75,9 @@ def served(small_graph, tmp_path, driver, monkeypatch):  # noqa: F811
         node.close()
 
 
-def pump(gs, client, want: int = 1, turns: int = 100) -> list[Message]:
-    """Run the server (messages in, copies out) until the test's worker has ``want`` messages, or for
-    ``turns`` turns; the messages it got."""
+def pump(gs, client, want: int = 1, turns: int = 100, until=lambda: True) -> list[Message]:
+    """Run the server (messages in, copies out) until the test's worker has ``want`` messages and
+    ``until()`` holds, or for ``turns`` turns; the messages it got."""
     got = []
     for _ in range(turns):
         gs._serve_once(10)
@@ -85,7 +85,7 @@ def pump(gs, client, want: int = 1, turns: int = 100) -> list[Message]:
         gs._dispatch()
         while client.sock.poll(0):
             got.append(client.session.decode(client.sock.recv_multipart(), client.session.id))
-        if len(got) >= want:
+        if len(got) >= want and until():
             break
     return got
 
@@ -100,8 +100,10 @@ def result(gs, client, sent: Message, tensors: dict, want: int = 0, **fields) ->
     """The test's worker sends the result of ``sent`` (a task message it got); what comes back (nothing,
     unless the result is refused: an error, or new tasks when ``want``)."""
     fields = {"lease": sent["lease"], "task": sent["task"], "version": 0} | fields
+    handled = gs.usage.ops["in:result"] + 1
     client.sock.send_multipart(client.frames(Message("result", fields, tensors)))
-    return pump(gs, client, want, turns=max(10, 5 * want))
+    # until the server has read it (a loaded box may take more than a turn to carry it across)
+    return pump(gs, client, want, turns=max(500, 5 * want), until=lambda: gs.usage.ops["in:result"] >= handled)
 
 
 def leave(gs, client, lease: str) -> list[Message]:
