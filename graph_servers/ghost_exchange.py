@@ -59,24 +59,22 @@ class GhostExchange:
         after it, on the loop thread."""
         if not self.peers:
             return {}
-        total, ready = self.outgoing[(phase, layer)], self.ready_to_sum[(phase, layer)]
-        if chunk in ready or (self.part.index, chunk) in total.keys[: total.done]:
-            raise ValueError(f"chunk {chunk}'s layer {layer} {phase} contribution came twice in one epoch")
-        ready.add(chunk)
-        while total.done < len(total.keys) and total.keys[total.done][1] in ready:
-            turn = total.keys[total.done][1]
-            scratch = self._scratch(phase, layer, turn)
-            contrib = self._contribution(phase, layer, turn, scratch)
-            ghosts = np.empty(len(contrib), np.int32)  # contrib's rows as ghost indices
-            for p, (lo, hi, positions) in self.touched[turn].items():
-                ghosts[lo:hi] = positions + self.part.ghost_offsets[p]
-            total.add((self.part.index, turn), ghosts, contrib, borrowed=scratch is not None)
-            ready.discard(turn)  # only once summed: a product that raised is tried again at the next call
+        total = self.outgoing[(phase, layer)]
+        total.add_when_due((self.part.index, chunk), lambda: self._contribution_part(phase, layer, chunk))
         if total.done < len(total.keys):
             return None
         rows, offsets = total.take(), self.part.ghost_offsets
         return {p: (np.arange(offsets[p + 1] - offsets[p], dtype=np.int32), rows[offsets[p]: offsets[p + 1]])
                 for p in self.peers}
+
+    def _contribution_part(self, phase: str, layer: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(ghosts, rows)``: the chunk's contribution, each row with its ghost index (the rows in the
+        scratch buffer where there is one: folded before the next chunk's are written there)."""
+        contrib = self._contribution(phase, layer, chunk, self._scratch(phase, layer, chunk))
+        ghosts = np.empty(len(contrib), np.int32)
+        for p, (lo, hi, positions) in self.touched[chunk].items():
+            ghosts[lo:hi] = positions + self.part.ghost_offsets[p]
+        return ghosts, contrib
 
     def _scratch(self, phase: str, layer: int, chunk: int) -> np.ndarray | None:
         """Sync mode on the CPU, GCN and GraphSAGE: the buffer each chunk's contribution is

@@ -158,7 +158,6 @@ class GraphState(GatherStages, GhostExchange):
         ours = [(part.index, c) for c in range(self.chunks)]
         self.outgoing = {(phase, l): OrderedSum(g, width(phase, l), ours) for phase in self.phases
                          for l in range(self.layers)} if sync and self.peers else {}
-        self.ready_to_sum = {key: set() for key in self.outgoing}  # chunks in, not yet summed (summed_contributions)
         self.contrib_scratch = np.empty(0, np.float32)  # where a chunk's contribution is written (sync, CPU)
         self.send_spares = Spares()  # where the rows sent to peers are picked (ghost_exchange.py)
         if self.attention:

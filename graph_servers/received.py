@@ -10,8 +10,8 @@ run's bits do not depend on the order the messages came in.
   average of stale gradients): the same memory, and a stale part's noise damped.
 - :class:`OrderedSum` (sync): every key contributes exactly once per epoch, so parts are folded into one
   ``(n, width)`` sum as soon as every key before them has come, and dropped. A sender sums its own
-  chunks' parts this way (keys: its chunks; it computes each only when its turn comes, so none waits:
-  ``GhostExchange.summed_contributions``) and sends each peer one slice of the sum; a receiver sums
+  chunks' parts this way (keys: its chunks; each is computed only when its turn comes, ``add_when_due``,
+  so none waits as rows) and sends each peer one slice of the sum; a receiver sums
   the peers' slices (keys: ``(peer, ALL_CHUNKS)``). Kept per peer chunk instead, the parts took about
   2 GB a server at 10 M vertices / 200 M edges. Its sum (and the copy of a part that waits, given
   ``borrowed``: no caller's parts wait today) is written again next epoch (``spares.py``: fresh arrays
@@ -21,6 +21,7 @@ run's bits do not depend on the order the messages came in.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -68,15 +69,14 @@ class OrderedSum:
     def _reset(self) -> None:
         self.done = 0  # keys[:done] are in the sum
         self.sum: np.ndarray | None = None
-        # key -> (local, rows, the spare buffer rows were copied into, or None)
-        self.waiting: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+        # key -> (local, rows, the spare buffer rows were copied into, or None), or what makes (local, rows)
+        self.waiting: dict[tuple[int, int], tuple | Callable[[], tuple[np.ndarray, np.ndarray]]] = {}
 
     def add(self, key: tuple[int, int], local: np.ndarray, rows: np.ndarray, borrowed: bool = False) -> None:
         """Fold ``rows`` (at ``local``) in, or keep them until every key before ``key`` is in; ``borrowed``:
         the caller reuses ``rows`` afterwards, so a part that must wait is kept as a copy."""
         with self.lock:
-            if key in self.waiting or key in self.keys[: self.done]:
-                raise ProtocolError(f"peer {key[0]} chunk {key[1]} contributed twice in one epoch")
+            self._refuse_repeat(key)
             buffer = None
             if borrowed and (self.done >= len(self.keys) or self.keys[self.done] != key):
                 buffer = self.spares.get(rows.size)
@@ -84,17 +84,37 @@ class OrderedSum:
                 np.copyto(copy, rows)
                 rows = copy
             self.waiting[key] = (local, rows, buffer)
-            while self.done < len(self.keys) and self.keys[self.done] in self.waiting:
-                local, rows, buffer = self.waiting.pop(self.keys[self.done])
-                if self.sum is None:  # the first part in order is written, not added (a fifth of the time)
-                    self.sum = self.spares.get(self.n * self.width).reshape(self.n, self.width)
-                    self.sum.fill(0)
-                    self.sum[local] = rows  # a part never repeats a row
-                else:  # torch's index_add: 3x numpy's fancy-indexed add, the same sums (no row repeats)
-                    torch.from_numpy(self.sum).index_add_(0, torch.from_numpy(local).long(), torch.from_numpy(rows))
-                if buffer is not None:
-                    self.spares.give(buffer)
-                self.done += 1
+            self._fold_due()
+
+    def add_when_due(self, key: tuple[int, int], make) -> None:
+        """Fold the part ``make()`` returns, ``(local, rows)``, once every key before ``key`` is in: until
+        then it waits as ``make``, not as rows (``rows`` may be reused once this returns). If ``make``
+        raises, ``key`` still waits, and its part is made again at the next call."""
+        with self.lock:
+            self._refuse_repeat(key)
+            self.waiting[key] = make
+            self._fold_due()
+
+    def _refuse_repeat(self, key: tuple[int, int]) -> None:
+        if key in self.waiting or key in self.keys[: self.done]:
+            raise ProtocolError(f"peer {key[0]} chunk {key[1]} contributed twice in one epoch")
+
+    def _fold_due(self) -> None:
+        """Fold the waiting parts whose every earlier key is in, in key order (the lock held)."""
+        while self.done < len(self.keys) and self.keys[self.done] in self.waiting:
+            key = self.keys[self.done]
+            part = self.waiting[key]
+            local, rows, buffer = (*part(), None) if callable(part) else part
+            if self.sum is None:  # the first part in order is written, not added (a fifth of the time)
+                self.sum = self.spares.get(self.n * self.width).reshape(self.n, self.width)
+                self.sum.fill(0)
+                self.sum[local] = rows  # a part never repeats a row
+            else:  # torch's index_add: 3x numpy's fancy-indexed add, the same sums (no row repeats)
+                torch.from_numpy(self.sum).index_add_(0, torch.from_numpy(local).long(), torch.from_numpy(rows))
+            del self.waiting[key]  # only once folded: a part whose making raised waits on
+            if buffer is not None:
+                self.spares.give(buffer)
+            self.done += 1
 
     def add_to(self, a: int, b: int, target: np.ndarray) -> None:
         """Add the epoch's whole sum to ``target`` (all rows: sync mode gathers all at once), then
@@ -118,5 +138,5 @@ class OrderedSum:
     @property
     def nbytes(self) -> int:
         """Bytes held: the waiting parts and the sum (0 once the epoch's sum is taken)."""
-        held = sum(local.nbytes + rows.nbytes for local, rows, _ in self.waiting.values())
+        held = sum(part[0].nbytes + part[1].nbytes for part in self.waiting.values() if not callable(part))
         return held + (0 if self.sum is None else self.sum.nbytes)

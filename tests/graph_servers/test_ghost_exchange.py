@@ -48,6 +48,8 @@ def test_a_chunk_that_comes_early_waits_as_a_name_not_as_a_copy_of_its_contribut
     """Sync: chunks whose ``dG`` rows come before an earlier chunk's are summed only when their turn comes
     (from their rows, written once an epoch): no ghost-sized copy waits meanwhile, and nothing is summed
     before chunk 0; a chunk that comes twice in one epoch is refused."""
+    from dorylus_py.protocol import ProtocolError
+
     prepare(small_graph, tmp_path / "p", 2, "hash")
     state = GraphState(PartitionStore.open(tmp_path / "p").load(0), GCN, [3, 3], "none", sync=True)
     state.dG[0][:] = np.random.default_rng(3).standard_normal(state.dG[0].shape).astype(np.float32)
@@ -55,12 +57,12 @@ def test_a_chunk_that_comes_early_waits_as_a_name_not_as_a_copy_of_its_contribut
     for c in (2, 1):
         assert state.summed_contributions("bwd", 0, c) is None
         assert total.done == 0 and total.nbytes == 0  # nothing computed, nothing kept
-    with pytest.raises(ValueError, match="chunk 2's layer 0 bwd contribution came twice"):
+    with pytest.raises(ProtocolError, match="peer 0 chunk 2 contributed twice"):
         state.summed_contributions("bwd", 0, 2)
     assert set(state.summed_contributions("bwd", 0, 0)) == {1}
-    assert total.done == 0 and not state.ready_to_sum[("bwd", 0)]  # the next epoch starts afresh
+    assert total.done == 0 and not total.waiting  # the next epoch starts afresh
     state.summed_contributions("bwd", 0, 0)
-    with pytest.raises(ValueError, match="chunk 0's layer 0 bwd contribution came twice"):
+    with pytest.raises(ProtocolError, match="peer 0 chunk 0 contributed twice"):
         state.summed_contributions("bwd", 0, 0)
 
 
