@@ -31,6 +31,8 @@ def stretches(spans: list[tuple[float, float]]) -> tuple[float, list[float]]:
 
 def report(run: Path, dilation: float, first_epoch: int) -> list[str]:
     tasks = [json.loads(line) for line in (run / "tasks.jsonl").read_text().splitlines() if line.strip()]
+    if not all(isinstance(t, dict) for t in tasks):
+        raise ValueError(f"{run / 'tasks.jsonl'}: a line is not a task row (a JSON object)")
     tasks = [t for t in tasks if t.get("where") == "local-lambda" and t.get("epoch", 0) >= first_epoch]
     if not tasks:
         raise ValueError(f"{run}: no Lambda task from epoch {first_epoch} on in tasks.jsonl")

@@ -33,3 +33,8 @@ def test_a_run_record_is_read_in_model_time_and_bad_records_exit_2(tmp_path, cap
     assert lease_gaps.main([str(run), "--from-epoch", "3"]) == 2
     assert "no Lambda task from epoch 3" in capsys.readouterr().err
     assert lease_gaps.main([str(tmp_path / "missing"), "--dilation", "1"]) == 2
+    (run / "tasks.jsonl").write_text("[1, 2]\n")
+    assert lease_gaps.main([str(run)]) == 2
+    assert "a line is not a task row" in capsys.readouterr().err
+    (run / "tasks.jsonl").write_bytes(b"\x99\x00garbage")
+    assert lease_gaps.main([str(run)]) == 2
