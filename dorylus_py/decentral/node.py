@@ -31,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from dorylus_py.awake import awake_now
 from dorylus_py.config import TrainConfig
 from dorylus_py.decentral.answers import PeerRequests, is_int
 from dorylus_py.decentral.batches import batch_count
@@ -60,7 +61,7 @@ class Node(PeerRequests):
         self.pool = WorkPool(rank, world, cfg.epochs, self.per_epoch, cfg.seed)
         self.ledger = EpochLedger(world, cfg.epochs, self.per_epoch)
         self.params, self.share, self.make_recorder = params, share, make_recorder
-        self.pending: dict[int, tuple[str, int, int, float]] = {}  # request id -> (op, peer, epoch, sent at)
+        self.pending: dict[int, tuple[str, int, int, float]] = {}  # request id -> (op, peer, epoch, sent at: awake_now())
         self.sent: dict[int, np.ndarray] = {}  # request id -> the parameters a gossip request sent
         self.grads_seen: dict[int, int] = {}  # peer -> the step of its latest gradient taken here
         self.n_params = len(params())
@@ -134,7 +135,7 @@ class Node(PeerRequests):
         """Take the answers that have come; a request unanswered for ``--peer-timeout-s`` declares its peer dead."""
         for peer, reply in self.main_links.collect(wait_s):
             self._on_answer(peer, reply)
-        now = time.monotonic()
+        now = awake_now()  # this process's running time: a freeze of ours is not the peer's silence
         for request_id, (op, peer, epoch, sent) in list(self.pending.items()):
             if now - sent > self.timeout:
                 del self.pending[request_id]
@@ -153,7 +154,7 @@ class Node(PeerRequests):
         if request_id < 0:
             self._unanswered(op, peer, epoch, None)
             return None
-        self.pending[request_id] = (op, peer, epoch, time.monotonic())
+        self.pending[request_id] = (op, peer, epoch, awake_now())
         return request_id
 
     def _on_answer(self, peer: int, reply: Message) -> None:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Callable
 
 import zmq
 
+from dorylus_py.awake import awake_now
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
 from dorylus_py.protocol.transport import Curve, dealer, receive, router
 from dorylus_py.protocol.transport import Inbox as CappedInbox
@@ -161,9 +161,9 @@ class Links:
         asked = {self.post(p, op, fields, tensors): p for p in peers}
         asked.pop(-1, None)
         answers: dict[int, Message | None] = dict.fromkeys(peers)
-        deadline = time.monotonic() + timeout_s
+        deadline = awake_now() + timeout_s  # this process's running time: a freeze of ours is not their silence
         while asked and not self.give_up():
-            left = deadline - time.monotonic()
+            left = deadline - awake_now()
             if left <= 0:
                 break
             for peer, reply in self.collect(min(0.05, left)):

@@ -19,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from dorylus_py.awake import awake_now
 from dorylus_py.protocol import Message, ProtocolError
 from dorylus_py.serving.rejections import REJECTED
 
@@ -171,9 +172,9 @@ class MemLinks:
                 timeout_s: float = 5.0) -> dict[int, Message | None]:
         asked = {self.post(p, op, fields, tensors): p for p in peers}
         answers: dict[int, Message | None] = dict.fromkeys(peers)
-        deadline = time.monotonic() + timeout_s
+        deadline = awake_now() + timeout_s  # this process's running time: a freeze of ours is not their silence
         while asked and not self.give_up():
-            left = deadline - time.monotonic()
+            left = deadline - awake_now()
             if left <= 0:
                 break
             for peer, reply in self.collect(min(0.05, left)):
