@@ -3,18 +3,21 @@ bound on what leases that leave between stages could save, read from a run recor
 
 Per graph server, over the epochs from ``--from-epoch`` on: the share of the span during which some
 task of the server is out on a Lambda, the gaps between those stretches (count per epoch, median, in
-model milliseconds: raw / D), and the share of the span in gaps longer than 50 and 100 ms (what a lease
-that leaves at such a gap, and is invoked again in time, would stop paying for).
+model milliseconds: the record's times / its D, as ``dorylus report`` reads them), and the share of the
+span in gaps longer than 50 and 100 ms (what a lease that leaves at such a gap, and is invoked again in
+time, would stop paying for). The record is read and checked as ``dorylus report`` reads it.
 
-    python benchmarks/lease_gaps.py RUN_DIR [RUN_DIR ...] [--dilation 4.3] [--from-epoch 2]
+    python benchmarks/lease_gaps.py RUN_DIR [RUN_DIR ...] [--from-epoch 2]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from dorylus_py.cost.model import read_record
+from dorylus_py.errors import DorylusError
 
 
 def stretches(spans: list[tuple[float, float]]) -> tuple[float, list[float]]:
@@ -29,20 +32,18 @@ def stretches(spans: list[tuple[float, float]]) -> tuple[float, list[float]]:
     return out + end - start, gaps
 
 
-def report(run: Path, dilation: float, first_epoch: int) -> list[str]:
-    tasks = [json.loads(line) for line in (run / "tasks.jsonl").read_text().splitlines() if line.strip()]
-    if not all(isinstance(t, dict) for t in tasks):
-        raise ValueError(f"{run / 'tasks.jsonl'}: a line is not a task row (a JSON object)")
-    tasks = [t for t in tasks if t.get("where") == "local-lambda" and t.get("epoch", 0) >= first_epoch]
+def report(run: Path, first_epoch: int) -> list[str]:
+    _, _, tasks, _ = read_record(run, ("epoch", "server"), "lease_gaps.py counts a Lambda task by its epoch and server")
+    tasks = [t for t in tasks if t["where"] == "local-lambda" and t["kind"] != "lease" and t["epoch"] >= first_epoch]  # work, not billing
     if not tasks:
-        raise ValueError(f"{run}: no Lambda task from epoch {first_epoch} on in tasks.jsonl")
+        raise DorylusError(f"{run}: no Lambda task from epoch {first_epoch} on in tasks.jsonl")
     epochs, lines = len({t["epoch"] for t in tasks}), []
     for server in sorted({t["server"] for t in tasks}):
         spans = [(t["start"], t["end"]) for t in tasks if t["server"] == server]
         span = max(e for _, e in spans) - min(s for s, _ in spans)
         out, gaps = stretches(spans)
-        ms = sorted(g / dilation * 1e3 for g in gaps)
-        over = lambda limit: 100 * sum(g for g, m in zip(sorted(gaps), ms) if m > limit) / span  # noqa: E731
+        ms = sorted(g * 1e3 for g in gaps)
+        over = lambda limit: 100 * sum(m for m in ms if m > limit) / 1e3 / span  # noqa: E731
         median = f"{ms[len(ms) // 2]:.0f}" if ms else "-"
         lines.append(f"{run.name} server {server}: a task out {100 * out / span:.0f} % of the span; "
                      f"{len(gaps) / epochs:.1f} gaps an epoch, median {median} model ms; "
@@ -53,20 +54,12 @@ def report(run: Path, dilation: float, first_epoch: int) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="run records of Lambda runs")
-    ap.add_argument("--dilation", type=float, default=None,
-                    help="the runs' D (default: read from each run's config.json, else 1)")
     ap.add_argument("--from-epoch", type=int, default=2, help="first epoch counted (default 2: the first warms up)")
     args = ap.parse_args(argv)
     try:
         for run in args.runs:
-            d = args.dilation
-            if d is None:
-                config = json.loads((run / "config.json").read_text())
-                d = float(config.get("dilation") or config.get("config", {}).get("dilation") or 1.0)
-            if not d > 0:
-                raise ValueError(f"--dilation must be positive, not {d}")
-            print("\n".join(report(run, d, args.from_epoch)))
-    except (OSError, ValueError, KeyError, TypeError) as e:
+            print("\n".join(report(run, args.from_epoch)))
+    except DorylusError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
