@@ -18,7 +18,6 @@ FEATURE_NORMS = ("auto", "row", "none")
 MODELS = ("gcn", "gat", "sage")  # dorylus_py/models/spec.py describes each
 FUSE_CHOICES = ("auto", "on", "off")  # GCN's fused last layer; auto: where tensor tasks are Lambda invocations
 OFFLOAD_CHOICES = ("all", "auto")  # which tensor tasks go to Lambdas (graph_servers/leasing.py)
-LEASE_REST_CHOICES = ("stay", "predict")  # what a graph server's leases do between stages (pipeline/rests.py)
 # --offload auto: a task goes to a Lambda if it does at least this much work for each byte it moves over the link.
 # A graph server's core does about 7 dense GFLOP/s (1 core, the scale model's reddit runs: 0.5 s of tensor-thread CPU for
 # 3.5 GFLOP an epoch); a Lambda's link carries 25 MB/s: with the 8 a server on Dorylus's shapes, a task whose FLOPs per
@@ -274,12 +273,6 @@ class PoolSettings(Section):
                                    "invocation while it waits), and the next task invokes one again. Short: billed "
                                    "about only while busy, each burst of tasks paying an invocation's latency; long: "
                                    "warm between stages, billed for the wait", metavar="MS", most=600_000.0)
-    lease_rest: str = setting("stay", "local and lambda: what a graph server's Lambdas do when its tensor tasks run out "
-                              "between stages. stay (default): they wait, billed, until --lease-idle-ms; predict: "
-                              "where the same stage's gap in an earlier epoch leaves time for two invocations, they "
-                              "are released at once and invoked again one invocation's latency before three "
-                              "quarters of the predicted gap are over (billed less; a gap shorter than predicted "
-                              "waits for invocations). Needs a fixed --lambdas", choices=LEASE_REST_CHOICES)
     row_cache_mb: int | None = setting(None, "each warm tensor worker keeps the input-feature rows it pulled (the only "
                                        "rows that never change in training, and the widest), up to this many MB (once "
                                        "full it keeps what it holds); the graph server then does not send them to it "
@@ -322,10 +315,6 @@ class PoolSettings(Section):
         if self.stream_rows is not AUTO:
             at_least("--stream-rows", self.stream_rows, 0)
         one_of("--offload", self.offload, OFFLOAD_CHOICES)
-        one_of("--lease-rest", self.lease_rest, LEASE_REST_CHOICES)
-        if self.lease_rest == "predict" and self.lambdas is AUTO:
-            raise ConfigError("--lease-rest predict needs a fixed --lambdas (the autotuner reads an idle pool as "
-                              "too big; a resting pool would confuse it)")
 
 
 @section

@@ -44,8 +44,6 @@ class Leasing:
         beyond a shrunk pool (``pipeline/leases.py`` decides)."""
         d, now = self.dispatcher, time.time()
         d.forget(lambda key: not self.scheduler.tracker.is_running(key))
-        if self.rests is not None:
-            self._rest(now)
         tokens = self.static_tokens
         for lease, copy in d.assign(lambda key: tokens[key.chunk] if tokens and has_static(key) else None, now):
             self.feed(ev.TaskPulled(copy[0], copy[1], now), (lease, copy), None)
@@ -58,22 +56,6 @@ class Leasing:
         for lease in d.to_release():
             self._send_lease(lease, Message("release", {"lease": lease.id, "reason": "the pool shrank"}))
             self._lease_ended(lease.id, "released")
-
-    def _rest(self, now: float) -> None:
-        """``--lease-rest predict`` (``pipeline/rests.py`` decides): when the pool runs out of copies, release
-        its idle leases if the gap is predicted long; invoke them again before it ends (``ahead``)."""
-        d, rests = self.dispatcher, self.rests
-        if d.has_copies():
-            if rests.idle_at is not None:
-                rests.busy(now)
-                d.ahead = 0
-        elif rests.idle_at is None and self.last_done is not None:
-            idle = d.idle()
-            for lease in idle[:rests.idle(now, self.last_done, len(idle))]:
-                self.stats["rests"] += 1
-                self._send_lease(lease, Message("release", {"lease": lease.id, "reason": "resting between stages"}))
-                self._lease_ended(lease.id, "released")
-        d.ahead = max(d.ahead, rests.due(now))
 
     def _send_lease(self, lease: Lease, msg: Message) -> None:
         if lease.peer is self.direct:
@@ -116,8 +98,6 @@ class Leasing:
                                "start": sent, "end": now, "billed_ms": 0, "memory_mb": getattr(self.platform, "memory_mb", 0),
                                "ok": ok, "error": error,
                                "lease": lease})
-        if ok and lease != DIRECT:
-            self.last_done = (key.kind, key.layer, key.train)
         if ok and self.auto_pool is not None:
             self.auto_pool.finished(key, now - sent)
         self.feed(ev.TaskEnded(key, attempt, ok, now, error))

@@ -42,11 +42,8 @@ class Requests:
 
     def _on_lease(self, identity, msg: Message) -> None:
         lease = lease_of(msg)
-        now = time.time()
-        if not self.dispatcher.hello(lease, identity, held_tokens(msg.get("have")), now):
+        if not self.dispatcher.hello(lease, identity, held_tokens(msg.get("have")), time.time()):
             self._reply(identity, Message("release", {"lease": lease, "reason": "no lease of this server"}))
-        elif self.rests is not None:
-            self.rests.connected(now - self.dispatcher.leases[lease].started)
 
     def _on_leave(self, identity, msg: Message) -> None:
         """A lease that leaves (idle, or near its time limit) runs nothing after its last result: the copies

@@ -29,7 +29,6 @@ from dorylus_py.models.spec import fuses_last_layer
 from dorylus_py.partition.store import PartitionStore
 from dorylus_py.pipeline import events as ev
 from dorylus_py.pipeline.leases import Dispatcher, Lease
-from dorylus_py.pipeline.rests import RestPlanner
 from dorylus_py.pipeline.scheduler import Scheduler
 from dorylus_py.pipeline.stages import task_kinds, task_stages
 from dorylus_py.pipeline.tasks import RelaunchPolicy
@@ -107,8 +106,6 @@ class GraphServer(Requests, Leasing):
         self.dispatcher = Dispatcher(pool, LEASE_DEPTH, own)
         if self.direct is not None:  # a lease that never ends, as many copies out as threads
             self.dispatcher.own_threads(DIRECT, self.direct, time.time())
-        self.rests = RestPlanner() if cfg.lease_rest == "predict" and pool else None  # leasing.py: _rest
-        self.last_done: tuple | None = None  # the stage (kind, layer, train) of the last copy a lease ran
         self.copies: dict[tuple, ev.Invoke] = {}  # copies launched and not ended -> how (version, hold)
         self.sent_at: dict[tuple, float] = {}  # copies sent to a lease -> when
         self.leases_alive: dict[str, float] = {}  # leases invoked whose invocation has not ended -> when
@@ -128,7 +125,7 @@ class GraphServer(Requests, Leasing):
         self.correct: dict[int, np.ndarray] = {}
         self.epoch_start: dict[int, float] = {}
         self.task_rows: list[dict] = []  # the loop thread's alone
-        self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "blocks": 0, "leases": 0, "rests": 0,
+        self.stats = {"invoked": 0, "completed": 0, "duplicates": 0, "blocks": 0, "leases": 0,
                       "peer_rows_fresh": 0, "peer_rows_late": 0}  # async: peer messages in time for their epoch's read, or not
         self.gradients_sent: dict[tuple, int] = {}  # (epoch, layer, chunk) -> times forwarded (once)
         self.staging = BlockStaging(staging_cap(self.state))  # streamed tasks' result blocks until their commit
@@ -313,7 +310,7 @@ class GraphServer(Requests, Leasing):
         log.info("graph server %d end %s", self.k, json.dumps({
             "rank": self.k, "epochs": self.scheduler.reported - self.spec.first_epoch + 1, "tasks": self.stats["invoked"],
             "completed": self.stats["completed"], "result_blocks": self.stats["blocks"],
-            "leases": self.stats["leases"], "leases_rested": self.stats["rests"],
+            "leases": self.stats["leases"],
             "peer_rows_fresh": self.stats["peer_rows_fresh"], "peer_rows_late": self.stats["peer_rows_late"],
             "relaunches": t.relaunches, "duplicates": t.refused, **self._gradient_counts(),
             "bytes_sent": self.usage.totals["bytes_sent"],

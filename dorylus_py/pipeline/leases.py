@@ -51,7 +51,6 @@ class Dispatcher:
     leases: dict[str, Lease] = field(default_factory=dict)
     queue: deque = field(default_factory=deque)  # copies waiting for a lease, in launch order
     queue_here: deque = field(default_factory=deque)  # copies waiting for the server's own threads
-    ahead: int = 0  # leases wanted before their copies come (--lease-rest predict: the end of a rest)
 
     def submit(self, copy: Copy, here: bool = False) -> None:
         """A copy to run on a lease, or (``here``) on the server's own threads."""
@@ -120,22 +119,16 @@ class Dispatcher:
 
     def to_start(self) -> int:
         """Leases to invoke now: one for every copy waiting or out (each runs one task at a time; ``depth``
-        only lets the next one's rows travel meanwhile), or :attr:`ahead` if more, within the pool's size."""
+        only lets the next one's rows travel meanwhile), within the pool's size."""
         pool = self._pool()
-        wanted = max(self.ahead, len(self.queue) + sum(len(l.out) for l in pool))
+        wanted = len(self.queue) + sum(len(l.out) for l in pool)
         return max(0, min(self.size, wanted) - len(pool))
-
-    def has_copies(self) -> bool:
-        """Whether the pool has copies, waiting or out."""
-        return bool(self.queue) or any(l.out for l in self._pool())
-
-    def idle(self) -> list[Lease]:
-        """The pool's connected leases with nothing out, the longest idle first."""
-        return sorted((l for l in self._pool() if l.peer is not None and not l.out), key=lambda l: l.idle_since)
 
     def to_release(self) -> list[Lease]:
         """Idle connected leases beyond the pool's size (it shrank), the longest idle first."""
-        return self.idle()[:max(0, len(self._pool()) - self.size)]
+        pool = self._pool()
+        idle = sorted((l for l in pool if l.peer is not None and not l.out), key=lambda l: l.idle_since)
+        return idle[:max(0, len(pool) - self.size)]
 
     def load(self) -> tuple[int, int, int]:
         """``(ready, waiting, busy)`` of the pool: leases connected, copies waiting for one, leases with
