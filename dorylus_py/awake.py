@@ -1,4 +1,5 @@
-"""Seconds this process was running, the clock of the peer timeout.
+"""Seconds this process was running: the clock of every "not heard from in time" (a gossip peer's answer,
+``--peer-timeout-s``; a server's heartbeats at its driver, and the driver's answers at the server).
 
 A worker that was itself frozen (its VM paused, its process stopped, or starved of CPU for seconds) could
 not read its peers' answers while frozen. Timed by the wall clock, every request out at the time expires

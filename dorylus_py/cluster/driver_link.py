@@ -32,6 +32,7 @@ from pathlib import Path
 import zmq
 
 from dorylus_py import children
+from dorylus_py.awake import awake_now
 from dorylus_py.errors import DorylusError
 from dorylus_py.jobkey import KEY_ENV, load_job_key, new_key
 from dorylus_py.protocol import AuthError, Message, ProtocolError, Session
@@ -81,7 +82,7 @@ class DriverLink:
         self.identities: dict[str, bytes] = {}  # server name -> identity, of this start of the job
         self.names: dict[bytes, str] = {}
         self.senders: dict[bytes, bytes] = {}  # identity -> the session id it speaks with (replies are signed for it)
-        self.heard: dict[str, float] = {}  # server name -> when its last heartbeat came
+        self.heard: dict[str, float] = {}  # server name -> when its last heartbeat came (awake_now())
         self.turned: dict[str, tuple[int, float]] = {}  # server name -> its loop's turns, and when they last moved
         self.expected: set[str] = set()  # names of the servers of this start
         self.retired: set[str] = set()  # servers whose work is done: their deaths no longer matter
@@ -119,7 +120,7 @@ class DriverLink:
 
     def check_heartbeats(self) -> None:
         self.serve_heartbeats()  # beats queued while this process was starved of CPU are not silence
-        now = time.monotonic()
+        now = awake_now()  # nor is the time this process was frozen (dorylus_py/awake.py)
         for name, when in self.heard.items():
             if name not in self.expected or name in self.retired:
                 continue
@@ -238,7 +239,7 @@ class DriverLink:
             name = f"{msg.get('role')}-{msg.get('rank')}"
             turns = msg.get("turns")
             if name in self.expected and type(turns) is int:
-                now = time.monotonic()
+                now = awake_now()
                 self.heard[name] = now
                 if self.turned.get(name, (None,))[0] != turns:
                     self.turned[name] = (turns, now)

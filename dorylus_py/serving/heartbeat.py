@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
+from dorylus_py.awake import awake_now
 from dorylus_py.protocol import Message, ProtocolError
 from dorylus_py.protocol.transport import dealer, receive
 from dorylus_py.timescale import scaled
@@ -44,13 +45,13 @@ class Heartbeat:
     def _run(self) -> None:
         node = self.node
         sock = dealer(zmq.Context.instance(), node.driver_address, node.gate)
-        heard = turned = time.monotonic()
+        heard = turned = awake_now()  # the time this process ran: a freeze of its own is not the driver's silence
         last = 0  # no turn yet: a server still building its state is not hung
         try:
             while not self._stop.is_set():
                 turns = node.turns
                 if turns != last:
-                    last, turned = turns, time.monotonic()
+                    last, turned = turns, awake_now()
                 beat = Message("heartbeat", {"role": node.role, "rank": node.rank, "turns": turns})
                 try:
                     sock.send_multipart(self.session.encode(beat, node.driver_address), zmq.NOBLOCK)
@@ -60,14 +61,14 @@ class Heartbeat:
                 while (left := deadline - time.monotonic()) > 0 and sock.poll(int(left * 1000) + 1):
                     try:
                         if self.session.decode(receive(sock, self.session.limits), self.session.id).op == "heartbeat":
-                            heard = time.monotonic()
+                            heard = awake_now()
                     except ProtocolError:
                         pass  # not from our driver: it proves nothing
                 if self._stop.is_set():
                     return
-                if time.monotonic() - heard > self.silence_s:
+                if awake_now() - heard > self.silence_s:
                     self._exit(3, f"the driver has not answered for {self.silence_s:.0f} s")
-                if last and time.monotonic() - turned > node.hang_timeout_s:
+                if last and awake_now() - turned > node.hang_timeout_s:
                     self._exit(4, f"the serving loop has not turned for {node.hang_timeout_s:.0f} s (hung)")
         finally:
             sock.close(0)
