@@ -13,9 +13,8 @@ run's bits do not depend on the order the messages came in.
   chunks' parts this way (keys: its chunks; each is computed only when its turn comes, ``add_when_due``,
   so none waits as rows) and sends each peer one slice of the sum; a receiver sums
   the peers' slices (keys: ``(peer, ALL_CHUNKS)``). Kept per peer chunk instead, the parts took about
-  2 GB a server at 10 M vertices / 200 M edges. Its sum (and the copy of a part that waits, given
-  ``borrowed``: no caller's parts wait today) is written again next epoch (``spares.py``: fresh arrays
-  are page faults), up to ``SPARE_BYTES`` a sum.
+  2 GB a server at 10 M vertices / 200 M edges. Its sum is written again next epoch (``spares.py``:
+  fresh arrays are page faults), up to ``SPARE_BYTES`` a sum.
 """
 
 from __future__ import annotations
@@ -69,21 +68,15 @@ class OrderedSum:
     def _reset(self) -> None:
         self.done = 0  # keys[:done] are in the sum
         self.sum: np.ndarray | None = None
-        # key -> (local, rows, the spare buffer rows were copied into, or None), or what makes (local, rows)
+        # key -> its part (local, rows), or what makes it
         self.waiting: dict[tuple[int, int], tuple | Callable[[], tuple[np.ndarray, np.ndarray]]] = {}
 
-    def add(self, key: tuple[int, int], local: np.ndarray, rows: np.ndarray, borrowed: bool = False) -> None:
-        """Fold ``rows`` (at ``local``) in, or keep them until every key before ``key`` is in; ``borrowed``:
-        the caller reuses ``rows`` afterwards, so a part that must wait is kept as a copy."""
+    def add(self, key: tuple[int, int], local: np.ndarray, rows: np.ndarray) -> None:
+        """Fold ``rows`` (at ``local``) in, or keep them until every key before ``key`` is in (the caller
+        does not write ``rows`` again: a peer's slice, as it came)."""
         with self.lock:
             self._refuse_repeat(key)
-            buffer = None
-            if borrowed and (self.done >= len(self.keys) or self.keys[self.done] != key):
-                buffer = self.spares.get(rows.size)
-                copy = buffer.reshape(rows.shape)
-                np.copyto(copy, rows)
-                rows = copy
-            self.waiting[key] = (local, rows, buffer)
+            self.waiting[key] = (local, rows)
             self._fold_due()
 
     def add_when_due(self, key: tuple[int, int], make) -> None:
@@ -104,7 +97,7 @@ class OrderedSum:
         while self.done < len(self.keys) and self.keys[self.done] in self.waiting:
             key = self.keys[self.done]
             part = self.waiting[key]
-            local, rows, buffer = (*part(), None) if callable(part) else part
+            local, rows = part() if callable(part) else part
             if self.sum is None:  # the first part in order is written, not added (a fifth of the time)
                 self.sum = self.spares.get(self.n * self.width).reshape(self.n, self.width)
                 self.sum.fill(0)
@@ -112,8 +105,6 @@ class OrderedSum:
             else:  # torch's index_add: 3x numpy's fancy-indexed add, the same sums (no row repeats)
                 torch.from_numpy(self.sum).index_add_(0, torch.from_numpy(local).long(), torch.from_numpy(rows))
             del self.waiting[key]  # only once folded: a part whose making raised waits on
-            if buffer is not None:
-                self.spares.give(buffer)
             self.done += 1
 
     def add_to(self, a: int, b: int, target: np.ndarray) -> None:

@@ -48,39 +48,20 @@ def test_the_sum_has_the_same_bits_in_every_arrival_order_and_restarts_each_epoc
         np.testing.assert_allclose(first, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_borrowed_rows_may_be_overwritten_once_added_in_any_order():
-    """The sender's contributions come in one reused buffer (``GhostExchange._scratch``): a part folded at
-    once is not kept, one that must wait is kept as a copy, so overwriting the buffer changes nothing."""
-    expected = OrderedSum(N, WIDTH, KEYS)
-    for key, (rows, values) in parts(3).items():
-        expected.add(key, rows, values)
-    want = expected.take()
-    for order in itertools.permutations(KEYS):
-        total, scratch = OrderedSum(N, WIDTH, KEYS), np.empty((30, WIDTH), np.float32)
-        for key in order:
-            rows, values = parts(3)[key]
-            scratch[:] = values
-            total.add(key, rows, scratch, borrowed=True)
-            scratch[:] = np.nan  # the next chunk's contribution is written over it
-        assert np.array_equal(total.take(), want)
-
-
 def test_the_next_epoch_writes_into_the_last_sum_only_once_nothing_holds_it():
-    """The sum and the waiting copies are written again next epoch (graph_servers/spares.py), never while
-    a slice of the taken sum is still held (sent zero-copy), and with the same bits as a fresh start."""
+    """The sum is written again next epoch (graph_servers/spares.py), never while a slice of the taken sum
+    is still held (sent zero-copy), and with the same bits as a fresh start."""
     want = {}
     for seed in (1, 2, 3):
         fresh = OrderedSum(N, WIDTH, KEYS)
         for key, (rows, values) in parts(seed).items():
             fresh.add(key, rows, values)
         want[seed] = fresh.take()
-    total, scratch = OrderedSum(N, WIDTH, KEYS), np.empty((30, WIDTH), np.float32)
+    total = OrderedSum(N, WIDTH, KEYS)
 
     def epoch(seed: int) -> np.ndarray:
-        for key in reversed(KEYS):  # every part but the last one in waits, as a copy
-            rows, values = parts(seed)[key]
-            scratch[:] = values
-            total.add(key, rows, scratch, borrowed=True)
+        for key in reversed(KEYS):  # every part but the last one in waits
+            total.add(key, *parts(seed)[key])
         return total.take()
 
     first = epoch(1)
