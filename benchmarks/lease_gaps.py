@@ -43,7 +43,7 @@ def report(run: Path, first_epoch: int) -> list[str]:
         span = max(e for _, e in spans) - min(s for s, _ in spans)
         out, gaps = stretches(spans)
         ms = sorted(g * 1e3 for g in gaps)
-        over = lambda limit: 100 * sum(m for m in ms if m > limit) / 1e3 / span  # noqa: E731
+        over = lambda limit_ms: 100 * sum(g for g in gaps if g * 1e3 > limit_ms) / span  # noqa: E731
         median = f"{ms[len(ms) // 2]:.0f}" if ms else "-"
         lines.append(f"{run.name} server {server}: a task out {100 * out / span:.0f} % of the span; "
                      f"{len(gaps) / epochs:.1f} gaps an epoch, median {median} model ms; "

@@ -78,5 +78,5 @@ _clock = AwakeClock()
 
 
 def awake_now() -> float:
-    """This process's running seconds (monotonic, less its freezes): deadlines on a peer's answer."""
+    """This process's running seconds (monotonic, less its freezes): the liveness deadlines' clock."""
     return _clock.now()
