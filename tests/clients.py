@@ -2,14 +2,13 @@
 the job key), and the frames a forger or a broken peer would send. Every socket passes the job's PLAIN
 gate (a server admits only clients with the job's password: issue 40)."""
 
-import json
 
 import pytest
 import zmq
 
 from dorylus_py.protocol import Message, Session
 from dorylus_py.protocol.transport import Plain, dealer, router
-from tests.protocol.forge import signed
+from tests.protocol.forge import header, signed
 
 KEY = b"k" * 32
 PUSHER = "ab" * 16  # the gradient sender id a driver draws for a graph server (weights/server.py), in its start
@@ -64,9 +63,9 @@ def unauthenticated(client, task) -> dict:
     replayed = client.frames(Message("result", {"lease": "x", "task": dict(task, epoch=9)}))
     return {
         "truncated frames": good[:1],
-        "unsigned": [b"\0" * 68, json.dumps({"op": "result", "task": task}).encode()],
-        "not json": [b"\xff\xfe"],
-        "altered": [good[0], bytes(good[1]) + b" "],  # still valid JSON, no longer what was signed
+        "unsigned": [b"\0" * 68, header("result", task=task)],
+        "not a message": [b"\xff\xfe"],
+        "altered": [good[0], bytes(good[1])[:-1] + b"\xc0"],  # still a header, no longer what was signed
         "wrong key": Client(client.node, b"another key, 32 bytes long......").frames(Message("result", {"task": task})),
         "signed for another server": client.session.encode(Message("result", {"task": task}), "tcp://127.0.0.1:1"),
         "replayed": replayed,
@@ -74,10 +73,11 @@ def unauthenticated(client, task) -> dict:
 
 
 def authentic_but_bad(client) -> dict:
-    header = {"op": "result", "task": {}, "tensors": [{"name": "Z", "dtype": "float32", "shape": [2, 4]}]}
+    short = header("result", [["Z", "float32", [2, 4]]], task={})
     return {
-        "short tensor": signed(client.session, json.dumps(header).encode(), b"\0" * 7, to=client.node.address),
-        "unknown op": signed(client.session, b'{"op": "format_disk"}', to=client.node.address),
-        "deep": signed(client.session, b'{"op": "lease", "lease": ' + b"[" * 5000 + b"}", to=client.node.address),
-        "huge number": signed(client.session, b'{"op": "lease", "epoch": 1e999}', to=client.node.address),
+        "short tensor": signed(client.session, short, b"\0" * 7, to=client.node.address),
+        "unknown op": signed(client.session, header("format_disk"), to=client.node.address),
+        "deep": signed(client.session, header("lease")[:-1] + b"\x81\xa5lease" + b"\x91" * 5000 + b"\xc0",
+                       to=client.node.address),
+        "huge number": signed(client.session, header("lease", epoch=float("inf")), to=client.node.address),
     }

@@ -3,7 +3,7 @@
 A graph server is trusted with the job key, but a compromised or buggy one must not crash the driver
 or make it write unbounded records: every field of ``epoch_stats``, ``switch`` and ``tasks`` is checked
 here and anything wrong raises :class:`~dorylus_py.protocol.ProtocolError`, which the driver counts and
-drops. Task rows are parsed line by line within the header limits (``protocol/bounded_json.py``), and a
+drops. Task rows are parsed line by line within the JSON limits (``protocol/bounded_json.py``), and a
 ``tasks`` message is capped in bytes before any of it is parsed.
 """
 
@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from dorylus_py.protocol import Message, ProtocolError, integer
-from dorylus_py.protocol.bounded_json import MAX_HEADER_BYTES, parse_header
+from dorylus_py.protocol.bounded_json import MAX_OBJECT_BYTES, parse_object
 
 MAX_TASKS_BYTES = 256 * 2**20  # one epoch's task rows of one server: ~300 bytes a row, ~900 k rows
 def _finite(value, name: str) -> float:
@@ -60,7 +60,7 @@ def frozen_at(msg: Message, epochs: int) -> int:
 
 def task_rows(msg: Message) -> list[dict]:
     """The task rows of a ``tasks`` message: a ``jsonl`` byte tensor of at most ``MAX_TASKS_BYTES``, each
-    line a JSON object within the header limits."""
+    line a JSON object within the JSON limits."""
     blob = msg.tensors.get("jsonl")
     if blob is None or blob.dtype != np.uint8 or blob.ndim != 1:
         raise ProtocolError("tasks: a jsonl tensor of bytes is needed")
@@ -68,8 +68,8 @@ def task_rows(msg: Message) -> list[dict]:
         raise ProtocolError(f"tasks: {blob.nbytes} bytes of task rows exceed {MAX_TASKS_BYTES}")
     rows = []
     for line in bytes(blob).splitlines():
-        if len(line) > MAX_HEADER_BYTES:
-            raise ProtocolError(f"tasks: a row of {len(line)} bytes exceeds {MAX_HEADER_BYTES}")
+        if len(line) > MAX_OBJECT_BYTES:
+            raise ProtocolError(f"tasks: a row of {len(line)} bytes exceeds {MAX_OBJECT_BYTES}")
         if line.strip():
-            rows.append(parse_header(line))
+            rows.append(parse_object(line, "tasks: a row"))
     return rows

@@ -1,4 +1,6 @@
-"""JSON headers parsed with limits, so that no header can exhaust the stack, the CPU or a later ``int()``.
+"""JSON parsed with limits, so that no text a peer or a file holds can exhaust the stack, the CPU or a later
+``int()``: the rows of a ``tasks`` report, a decentral worker's report, the run's record files (the wire's
+headers are MessagePack: ``header.py``).
 
 Checked here: size (before anything), nesting depth (a vectorised pre-scan, before ``json.loads``
 recurses), numbers (finite, integers of at most 2**53 in magnitude, so ``int(x)`` downstream cannot
@@ -19,7 +21,7 @@ import numpy as np
 
 from dorylus_py.protocol.messages import ProtocolError
 
-MAX_HEADER_BYTES = 64 * 1024
+MAX_OBJECT_BYTES = 64 * 1024  # a row of a report
 MAX_DEPTH = 16
 MAX_NUMBER = 2**53  # exact in a float64, ample for epochs, counts, versions and loss sums
 
@@ -88,12 +90,13 @@ def nesting_depth(raw: bytes) -> int:
     return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
 
 
-def parse_header(raw: bytes) -> dict:
-    """The JSON object in ``raw``, or :class:`ProtocolError` naming what is wrong with it."""
-    header = parse(raw, MAX_HEADER_BYTES, "header")
-    if not isinstance(header, dict):
-        raise ProtocolError("header is not a JSON object")
-    return header
+def parse_object(raw: bytes, what: str = "row") -> dict:
+    """The JSON object in ``raw`` (at most :data:`MAX_OBJECT_BYTES`), or :class:`ProtocolError` naming
+    what is wrong with it."""
+    value = parse(raw, MAX_OBJECT_BYTES, what)
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} is not a JSON object")
+    return value
 
 
 def parse(raw: bytes, max_bytes: int, what: str = "JSON", numbers: Numbers = HEADER_NUMBERS) -> object:

@@ -1,6 +1,7 @@
-"""What travels: a :class:`Message` (an op, JSON fields, named tensors), the ops there are, the dtypes a
-tensor may have, and the errors a bad message raises. How a message becomes signed ZeroMQ frames and
-back is ``session.py``: one JSON header frame, then one raw frame per tensor, without copies.
+"""What travels: a :class:`Message` (an op, fields of JSON's kinds of values, named tensors), the ops there
+are, the dtypes a tensor may have, and the errors a bad message raises. How a message becomes signed
+ZeroMQ frames and back is ``session.py``: one MessagePack header frame (``header.py``), then one raw
+frame per tensor, without copies.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def require(msg: Message, *names: str, shapes: dict | None = None) -> None:
             raise ProtocolError(f"op {msg.op}: tensor {name!r} has shape {list(got.shape)}, expected {list(shape)}")
 
 
-MAX_INT = 2**53  # JSON integers beyond this are not exact in every reader
+MAX_INT = 2**53  # integers beyond this are not exact in a float64 (nor in every JSON reader)
 
 
 def integer(value, what: str, low: int = 0, high: int = MAX_INT) -> int:

@@ -20,8 +20,8 @@ restarted process refuses what was captured before it started. The key itself ne
 A receiver (:meth:`Session.decode`) checks, in order: frame count and sizes (the whole message within
 ``Limits.max_message_bytes``), the magic, the MAC (``hmac.compare_digest``), for a message signed for no
 job that it is a bare ``hello`` (its header's first bytes), the sequence (:mod:`replay`), and only then
-parses the header JSON within limits (:mod:`bounded_json`), the op, the tensors' dtypes and shapes
-against their byte lengths (each shape sized before any array is made). A
+decodes the header against its schema (:mod:`header`: the op, the tensors' specs and the fields'
+values, each within bounds), then the tensors' shapes against their byte lengths (each shape sized before any array is made). A
 float32 row block may travel narrower (``Message.wire``, :mod:`quantize`): its spec names the form, its
 frame holds that form's bytes, and the receiver gets float32 rows back.
 Failures up to and including the sequence raise :class:`AuthError` (answer nothing: the sender cannot
@@ -34,7 +34,6 @@ from __future__ import annotations
 import copy
 import hmac
 import itertools
-import json
 import math
 import os
 import struct
@@ -45,9 +44,9 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from dorylus_py.errors import ConfigError
-from dorylus_py.protocol.bounded_json import MAX_HEADER_BYTES, parse_header
-from dorylus_py.protocol.messages import DTYPES, OPS, AuthError, Message, ProtocolError
-from dorylus_py.protocol.quantize import WIRE_DTYPES, pack, unpack, wire_bytes
+from dorylus_py.protocol.header import MAX_HEADER_BYTES, TensorSpec, decode_header, encode_header, header_prefix
+from dorylus_py.protocol.messages import DTYPES, AuthError, Message, ProtocolError
+from dorylus_py.protocol.quantize import pack, unpack, wire_bytes
 from dorylus_py.protocol.replay import ReplayGuard
 
 MAGIC = b"DRY1"
@@ -150,19 +149,15 @@ class Session:
             arr = np.require(t, requirements="C")  # unlike ascontiguousarray, keeps 0-d arrays 0-d
             if arr.dtype.name not in DTYPES:
                 raise ProtocolError(f"tensor {name!r}: dtype {arr.dtype.name} cannot be sent")
-            specs.append({"name": name, "dtype": arr.dtype.name, "shape": list(arr.shape)})
-            if msg.wire.get(name, "float32") != "float32":
-                specs[-1]["wire"] = msg.wire[name]
+            form = msg.wire.get(name, "float32")
+            specs.append(TensorSpec(name, arr.dtype.name, list(arr.shape), form))
+            if form != "float32":
                 try:
-                    arr = pack(arr, msg.wire[name])
+                    arr = pack(arr, form)
                 except ValueError as e:
                     raise ProtocolError(f"tensor {name!r}: {e}") from None
             frames.append(memoryview(arr).cast("B") if arr.size else b"")
-        try:
-            header = json.dumps({"op": msg.op, "tensors": specs, **msg.fields}, separators=(",", ":"),
-                                allow_nan=False).encode()
-        except ValueError:
-            raise ProtocolError(f"op {msg.op}: a field is not a finite number") from None
+        header = encode_header(msg.op, specs, msg.fields)
         size = ENVELOPE_BYTES + len(header) + sum(len(f) for f in frames)
         if size > self.limits.max_message_bytes:
             raise ProtocolError(f"op {msg.op}: a message of {size} bytes exceeds the cap of "
@@ -173,7 +168,7 @@ class Session:
     def decode(self, frames: list, me: str | bytes, unbound: frozenset[str] = frozenset()) -> Message:
         """Check and parse ``frames`` (bytes or zmq Frames) meant for ``me`` (this process's address
         for requests, this session's id for replies); raise :class:`ProtocolError` on any problem, and
-        nothing else: whatever numpy or the JSON parser raises on a hostile body becomes one (here, the
+        nothing else: whatever numpy or the header's decoder raises on a hostile body becomes one (here, the
         one place every receive loop goes through).
         ``unbound``: ops also accepted when signed for no job (a server's ``hello``, before it has one);
         such a message is refused unless it is one of them, before it takes a replay slot or is parsed."""
@@ -212,8 +207,8 @@ class Session:
 
 
 def _prefixes(ops: frozenset[str]) -> list[bytes]:
-    """How the header of an op in ``ops`` begins as :meth:`Session.encode` writes it (the op first)."""
-    return [b'{"op":' + json.dumps(op).encode() + b"," for op in ops]
+    """How the header of an op in ``ops`` begins (the op first)."""
+    return [header_prefix(op) for op in ops]
 
 
 def _refused(error: Exception, sender: bytes) -> ProtocolError:
@@ -223,16 +218,14 @@ def _refused(error: Exception, sender: bytes) -> ProtocolError:
 
 
 def _parse(bufs: list[memoryview], sender: bytes, lim: Limits) -> Message:
-    header = parse_header(bytes(bufs[1]))
-    op = header.pop("op", None)
-    if not isinstance(op, str) or op not in OPS:
-        raise ProtocolError(f"unknown op {str(op)[:40]!r}")
-    specs = header.pop("tensors", [])
-    if not isinstance(specs, list) or len(specs) != len(bufs) - 2:
+    header = decode_header(bytes(bufs[1]))  # the op, the specs' types and bounds, the fields' values
+    op, specs = header.op, header.tensors
+    if len(specs) != len(bufs) - 2:
         raise ProtocolError(f"op {op}: the header's tensor list does not match the {len(bufs) - 2} data frames")
     tensors, wire = {}, {}
     for spec, buf in zip(specs, bufs[2:]):
-        name, dtype, shape, form = _spec(spec, lim)
+        name, dtype, shape, form = spec.name, spec.dtype, spec.shape, spec.wire
+        _check_spec(spec, lim)
         if name in tensors:
             raise ProtocolError(f"op {op}: tensor {name!r} named twice")
         if form != "float32":
@@ -245,29 +238,18 @@ def _parse(bufs: list[memoryview], sender: bytes, lim: Limits) -> Message:
         if len(buf) != expected:
             raise ProtocolError(f"tensor {name!r}: {len(buf)} bytes, but shape {shape} of {dtype} needs {expected}")
         tensors[name] = np.frombuffer(buf, dtype=DTYPES[dtype]).reshape(shape)
-    return Message(op, header, tensors, sender, sum(len(b) for b in bufs[1:]), wire)
+    return Message(op, header.fields, tensors, sender, sum(len(b) for b in bufs[1:]), wire)
 
 
-def _spec(spec, lim: Limits) -> tuple[str, str, list[int], str]:
-    """A tensor's name, dtype, shape and wire form (``float32`` unless a narrower one is named), checked:
-    the shape with each zero taken as one must fit a frame too, so that no empty frame can stand for an
-    array numpy cannot describe (``[0, 2**31-1, 2**31-1, 2**31-1]``: "array is too big")."""
-    if not isinstance(spec, dict) or not set(spec) <= {"name", "dtype", "shape", "wire"}:
-        raise ProtocolError("tensor spec is not an object of name, dtype, shape and wire")
-    name, dtype, shape, form = spec.get("name"), spec.get("dtype"), spec.get("shape"), spec.get("wire", "float32")
-    if not isinstance(name, str) or not 0 < len(name) <= 64:
-        raise ProtocolError("tensor spec without a name (1 to 64 characters)")
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise ProtocolError(f"tensor {name!r}: dtype {str(dtype)[:20]!r} not allowed")
-    if (not isinstance(shape, list) or len(shape) > 4
-            or not all(type(s) is int and 0 <= s < 2**31 for s in shape)):
-        raise ProtocolError(f"tensor {name!r}: bad shape {str(shape)[:60]}")
-    if math.prod(max(s, 1) for s in shape) * np.dtype(DTYPES[dtype]).itemsize > lim.max_frame_bytes:
-        raise ProtocolError(f"tensor {name!r}: shape {shape} of {dtype} is larger than a frame may be")
-    if form != "float32" and (form not in WIRE_DTYPES or dtype != "float32" or len(shape) != 2):
-        raise ProtocolError(f"tensor {name!r}: wire form {str(form)[:20]!r} is not one of {', '.join(WIRE_DTYPES)} "
-                            "for 2-D float32 rows")
-    return name, dtype, shape, form
+def _check_spec(spec: TensorSpec, lim: Limits) -> None:
+    """What the schema cannot say of a spec: its shape with each zero taken as one must fit a frame too,
+    so that no empty frame can stand for an array numpy cannot describe (``[0, 2**31-1, 2**31-1,
+    2**31-1]``: "array is too big"); a narrower wire form only for 2-D float32 rows."""
+    name, shape = spec.name, spec.shape
+    if math.prod(max(s, 1) for s in shape) * np.dtype(DTYPES[spec.dtype]).itemsize > lim.max_frame_bytes:
+        raise ProtocolError(f"tensor {name!r}: shape {shape} of {spec.dtype} is larger than a frame may be")
+    if spec.wire != "float32" and (spec.dtype != "float32" or len(shape) != 2):
+        raise ProtocolError(f"tensor {name!r}: wire form {spec.wire} is only for 2-D float32 rows")
 
 
 def _buffer(frame) -> memoryview:

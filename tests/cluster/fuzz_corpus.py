@@ -18,7 +18,6 @@ threat model). The corpus is a function of its seed, which the test prints, so a
 from __future__ import annotations
 
 import functools
-import json
 import random
 from dataclasses import dataclass
 
@@ -30,7 +29,7 @@ from dorylus_py.config import TrainConfig
 from dorylus_py.models import spec_of
 from dorylus_py.protocol import Message, ProtocolError, Session
 from dorylus_py.weights.blocks import weight_blocks
-from tests.protocol.forge import signed
+from tests.protocol.forge import header, packed, signed
 
 FAR = 10**6  # an epoch no test job reaches
 OPS = {
@@ -224,31 +223,30 @@ def _hostile_header(rng: random.Random, values: list) -> bytes:
     choice = rng.randrange(7)
     if choice == 0:
         depth = rng.choice([17, 100, 5000, 30000])
-        return b'{"op": "ping", "x": ' + b"[" * depth + b"]" * depth + b"}"
+        return header("ping")[:-1] + b"\x81\xa1x" + b"\x91" * depth + b"\xc0"  # ping {x: [[[...]]]}
     if choice == 1:
-        return rng.choice([b'{"op": "ping", "n": 1e999}', b'{"op": "ping", "n": NaN}', b'{"op": "ping", "n": -Infinity}',
-                           b'{"op": "ping", "n": ' + b"9" * rng.choice([20, 5000]) + b"}"])
+        return header("ping", n=rng.choice([float("inf"), float("nan"), -float("inf"), 2**53 + 1, 2**64 - 1, -(2**63)]))
     if choice == 2:
-        return rng.choice([b"[1, 2]", b'"op"', b"null", b"\xff\xfe\x00", b"{", b'{"op": "ping"'])
+        return rng.choice([packed([1, 2]), packed("op"), packed(None), b"\xc1", b"\x93", header("ping")[:-1],
+                           packed({"op": "ping"}), b"\x93\xa4ping\x90\x81\xa1s\xa2\xff\xfe"])  # the last: not UTF-8
     if choice == 3:
-        return b'{"op": "ping", "s": "' + b"a" * rng.choice([1000, 60000]) + b'"}'
+        return header("ping", s="a" * rng.choice([1000, 60000]))
     if choice == 4:  # tensor specs that do not match the frames: sizes that overflow int64, negative, zero
         shape = rng.choice([[2, 2], [-1], [65536] * 4, [2**31 - 1] * 4, [2**16, 2**16, 2**16, 2**16 + 1], [0, 7],
                             [2**40, 2**40], [3, -5], [1] * 5])
-        specs = rng.choice([[{"name": "grad", "dtype": "float32", "shape": shape}],
-                            [{"name": "grad", "dtype": "object", "shape": [1]}], {"Z": 1}])
-        return json.dumps({"op": rng.choice(["push_grad", "ghosts", "result"]), "tensors": specs}).encode()
-    return json.dumps({"op": "ping", **{f"k{i}": rng.choice(values) for i in range(3)}}, allow_nan=True).encode()
+        specs = rng.choice([[["grad", "float32", shape]], [["grad", "object", [1]]], {"Z": 1}])
+        return packed([rng.choice(["push_grad", "ghosts", "result"]), specs, {}])
+    return header("ping", **{f"k{i}": rng.choice(values) for i in range(3)})
 
 
 def _sign(session: Session, msg: Message, to: str) -> list[bytes]:
-    """``msg`` signed for ``to``; a header with NaN or infinities, which encode refuses, is signed as it is."""
+    """``msg`` signed for ``to``; a header with NaN, infinities or numbers past 2**53, which encode
+    refuses, is signed as it is."""
     try:
         return [bytes(f) for f in session.encode(msg, to)]
-    except ProtocolError:  # a non-finite number in a field
-        specs = [{"name": n, "dtype": a.dtype.name, "shape": list(a.shape)} for n, a in msg.tensors.items()]
-        header = json.dumps({"op": msg.op, "tensors": specs, **msg.fields}, allow_nan=True).encode()
-        return signed(session, header, *[a.tobytes() for a in msg.tensors.values()], to=to)
+    except ProtocolError:  # a field no receiver would accept
+        specs = [[n, a.dtype.name, list(a.shape)] for n, a in msg.tensors.items()]
+        return signed(session, header(msg.op, specs, **msg.fields), *[a.tobytes() for a in msg.tensors.values()], to=to)
 
 
 def corpus(role: str, key: bytes, to: str, count: int, seed: int = 0, job: Job = Job()) -> list[list[bytes]]:

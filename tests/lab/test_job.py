@@ -15,6 +15,7 @@ from dorylus_py.lab.cluster import LabCluster, Placement
 from dorylus_py.lab.lambda_service import Function
 from dorylus_py.lab.network import BRIDGE
 from dorylus_py.lab.shaping import Link
+from dorylus_py.protocol.header import header_prefix
 from tests.lab.conftest import JOB, MAX_FDS, MAX_MB, losses
 
 pytestmark = pytest.mark.lab
@@ -25,11 +26,11 @@ OPS = ("lease", "task", "result", "pull_weights", "push_grad", "epoch_stats", "h
 
 
 def plaintext(lab_data) -> dict[str, bytes]:
-    """What the job's traffic holds in the clear without encryption: op names, the header JSON, and
+    """What the job's traffic holds in the clear without encryption: the headers' first bytes (their op), and
     input-feature rows (pulled by every Lambda of layer 0; `--feature-norm none` sends them as stored)."""
     graph = load_graph(lab_data.parent / "g.npz")
     rows = {f"feature row {v}": np.ascontiguousarray(graph.features[v], np.float32).tobytes() for v in range(0, 600, 150)}
-    return {op: f'"op":"{op}"'.encode() for op in OPS} | {"header JSON": b'{"op":"'} | rows  # as a header names it
+    return {op: header_prefix(op) for op in OPS} | rows  # as a header begins
 
 
 def run(lab: LabCluster, lab_data, tmp_path, flags: list[str]) -> tuple[int, dict, dict]:

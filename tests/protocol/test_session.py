@@ -1,6 +1,5 @@
 """Signed messages: round trips without sockets and over inproc PAIR sockets, and every check's refusal."""
 
-import json
 import struct
 
 import numpy as np
@@ -94,44 +93,54 @@ def signed(session: Session, header: bytes, *data: bytes, me=ADDR) -> list:
     return forge.signed(session, header, *data, to=me)
 
 
+P = ["P", "float32", [2, 2]]
+
+
+def json_nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     "header, data, message",
     [
-        (b"{not json", [], "not valid JSON"),
-        (b"[1, 2]", [], "not a JSON object"),
-        (b"\xff\xfe", [], "not valid JSON"),
-        (b"[" * 5000, [], "nested 5000 deep"),
-        (b'{"op":"ok","x":' + b"[" * 20 + b"]" * 20 + b"}", [], "nested 21 deep"),
-        (b'{"op":"ok","epoch":1e999}', [], "not finite"),
-        (b'{"op":"ok","epoch":NaN}', [], "NaN"),
-        (b'{"op":"ok","epoch":-Infinity}', [], "Infinity"),
-        (b'{"op":"ok","epoch":' + b"9" * 5000 + b"}", [], "out of range"),
-        (b'{"op":"ok","epoch":9007199254740993}', [], "out of range"),
-        (b'{"op":"launch_missiles"}', [], "unknown op"),
-        (b'{"op":["ok"]}', [], "unknown op"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[2,2]}]}', [], "does not match the 0 data"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[2,2]}]}', [b"\0" * 15],
-         r"15 bytes, but shape \[2, 2\] of float32 needs 16"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":"object","shape":[1]}]}', [b"\0" * 8], "dtype 'object'"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":["float32"],"shape":[1]}]}', [b"\0" * 4], "not allowed"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[-1]}]}', [b""], "bad shape"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[true]}]}', [b"\0" * 4], "bad shape"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":"uint8","shape":[1,1,1,1,1]}]}', [b"\0"], "bad shape"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":"uint8","shape":[1]},{"name":"P","dtype":"uint8","shape":[1]}]}',
-         [b"\0", b"\0"], "named twice"),
-        (b'{"op":"task","tensors":{"P":1}}', [b"\0"], "does not match"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[2,2],"wire":"int4"}]}', [b"\0" * 8],
-         "wire form 'int4'"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":"int64","shape":[2,2],"wire":"int8"}]}', [b"\0" * 8],
-         "for 2-D float32 rows"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[4],"wire":"float16"}]}', [b"\0" * 8],
-         "for 2-D float32 rows"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[2,2],"wire":"int8"}]}', [b"\0" * 7],
-         r"7 bytes, but shape \[2, 2\] in int8 needs 8"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[65536,65536],"wire":"bfloat16"}]}',
-         [b""], "larger than a frame may be"),
-        (b'{"op":"task","tensors":[{"name":"P","dtype":"float32","shape":[1],"extra":1}]}', [b"\0" * 4],
-         "name, dtype, shape and wire"),
+        (b"\xc1", [], "not a valid header"),  # a byte MessagePack never uses
+        (forge.packed({"op": "ok"}), [], "Expected `array`, got `object`"),
+        (forge.packed([1, 2]), [], "Expected `array` of at least length 3"),
+        (forge.packed(["ok", [], {}, 1]), [], "Expected `array` of at most length 3"),
+        (b"\x91" * 5000 + b"\xc0", [], "not a valid header|Expected"),
+        (forge.header("ok", x=json_nested(9)), [], "the fields.*: nested more than 8 deep"),
+        (forge.header("ok", epoch=float("inf")), [], "not a finite number"),
+        (forge.header("ok", epoch=float("nan")), [], "not a finite number"),
+        (forge.header("ok", epoch=-float("inf")), [], "not a finite number"),
+        (forge.header("ok", epoch=2**64 - 1), [], "an integer out of range"),
+        (forge.header("ok", epoch=2**53 + 1), [], "an integer out of range"),
+        (forge.header("ok", epoch=b"\x01"), [], "got `bytes`"),
+        (forge.header("ok", epoch={1: 2}), [], "a key of the fields.*Expected `str`, got `int`"),
+        (forge.packed(["ok", [], {1: 2}]), [], "a key of the fields: Expected `str`, got `int`"),
+        (forge.packed(["ok", [], {"x" * 65: 2}]), [], "a key of the fields: Expected `str` of length <= 64"),
+        (forge.header("launch_missiles"), [], "the op: Invalid enum value 'launch_missiles'"),
+        (forge.header(["ok"]), [], "the op: Expected `str`"),
+        (forge.header("task", [P]), [], "does not match the 0 data"),
+        (forge.header("task", [P]), [b"\0" * 15], r"15 bytes, but shape \[2, 2\] of float32 needs 16"),
+        (forge.header("task", [["P", "object", [1]]]), [b"\0" * 8], r"tensor spec 0 \[1\]: Invalid enum value 'object'"),
+        (forge.header("task", [["P", ["float32"], [1]]]), [b"\0" * 4], "tensor spec 0.*Expected `str`"),
+        (forge.header("task", [["P", "float32", [-1]]]), [b""], "tensor spec 0.*Expected `int` >= 0"),
+        (forge.header("task", [["P", "float32", [2**31]]]), [b""], "tensor spec 0.*Expected `int` <= 2147483647"),
+        (forge.header("task", [["P", "float32", [True]]]), [b"\0" * 4], "tensor spec 0.*Expected `int`, got `bool`"),
+        (forge.header("task", [["P", "uint8", [1, 1, 1, 1, 1]]]), [b"\0"], r"tensor spec 0 \[2\]: Expected `array` of length <= 4"),
+        (forge.header("task", [["", "uint8", [1]]]), [b"\0"], "tensor spec 0.*length >= 1"),
+        (forge.header("task", [["P" * 65, "uint8", [1]]]), [b"\0"], "tensor spec 0.*length <= 64"),
+        (forge.header("task", [["P", "uint8", [1]], ["P", "uint8", [1]]]), [b"\0", b"\0"], "named twice"),
+        (forge.packed(["task", {"P": 1}, {}]), [b"\0"], "the tensor list: Expected `array`, got `object`"),
+        (forge.header("task", [["P", "float32", [2, 2], "int4"]]), [b"\0" * 8], "Invalid enum value 'int4'"),
+        (forge.header("task", [["P", "int64", [2, 2], "int8"]]), [b"\0" * 8], "for 2-D float32 rows"),
+        (forge.header("task", [["P", "float32", [4], "float16"]]), [b"\0" * 8], "for 2-D float32 rows"),
+        (forge.header("task", [["P", "float32", [2, 2], "int8"]]), [b"\0" * 7], r"7 bytes, but shape \[2, 2\] in int8 needs 8"),
+        (forge.header("task", [["P", "float32", [65536, 65536], "bfloat16"]]), [b""], "larger than a frame may be"),
+        (forge.header("task", [["P", "float32", [1], "float32", 1]]), [b"\0" * 4], "tensor spec 0: Expected `array` of at most length 4"),
     ],
 )
 def test_hostile_bodies_with_a_valid_mac_are_refused(header, data, message):
@@ -141,10 +150,19 @@ def test_hostile_bodies_with_a_valid_mac_are_refused(header, data, message):
     assert not isinstance(err.value, AuthError)  # authenticated: answered with an error, not dropped
 
 
-def test_brackets_and_escaped_quotes_inside_strings_do_not_count_as_nesting():
+def test_a_field_nests_eight_deep_and_no_deeper_on_either_side():
+    sender, receiver = pair()
+    assert receiver.decode(sender.encode(Message("ok", {"x": json_nested(8)}), ADDR), ADDR)["x"] == json_nested(8)
+    with pytest.raises(ProtocolError, match="field 'x': nested more than 8 deep"):
+        sender.encode(Message("ok", {"x": json_nested(9)}), ADDR)
+    with pytest.raises(ProtocolError, match="nested more than 8 deep"):
+        receiver.decode(signed(sender, forge.header("ok", x=json_nested(9))), ADDR)
+
+
+def test_brackets_and_escaped_quotes_inside_strings_are_only_text():
     sender, receiver = pair()
     text = '[[[[{{{{\\"' * 100 + "\\\\"
-    got = receiver.decode(signed(sender, json.dumps({"op": "ok", "s": text, "t": "]]}}"}).encode()), ADDR)
+    got = receiver.decode(signed(sender, forge.header("ok", s=text, t="]]}}")), ADDR)
     assert got["s"] == text
 
 
@@ -204,9 +222,9 @@ def test_a_shape_whose_size_overflows_is_refused_by_name():
     a, b = pair()
     for shape in ([65536, 65536, 65536, 65536], [2**31 - 1] * 4, [2**16, 2**16, 2**16, 2**16 + 1], [3, -1],
                   [0, 2**31 - 1, 2**31 - 1, 2**31 - 1], [2**31 - 1, 0, 2**20]):  # empty, yet too big for numpy
-        header = json.dumps({"op": "push_grad", "tensors": [{"name": "g", "dtype": "float32", "shape": shape}]})
-        with pytest.raises(ProtocolError, match="bad shape|needs|larger than a frame") as e:
-            b.decode(forge.signed(a, header.encode(), b"", to=ADDR), ADDR)
+        header = forge.header("push_grad", [["g", "float32", shape]])
+        with pytest.raises(ProtocolError, match="Expected `int`|needs|larger than a frame") as e:
+            b.decode(forge.signed(a, header, b"", to=ADDR), ADDR)
         assert type(e.value) is ProtocolError  # authentic, malformed: never a ValueError
 
 
@@ -256,9 +274,10 @@ def test_a_message_signed_for_no_job_must_be_a_bare_hello_before_it_takes_a_repl
     hello = frozenset({"hello"})
     bad = [server.encode(Message("push_grad", {}, {"g": np.zeros(2, np.float32)}), ADDR),
            server.encode(Message("hello", {}, {"g": np.zeros(2, np.float32)}), ADDR),
-           forge.signed(server, b'{"op":"push_grad","tensors":[{"name":"g","dtype":"float32","shape":[0,2147483647,'
-                                b'2147483647,2147483647]}]}', b"", to=ADDR),
-           forge.signed(server, b'{"tensors":[],"op":"hello"}', to=ADDR)]  # the op not first: not as encode writes
+           forge.signed(server, forge.header("push_grad", [["g", "float32", [0, 2**31 - 1, 2**31 - 1, 2**31 - 1]]]),
+                        b"", to=ADDR),
+           forge.signed(server, forge.packed([[], "hello", {}]), to=ADDR),  # the op not first: not as encode writes
+           forge.signed(server, forge.packed([["hello"], [], {}]), to=ADDR)]
     for frames in bad:
         with pytest.raises(AuthError, match="signed for no job"):
             driver.decode(frames, ADDR, unbound=hello)

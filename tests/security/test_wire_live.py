@@ -32,6 +32,7 @@ from dorylus_py.protocol import Message, Session
 from dorylus_py.protocol.session import _FIXED, MAGIC
 from dorylus_py.protocol.transport import Plain, dealer as gated_dealer
 from tests.cluster.test_cluster_file import free_ports
+from tests.protocol import forge
 from tests.security import insider
 
 KEY = bytes(range(60, 92))
@@ -141,7 +142,9 @@ def forged(header: dict, *data: bytes, to: str, job: bytes, sender: bytes | None
     if sender is not None:
         session.id = sender
     fixed = _FIXED.pack(MAGIC, session.id, 1, int((time.time() + ahead_s) * 1e6))
-    raw = json.dumps(header, separators=(",", ":")).encode()  # as Session.encode writes it
+    fields = dict(header)
+    op, specs = fields.pop("op"), [[t["name"], t["dtype"], t["shape"]] for t in fields.pop("tensors", [])]
+    raw = forge.header(op, specs, **fields)  # as Session.encode writes it
     return [fixed + session._mac(fixed, to, raw, list(data)), raw, *data]
 
 
