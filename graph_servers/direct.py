@@ -14,13 +14,13 @@ exits at once, even while a task waits for a weight server that is gone.
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 
 import zmq
 
-from dorylus_py.protocol import Message
+from dorylus_py.protocol import Message, ProtocolError
+from dorylus_py.protocol.header import decode_header, encode_header
 
 DIRECT = "direct"  # the lease id of a server's own threads
 
@@ -60,7 +60,10 @@ class DirectWorkers:
                 result = Message("result", {"task": task.get("task"), "failed": f"{type(e).__name__}: {e}"[:300]})
             if result is None:  # a part that gives nothing back (its sums come with the last)
                 continue
-            result.fields = json.loads(json.dumps(result.fields | {"lease": DIRECT}))  # as a socket would carry them
+            try:  # as a socket would carry them: what a worker could not send fails its task
+                result.fields = _carried(result.fields | {"lease": DIRECT})
+            except ProtocolError as e:
+                result = Message("result", {"task": task.get("task"), "failed": str(e)[:300], "lease": DIRECT})
             self._results.put(result)
             with self._lock:
                 if self._closed:
@@ -90,3 +93,9 @@ class DirectWorkers:
             self._tasks.put(None)
         self._poller.unregister(self._wake_recv)
         self._wake_recv.close(0)
+
+
+def _carried(fields: dict) -> dict:
+    """``fields`` as a socket delivers them: through the header's encoder and decoder (so a value no
+    peer would accept is refused here as well, and JSON's kinds of values come out)."""
+    return decode_header(encode_header("result", [], fields)).fields

@@ -19,13 +19,14 @@ from __future__ import annotations
 from typing import Annotated, Literal, Union
 
 import msgspec
+import numpy as np
 from msgspec import Meta, Struct
 
 from dorylus_py.protocol.messages import DTYPES, OPS, ProtocolError
 from dorylus_py.protocol.quantize import WIRE_DTYPES
 
 MAX_HEADER_BYTES = 64 * 1024
-MAX_DEPTH = 8  # a field value's nesting; the type below is built once a level, in about 6 ms at 8
+MAX_DEPTH = 8  # a field value's nesting; building the type below costs 2-3x more a level (8 ms at 8, 5 s at 16)
 MAX_NUMBER = 2**53  # exact in a float64, ample for epochs, counts, versions and loss sums
 MAX_TENSORS = 4096  # specs in one header; a session's own limit (``Limits.max_tensors``) is lower
 
@@ -51,7 +52,14 @@ class Header(Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
     fields: dict[Name, Value]  # type: ignore[valid-type]
 
 
-_ENCODER = msgspec.msgpack.Encoder()
+def _plain(value):
+    """A numpy scalar as the Python number it holds (``json.dumps`` took ``np.float64``, a float)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise NotImplementedError(f"Encoding objects of type {type(value).__name__} is unsupported")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_plain)
 _DECODER = msgspec.msgpack.Decoder(Header)
 _PLACES = {"$[0]": "the op", "$[1]": "the tensor list", "$[2]": "the fields"}
 _TOO_DEEP = "Expected `bool | int | float | str | null`, got `"  # a container where only a scalar may be
@@ -59,14 +67,16 @@ _TOO_DEEP = "Expected `bool | int | float | str | null`, got `"  # a container w
 
 def encode_header(op: str, tensors: list[TensorSpec], fields: dict) -> bytes:
     """The header frame of a message, decoded once as a receiver would; :class:`ProtocolError` names
-    the field no receiver would accept (a type MessagePack cannot hold, e.g. numpy's, stays a
-    ``TypeError``: a bug, not a value)."""
+    the field no receiver would accept (a type MessagePack cannot hold stays a ``TypeError``: a bug,
+    not a value)."""
     try:
         raw = _ENCODER.encode(Header(op, tensors, fields))
         decode_header(raw, f"op {op}")
         return raw
     except (ProtocolError, OverflowError) as e:  # OverflowError: an integer past 2**64
-        raise ProtocolError(f"op {op}: {_first_bad_field(op, fields) or e}") from None
+        bad = _first_bad_field(op, fields)
+        raise (ProtocolError(f"op {op}: {bad}") if bad else e if isinstance(e, ProtocolError)
+               else ProtocolError(f"op {op}: an integer out of range")) from None
 
 
 def _first_bad_field(op: str, fields: dict) -> str | None:
@@ -111,6 +121,7 @@ def _placed(error: str) -> str:
         text = "not a finite number within 2**53"
     elif text.startswith(("Expected `int` >= -", "Expected `int` <= 9")):
         text = "an integer out of range (|x| <= 2**53)"
+    text = text if len(text) <= 160 else text[:160] + "..."  # msgspec repeats a bad value whole
     key = path.startswith("key` in `")  # a map's key, not a value
     path = path.removeprefix("key` in `")
     for prefix, words in _PLACES.items():

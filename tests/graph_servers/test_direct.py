@@ -1,6 +1,6 @@
 """A graph server's own tensor threads (graph_servers/direct.py): tasks go to them on a queue, their
-results come back on the loop thread, as from a socket (JSON's types), and a task that raises is a
-failed result, never a dead thread."""
+results come back on the loop thread, as from a socket (through the header's codec), and a task that
+raises, or whose result no socket would carry, is a failed result, never a dead thread."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ class Runner:
             raise ValueError("a malformed task")
         if task.get("silent"):
             return None
-        return Message("result", {"task": task["task"], "span": (1, 3)}, {"Z": task.tensors["P"] * 2})
+        if task.get("diverged"):
+            return Message("result", {"task": task["task"], "loss_sum": float("nan")})
+        return Message("result", {"task": task["task"], "span": (1, 3), "scale": np.float64(0.5)}, {"Z": task.tensors["P"] * 2})
 
 
 def _results(workers: DirectWorkers, poller: zmq.Poller, expected: int, timeout_s: float = 10) -> list:
@@ -47,15 +49,18 @@ def test_results_come_back_on_the_loop_thread_with_wire_types_and_failures_as_re
     workers.send(Message("task", {"task": {"chunk": 0}}, {"P": rows}))
     workers.send(Message("task", {"task": {"chunk": 1}, "silent": True}, {"P": rows}))  # a part with nothing to say
     workers.send(Message("bad", {"task": {"chunk": 2}}))
-    got = _results(workers, poller, 2)
+    workers.send(Message("task", {"task": {"chunk": 3}, "diverged": True}))
+    got = _results(workers, poller, 3)
     by_chunk = {msg["task"]["chunk"]: (who, thread, msg) for who, thread, msg in got}
-    assert set(by_chunk) == {0, 2}
+    assert set(by_chunk) == {0, 2, 3}
     who, thread, ok = by_chunk[0]
     assert who is workers and thread is threading.main_thread() and runner.thread is not threading.main_thread()
     assert ok["span"] == [1, 3] and ok["lease"] == DIRECT  # fields as a socket would carry them
+    assert type(ok["scale"]) is float and ok["scale"] == 0.5
     np.testing.assert_array_equal(ok.tensors["Z"], rows * 2)
     failed = by_chunk[2][2]
     assert "ValueError: a malformed task" in failed["failed"] and failed["lease"] == DIRECT
+    assert "field 'loss_sum': not a finite number" in by_chunk[3][2]["failed"]  # a socket's sender refuses it too
     workers.close()
 
 
