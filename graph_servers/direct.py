@@ -20,7 +20,7 @@ import threading
 import zmq
 
 from dorylus_py.protocol import Message, ProtocolError
-from dorylus_py.protocol.header import decode_header, encode_header
+from dorylus_py.protocol.header import carried_fields
 
 DIRECT = "direct"  # the lease id of a server's own threads
 
@@ -61,7 +61,7 @@ class DirectWorkers:
             if result is None:  # a part that gives nothing back (its sums come with the last)
                 continue
             try:  # as a socket would carry them: what a worker could not send fails its task
-                result.fields = _carried(result.fields | {"lease": DIRECT})
+                result.fields = carried_fields("result", result.fields | {"lease": DIRECT})
             except ProtocolError as e:
                 result = Message("result", {"task": task.get("task"), "failed": str(e)[:300], "lease": DIRECT})
             self._results.put(result)
@@ -94,8 +94,3 @@ class DirectWorkers:
         self._poller.unregister(self._wake_recv)
         self._wake_recv.close(0)
 
-
-def _carried(fields: dict) -> dict:
-    """``fields`` as a socket delivers them: through the header's encoder and decoder (so a value no
-    peer would accept is refused here as well, and JSON's kinds of values come out)."""
-    return decode_header(encode_header("result", [], fields)).fields

@@ -22,18 +22,17 @@ import msgspec
 import numpy as np
 from msgspec import Meta, Struct
 
-from dorylus_py.protocol.messages import DTYPES, OPS, ProtocolError
+from dorylus_py.protocol.messages import DTYPES, MAX_INT, OPS, ProtocolError
 from dorylus_py.protocol.quantize import WIRE_DTYPES
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_DEPTH = 8  # a field value's nesting; building the type below costs 2-3x more a level (8 ms at 8, 5 s at 16)
-MAX_NUMBER = 2**53  # exact in a float64, ample for epochs, counts, versions and loss sums
 MAX_TENSORS = 4096  # specs in one header; a session's own limit (``Limits.max_tensors``) is lower
 
 Name = Annotated[str, Meta(min_length=1, max_length=64)]
 Dim = Annotated[int, Meta(ge=0, lt=2**31)]
-_SCALAR = Union[None, bool, Annotated[int, Meta(ge=-MAX_NUMBER, le=MAX_NUMBER)],
-                Annotated[float, Meta(ge=-MAX_NUMBER, le=MAX_NUMBER)], str]  # NaN fails both bounds
+_SCALAR = Union[None, bool, Annotated[int, Meta(ge=-MAX_INT, le=MAX_INT)],
+                Annotated[float, Meta(ge=-MAX_INT, le=MAX_INT)], str]  # NaN fails both bounds
 Value = _SCALAR
 for _ in range(MAX_DEPTH):  # msgspec has no recursive alias before Python 3.12: one level at a time
     Value = Union[_SCALAR, list[Value], dict[str, Value]]  # type: ignore[valid-type]
@@ -69,10 +68,19 @@ def encode_header(op: str, tensors: list[TensorSpec], fields: dict) -> bytes:
     """The header frame of a message, decoded once as a receiver would; :class:`ProtocolError` names
     the field no receiver would accept (a type MessagePack cannot hold stays a ``TypeError``: a bug,
     not a value)."""
+    return _encoded(op, tensors, fields)[0]
+
+
+def carried_fields(op: str, fields: dict) -> dict:
+    """``fields`` as a receiver gets them, for a message that travels in-process (a graph server's own
+    tensor threads): refused as a sender would refuse them, with JSON's kinds of values coming out."""
+    return _encoded(op, [], fields)[1].fields
+
+
+def _encoded(op: str, tensors: list[TensorSpec], fields: dict) -> tuple[bytes, Header]:
     try:
         raw = _ENCODER.encode(Header(op, tensors, fields))
-        decode_header(raw, f"op {op}")
-        return raw
+        return raw, decode_header(raw, f"op {op}")
     except (ProtocolError, OverflowError) as e:  # OverflowError: an integer past 2**64
         bad = _first_bad_field(op, fields)
         raise (ProtocolError(f"op {op}: {bad}") if bad else e if isinstance(e, ProtocolError)

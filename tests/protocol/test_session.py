@@ -107,6 +107,7 @@ def json_nested(depth: int) -> list:
     "header, data, message",
     [
         (b"\xc1", [], "not a valid header"),  # a byte MessagePack never uses
+        (b"\x93\xa2ok\x90\x81\xa1s\xa2\xff\xfe", [], "not a valid header"),  # a string not UTF-8 (msgspec: ValueError)
         (forge.packed({"op": "ok"}), [], "Expected `array`, got `object`"),
         (forge.packed([1, 2]), [], "Expected `array` of at least length 3"),
         (forge.packed(["ok", [], {}, 1]), [], "Expected `array` of at most length 3"),
